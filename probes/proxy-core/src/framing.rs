@@ -1,0 +1,370 @@
+//! Incremental parser of Dask's TCP framing, fed with whatever each read()
+//! returned. It only looks at lengths and keeps frame 0 plus small msgpack
+//! sub-headers; payload frames are counted, never stored.
+//!
+//! Current framing (distributed >= 2021):
+//!   u64 nosplit | u64 nframes | u64 len[nframes] | frames
+//!   where nosplit = 8 + 8*nframes + sum(len[..k]) for some k.
+//! Legacy framing (distributed 2.x):
+//!   u64 nframes | u64 len[nframes] | frames
+
+pub const MAX_FRAMES: u64 = 1 << 20;
+pub const MAX_FRAME_LEN: u64 = 1 << 42;
+/// Bytes of frame 0 and sub-headers kept per message; the rest is counted only.
+pub const KEEP_CAP: usize = 16 << 20;
+/// A frame after frame 0 is kept only if it is this small and starts like a msgpack map.
+pub const SUBHEADER_MAX: u64 = 64 << 10;
+
+pub const FRAMING_CURRENT: u8 = 1;
+pub const FRAMING_LEGACY: u8 = 2;
+
+#[derive(Debug)]
+pub struct Message {
+    pub t_first: u64,
+    pub t_last: u64,
+    pub framing: u8,
+    pub truncated: bool,
+    pub lens: Vec<u64>,
+    pub kept: Vec<(u32, Vec<u8>)>,
+}
+
+pub enum Event {
+    Message(Message),
+    Malformed { t: u64, offset: u64, reason: String },
+}
+
+#[derive(PartialEq)]
+enum Phase {
+    Prelude,
+    Frames,
+    Raw,
+}
+
+pub struct Parser {
+    framing: u8, // 0 until the first message tells
+    phase: Phase,
+    hdr: Vec<u8>,
+    lens: Vec<u64>,
+    frame: usize,
+    remaining: u64,
+    keeping: bool,
+    kept: Vec<(u32, Vec<u8>)>,
+    kept_bytes: usize,
+    truncated: bool,
+    t_first: u64,
+    offset: u64,
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap())
+}
+
+fn is_msgpack_map(byte: u8) -> bool {
+    (0x81..=0x8f).contains(&byte) || byte == 0xde || byte == 0xdf
+}
+
+impl Parser {
+    pub fn new() -> Self {
+        Parser {
+            framing: 0,
+            phase: Phase::Prelude,
+            hdr: Vec::with_capacity(64),
+            lens: Vec::new(),
+            frame: 0,
+            remaining: 0,
+            keeping: false,
+            kept: Vec::new(),
+            kept_bytes: 0,
+            truncated: false,
+            t_first: 0,
+            offset: 0,
+        }
+    }
+
+    pub fn feed(&mut self, mut data: &[u8], now: u64, out: &mut Vec<Event>) {
+        while !data.is_empty() {
+            let used = match self.phase {
+                Phase::Raw => data.len(),
+                Phase::Prelude => self.feed_prelude(data, now, out),
+                Phase::Frames => self.feed_frames(data, now, out),
+            };
+            self.offset += used as u64;
+            data = &data[used..];
+        }
+    }
+
+    /// Called at end of stream: a message cut short is reported, not dropped.
+    pub fn finish(&mut self, now: u64) -> Option<Event> {
+        let mid_message = match self.phase {
+            Phase::Prelude => !self.hdr.is_empty(),
+            Phase::Frames => true,
+            Phase::Raw => false,
+        };
+        mid_message.then(|| Event::Malformed {
+            t: now,
+            offset: self.offset,
+            reason: "stream ended inside a message".into(),
+        })
+    }
+
+    /// How many prelude bytes are needed given what has arrived; never more
+    /// than the real prelude, so a short first message cannot stall detection.
+    fn prelude_need(&self) -> Result<usize, String> {
+        if self.hdr.len() < 16 || self.framing == 0 {
+            return Ok(16);
+        }
+        let n = match self.framing {
+            FRAMING_LEGACY => u64_at(&self.hdr, 0),
+            _ => u64_at(&self.hdr, 1),
+        };
+        if n > MAX_FRAMES || (n == 0 && self.framing == FRAMING_LEGACY) {
+            return Err(format!("implausible frame count {n}"));
+        }
+        let fixed = if self.framing == FRAMING_LEGACY { 8 } else { 16 };
+        Ok(fixed + 8 * n as usize)
+    }
+
+    fn detect(&mut self) -> Result<(), String> {
+        let (a, b) = (u64_at(&self.hdr, 0), u64_at(&self.hdr, 1));
+        // Dask never sends a message of no frames; 2.x often sends an empty frame 0.
+        self.framing = if (1..=MAX_FRAMES).contains(&b) && a >= 8 + 8 * b {
+            FRAMING_CURRENT
+        } else if a <= MAX_FRAMES {
+            FRAMING_LEGACY
+        } else {
+            return Err(format!("neither framing fits the first 16 bytes ({a}, {b})"));
+        };
+        Ok(())
+    }
+
+    fn feed_prelude(&mut self, data: &[u8], now: u64, out: &mut Vec<Event>) -> usize {
+        if self.hdr.is_empty() {
+            self.t_first = now;
+        }
+        let mut used = 0;
+        loop {
+            let need = match self.prelude_need() {
+                Ok(need) => need,
+                Err(reason) => return used + self.malformed(now, reason, out),
+            };
+            // Done once the framing is known and the length no longer grows.
+            if self.hdr.len() == need && self.framing != 0 {
+                break;
+            }
+            let take = (need - self.hdr.len()).min(data.len() - used);
+            self.hdr.extend_from_slice(&data[used..used + take]);
+            used += take;
+            if self.hdr.len() < need {
+                return used;
+            }
+            if self.framing == 0 {
+                if let Err(reason) = self.detect() {
+                    return used + self.malformed(now, reason, out);
+                }
+            }
+        }
+        match self.parse_lens() {
+            Ok(()) => self.start_frames(now, out),
+            Err(reason) => return used + self.malformed(now, reason, out),
+        }
+        used
+    }
+
+    fn parse_lens(&mut self) -> Result<(), String> {
+        let skip = if self.framing == FRAMING_LEGACY { 1 } else { 2 };
+        let n = (self.hdr.len() / 8) - skip;
+        self.lens = (0..n).map(|i| u64_at(&self.hdr, skip + i)).collect();
+        if let Some(bad) = self.lens.iter().find(|&&l| l > MAX_FRAME_LEN) {
+            return Err(format!("implausible frame length {bad}"));
+        }
+        if self.framing == FRAMING_CURRENT {
+            let nosplit = u64_at(&self.hdr, 0);
+            let mut sum = 8 + 8 * n as u64;
+            let mut ok = sum == nosplit;
+            for &l in &self.lens {
+                sum += l;
+                ok |= sum == nosplit;
+            }
+            if !ok {
+                return Err(format!("leading length {nosplit} matches no frame boundary"));
+            }
+        }
+        Ok(())
+    }
+
+    fn start_frames(&mut self, now: u64, out: &mut Vec<Event>) {
+        self.hdr.clear();
+        self.frame = 0;
+        self.phase = Phase::Frames;
+        self.next_frame(now, out);
+    }
+
+    /// Skips empty frames; emits the message when no frames are left.
+    fn next_frame(&mut self, now: u64, out: &mut Vec<Event>) {
+        while self.frame < self.lens.len() && self.lens[self.frame] == 0 {
+            self.frame += 1;
+        }
+        if self.frame == self.lens.len() {
+            self.emit(now, out);
+        } else {
+            self.remaining = self.lens[self.frame];
+            self.keeping = false;
+        }
+    }
+
+    fn feed_frames(&mut self, data: &[u8], now: u64, out: &mut Vec<Event>) -> usize {
+        let len = self.lens[self.frame];
+        if self.remaining == len {
+            // 2.x sends an (often empty) compression header, then the message.
+            let head = if self.framing == FRAMING_LEGACY { 2 } else { 1 };
+            let wanted = self.frame < head || (len <= SUBHEADER_MAX && is_msgpack_map(data[0]));
+            self.keeping = wanted;
+            if wanted {
+                self.kept.push((self.frame as u32, Vec::new()));
+            }
+        }
+        let take = (self.remaining.min(data.len() as u64)) as usize;
+        if self.keeping {
+            let room = KEEP_CAP - self.kept_bytes;
+            let keep = take.min(room);
+            self.truncated |= keep < take;
+            self.kept.last_mut().unwrap().1.extend_from_slice(&data[..keep]);
+            self.kept_bytes += keep;
+        }
+        self.remaining -= take as u64;
+        if self.remaining == 0 {
+            self.frame += 1;
+            self.next_frame(now, out);
+        }
+        take
+    }
+
+    fn emit(&mut self, now: u64, out: &mut Vec<Event>) {
+        out.push(Event::Message(Message {
+            t_first: self.t_first,
+            t_last: now,
+            framing: self.framing,
+            truncated: self.truncated,
+            lens: std::mem::take(&mut self.lens),
+            kept: std::mem::take(&mut self.kept),
+        }));
+        self.kept_bytes = 0;
+        self.truncated = false;
+        self.phase = Phase::Prelude;
+    }
+
+    /// The stream cannot be re-synchronised: report once, then only count bytes.
+    fn malformed(&mut self, now: u64, reason: String, out: &mut Vec<Event>) -> usize {
+        out.push(Event::Malformed { t: now, offset: self.offset, reason });
+        self.phase = Phase::Raw;
+        self.hdr = Vec::new();
+        self.kept = Vec::new();
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current(frames: &[Vec<u8>], nosplit_frames: usize) -> Vec<u8> {
+        let n = frames.len() as u64;
+        let head: u64 = 8 + 8 * n + frames[..nosplit_frames].iter().map(|f| f.len() as u64).sum::<u64>();
+        let mut out = head.to_le_bytes().to_vec();
+        out.extend_from_slice(&n.to_le_bytes());
+        frames.iter().for_each(|f| out.extend_from_slice(&(f.len() as u64).to_le_bytes()));
+        frames.iter().for_each(|f| out.extend_from_slice(f));
+        out
+    }
+
+    fn legacy(frames: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = (frames.len() as u64).to_le_bytes().to_vec();
+        frames.iter().for_each(|f| out.extend_from_slice(&(f.len() as u64).to_le_bytes()));
+        frames.iter().for_each(|f| out.extend_from_slice(f));
+        out
+    }
+
+    /// Feed `stream` in pseudo-random chunks (xorshift, seeded) and collect events.
+    fn parse(stream: &[u8], seed: u64) -> Vec<Event> {
+        let (mut p, mut out, mut x, mut pos) = (Parser::new(), Vec::new(), seed | 1, 0);
+        while pos < stream.len() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = 1 + (x % 97) as usize;
+            let end = (pos + n).min(stream.len());
+            p.feed(&stream[pos..end], pos as u64, &mut out);
+            pos = end;
+        }
+        out
+    }
+
+    fn messages(events: Vec<Event>) -> Vec<Message> {
+        events
+            .into_iter()
+            .map(|e| match e {
+                Event::Message(m) => m,
+                Event::Malformed { reason, .. } => panic!("malformed: {reason}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn current_framing_any_chunking() {
+        let a = vec![vec![0x81, 0xa2, b'o', b'p', 0xa1, b'x'], vec![0x80, 5, 1, 2], vec![]];
+        let b = vec![vec![0x92, 1, 2]];
+        let mut stream = current(&a, 1);
+        stream.extend(current(&b, 1));
+        for seed in 1..200 {
+            let m = messages(parse(&stream, seed));
+            assert_eq!(m.len(), 2);
+            assert_eq!(m[0].lens, vec![6, 4, 0]);
+            assert_eq!(m[0].kept, vec![(0, a[0].clone())]); // pickle frame not kept
+            assert_eq!(m[1].kept, vec![(0, b[0].clone())]);
+            assert_eq!(m[0].framing, FRAMING_CURRENT);
+        }
+    }
+
+    #[test]
+    fn legacy_framing_keeps_header_and_payload() {
+        let a = vec![vec![], vec![0x92, 0x81, 1, 2], vec![0x80, 4]];
+        let mut stream = legacy(&a);
+        stream.extend(legacy(&[vec![], vec![0x81, 1, 2]]));
+        for seed in 1..200 {
+            let m = messages(parse(&stream, seed));
+            assert_eq!(m.len(), 2);
+            assert_eq!(m[0].framing, FRAMING_LEGACY);
+            assert_eq!(m[0].kept, vec![(1, a[1].clone())]);
+        }
+    }
+
+    #[test]
+    fn legacy_with_many_frames_and_empty_header() {
+        let mut frames = vec![vec![], vec![0x81, 1, 2]];
+        frames.extend((0..11).map(|i| vec![i; 3]));
+        for seed in 1..50 {
+            let m = messages(parse(&legacy(&frames), seed));
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].framing, FRAMING_LEGACY);
+            assert_eq!(m[0].lens.len(), 13);
+        }
+    }
+
+    #[test]
+    fn garbage_is_reported_once_then_counted() {
+        let mut stream = current(&[vec![0x80]], 1);
+        stream.extend(vec![0xff; 64]);
+        let ev = parse(&stream, 7);
+        assert!(matches!(ev[0], Event::Message(_)));
+        assert!(matches!(ev[1], Event::Malformed { .. }));
+        assert_eq!(ev.len(), 2);
+    }
+
+    #[test]
+    fn eof_inside_a_message_is_reported() {
+        let stream = current(&[vec![1, 2, 3, 4]], 1);
+        let mut p = Parser::new();
+        p.feed(&stream[..stream.len() - 1], 0, &mut Vec::new());
+        assert!(p.finish(1).is_some());
+    }
+}

@@ -1,0 +1,161 @@
+//! daskprobe-proxy: forwards TCP bytes unchanged and records Dask message
+//! framing to an append-only capture file.
+//!
+//! usage: daskprobe-proxy --capture FILE --route LISTEN,UPSTREAM,LABEL [--route ...]
+//!
+//! Prints "ready" on stdout once every route listens. One thread per
+//! direction of each connection: read, forward at once, then parse lengths.
+//! Records go through a channel to a single writer that flushes each burst.
+
+mod framing;
+mod peer;
+mod record;
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread;
+
+const READ_BUF: usize = 256 << 10;
+
+#[repr(C)]
+struct Timespec {
+    sec: i64,
+    nsec: i64,
+}
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// CLOCK_MONOTONIC in ns: the same clock as Python's time.monotonic_ns()
+/// and bpf_ktime_get_ns(), so every probe shares one timeline.
+fn now_ns() -> u64 {
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    unsafe { clock_gettime(1, &mut ts) };
+    ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
+}
+
+struct Route {
+    listen: String,
+    upstream: String,
+    label: String,
+}
+
+fn parse_args() -> Result<(String, Vec<Route>), String> {
+    let mut args = std::env::args().skip(1);
+    let (mut capture, mut routes) = (None, Vec::new());
+    while let Some(a) = args.next() {
+        let v = args.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--capture" => capture = Some(v),
+            "--route" => {
+                let p: Vec<&str> = v.splitn(3, ',').collect();
+                if p.len() != 3 {
+                    return Err(format!("--route wants LISTEN,UPSTREAM,LABEL, got {v}"));
+                }
+                routes.push(Route { listen: p[0].into(), upstream: p[1].into(), label: p[2].into() });
+            }
+            _ => return Err(format!("unknown option {a}")),
+        }
+    }
+    Ok((capture.ok_or("--capture is required")?, routes))
+}
+
+fn writer(path: String, rx: Receiver<Vec<u8>>) {
+    let file = OpenOptions::new().create(true).append(true).open(&path);
+    let mut out = BufWriter::with_capacity(1 << 20, file.expect("cannot open capture file"));
+    // Block for one record, drain what else is queued, flush: a burst costs
+    // one write, and nothing waits in memory longer than the burst.
+    while let Ok(rec) = rx.recv() {
+        out.write_all(&rec).expect("capture write failed");
+        while let Ok(rec) = rx.try_recv() {
+            out.write_all(&rec).expect("capture write failed");
+        }
+        out.flush().expect("capture flush failed");
+    }
+}
+
+fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>) {
+    let mut buf = vec![0u8; READ_BUF];
+    let mut parser = framing::Parser::new();
+    let mut events = Vec::new();
+    let mut total = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let now = now_ns();
+        if dst.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        total += n as u64;
+        parser.feed(&buf[..n], now, &mut events);
+        for ev in events.drain(..) {
+            let _ = tx.send(record::event(conn, dir, ev));
+        }
+    }
+    let now = now_ns();
+    if let Some(ev) = parser.finish(now) {
+        let _ = tx.send(record::event(conn, dir, ev));
+    }
+    // Pass the half-close on; a hard error ends both directions.
+    let _ = dst.shutdown(Shutdown::Write);
+    let _ = tx.send(record::close(conn, dir, now, total));
+}
+
+fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Vec<u8>>) {
+    for down in listener.incoming().flatten() {
+        let up = match TcpStream::connect(&route.upstream) {
+            Ok(up) => up,
+            Err(e) => {
+                eprintln!("daskprobe-proxy: {} -> {}: {e}", route.label, route.upstream);
+                continue;
+            }
+        };
+        let conn = ids.fetch_add(1, Ordering::Relaxed);
+        let _ = down.set_nodelay(true);
+        let _ = up.set_nodelay(true);
+        let (peer, ours) = (down.peer_addr().unwrap(), down.local_addr().unwrap());
+        let _ = tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(), &route.upstream));
+        let txp = tx.clone();
+        thread::spawn(move || {
+            let _ = txp.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));
+        });
+        let (d2, u2, tx2) = (down.try_clone().unwrap(), up.try_clone().unwrap(), tx.clone());
+        thread::spawn(move || pump(conn, 0, d2, u2, tx2));
+        let tx3 = tx.clone();
+        thread::spawn(move || pump(conn, 1, up, down, tx3));
+    }
+}
+
+fn main() {
+    let (capture, routes) = parse_args().unwrap_or_else(|e| {
+        eprintln!("daskprobe-proxy: {e}");
+        std::process::exit(2);
+    });
+    let (tx, rx) = channel();
+    let writer_thread = thread::spawn(move || writer(capture, rx));
+    let ids = Arc::new(AtomicU32::new(1));
+    let mut servers = Vec::new();
+    for route in routes {
+        let listener = TcpListener::bind(&route.listen).unwrap_or_else(|e| {
+            eprintln!("daskprobe-proxy: cannot listen on {}: {e}", route.listen);
+            std::process::exit(1);
+        });
+        let (ids, tx) = (ids.clone(), tx.clone());
+        servers.push(thread::spawn(move || serve(route, listener, ids, tx)));
+    }
+    drop(tx);
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    for s in servers {
+        let _ = s.join();
+    }
+    let _ = writer_thread.join();
+}

@@ -1,0 +1,123 @@
+"""How a run starts, fails, is killed and ends, as a user would see it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import daskprobe, run_flow, write_flow
+from daskprobe.tracer.rundir import RunDir
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is as good as gone
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_exit_code_and_stderr_pass_through(tmp_path):
+    code = "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(3)\n"
+    run, p = run_flow(tmp_path, code, "--workers", "1", expect=3)
+    assert p.stdout == "to stdout\n"
+    assert p.stderr.startswith("to stderr\n")
+    assert run.meta()["exit_code"] == 3
+
+
+def test_config_reaches_every_process(tmp_path):
+    code = """
+    import dask
+    from distributed import Client
+    key = "distributed.scheduler.worker-saturation"
+    with Client() as c:
+        seen = [c.run_on_scheduler(lambda: dask.config.get(key))]
+        seen += list(c.run(lambda: dask.config.get(key)).values())
+    print(seen, dask.config.get(key))
+    """
+    run, p = run_flow(tmp_path, code, "--workers", "1", "--config", "distributed.scheduler.worker-saturation=inf")
+    assert p.stdout.strip() == "['inf', 'inf'] inf"
+    assert run.meta()["config"] == {"distributed.scheduler.worker-saturation": "inf"}
+
+
+def test_probes_none_is_a_plain_cluster(tmp_path):
+    code = "from distributed import Client\nc = Client()\nassert c.submit(sum, [1, 2]).result() == 3\n"
+    run, _ = run_flow(tmp_path, code, "--workers", "1", "--probes", "none")
+    assert not run.proxy_capture.exists()
+    assert run.meta()["probes"] == []
+    assert len(run.table("messages")) == 0
+
+
+def test_nanny_traffic_goes_through_the_proxy(tmp_path):
+    code = """
+    from distributed import Client
+    with Client() as c:
+        assert c.submit(sum, [1, 2]).result() == 3
+        print(*[w["nanny"] for w in c.scheduler_info()["workers"].values()])
+        c.restart()  # the scheduler asks the nanny to restart its worker
+    """
+    run, p = run_flow(tmp_path, code, "--workers", "1", "--nanny")
+    procs = run.table("processes").set_index("name")
+    assert p.stdout.split()[0] == f"tcp://{procs.contact['nanny-0']}"
+    c = run.table("connections")
+    to_nanny = c[c.upstream_name == "nanny-0"]
+    assert "scheduler" in set(to_nanny.peer), "the scheduler reached the nanny through its proxy"
+    m = run.table("messages")
+    assert (m[m.conn.isin(to_nanny.conn)].op == "kill").any()
+
+
+def test_failed_start_says_why(tmp_path):
+    out = tmp_path / "run"
+    p = daskprobe("run", "--out", str(out), "--server-cmd",
+                  f"{sys.executable} -c 'import sys; print(\"no such server\"); sys.exit(7)'",
+                  "--", sys.executable, "-c", "pass")
+    assert p.returncode != 0
+    assert "scheduler exited with code 7" in p.stderr and "no such server" in p.stderr
+    meta = RunDir(out).meta()
+    assert meta["partial"] is False and meta["exit_code"] != 0
+
+
+def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
+    marker = tmp_path / "half-done"
+    flow = write_flow(tmp_path / "flow.py", f"""
+    import time
+    from distributed import Client
+    with Client() as c:
+        assert sum(c.gather(c.map(lambda x: x + 1, range(20)))) == 210
+        open({str(marker)!r}, "w").close()
+        time.sleep(120)
+    """)
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out),
+                          "--workers", "1", "--", sys.executable, str(flow)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.1)
+    time.sleep(0.5)  # longer than the proxy's flush interval
+    p.kill()
+    p.wait()
+    run = RunDir(out)
+    meta = run.meta()
+    assert meta["partial"] is True
+    pids = [proc["pid"] for proc in meta["processes"]]
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"orphans: {[pid for pid in pids if alive(pid)]}"
+        time.sleep(0.1)
+    b = daskprobe("build", str(out))
+    assert b.returncode == 0, b.stderr
+    assert (run.table("messages").op == "compute-task").sum() == 20
+    assert json.loads((out / "run.json").read_text())["partial"] is True
+
+
+def test_help_shows_each_command_with_an_example():
+    p = daskprobe("--help")
+    assert p.returncode == 0
+    for cmd in ("run", "build"):
+        assert cmd in p.stdout
+        assert f"daskprobe {cmd} " in p.stdout

@@ -1,0 +1,76 @@
+"""A real cluster behind the proxy: what the tables must show."""
+
+import pandas as pd
+
+
+def test_message_counts_match_the_workload(pinned_run):
+    run, _, n = pinned_run
+    m = run.table("messages")
+    sched_to_worker = m[(m.src_role == "scheduler") & (m.dst_role == "worker")]
+    worker_to_sched = m[(m.src_role == "worker") & (m.dst_role == "scheduler")]
+    assert (sched_to_worker.op == "compute-task").sum() == n + 1
+    assert (worker_to_sched.op == "task-finished").sum() == n + 1
+    assert ((m.src_role == "scheduler") & (m.dst_role == "client") & (m.op == "key-in-memory")).sum() == n + 1
+    assert ((m.src_role == "client") & (m.op == "update-graph")).sum() >= 1
+
+
+def test_worker_to_worker_fetch_is_seen(pinned_run):
+    run, _, n = pinned_run
+    m = run.table("messages")
+    fetch = m[(m.src_role == "worker") & (m.dst_role == "worker") & (m.op == "get_data")]
+    assert len(fetch) >= 1
+    assert fetch.n_keys.sum() >= 1
+    replies = m[m.reply_to.isin(fetch.msg_id)]
+    assert len(replies) == len(fetch), "each get_data gets its reply"
+    assert (replies.src_role == "worker").all()
+
+
+def test_tasks_table(pinned_run):
+    run, _, n = pinned_run
+    t = run.table("tasks")
+    assert len(t) == n + 1
+    assert (t.status == "finished").all()
+    assert set(t.worker) == {"worker-0", "worker-1"}
+    assert set(t.prefix) == {"inc", "sum"}
+    # The timeline of each task is causal on the run's one clock.
+    assert (t.submitted_ns <= t.compute_sent_ns).all()
+    assert (t.compute_sent_ns <= t.compute_recv_ns).all()
+    assert (t.finished_sent_ns <= t.finished_recv_ns).all()
+    assert (t.finished_recv_ns <= t.in_memory_ns).all()
+    inside = (t.compute_start_ns >= t.compute_recv_ns) & (t.compute_stop_ns <= t.finished_sent_ns)
+    assert inside.mean() >= 0.95, t[~inside]
+    summed = t[t.prefix == "sum"].iloc[0]
+    assert pd.notna(summed.transfer_start_ns), "the sum fetched inputs from the other worker"
+
+
+def test_connections_and_processes(pinned_run):
+    run, _, _ = pinned_run
+    meta = run.meta()
+    assert meta["partial"] is False and meta["exit_code"] == 0
+    procs = run.table("processes")
+    assert {"scheduler", "worker", "client", "proxy"} <= set(procs.role)
+    c = run.table("connections")
+    cluster_pids = set(procs.pid.dropna().astype(int))
+    assert (c.peer_pid > 0).all(), "every connecting process was found"
+    assert c[c.peer_role != "client"].peer_pid.isin(cluster_pids).all()
+    pairs = set(zip(c.peer_role, c.upstream_role))
+    assert {("client", "scheduler"), ("worker", "scheduler"), ("scheduler", "worker"),
+            ("worker", "worker")} <= pairs
+    assert (c.malformed == 0).all()
+
+
+def test_requests_and_replies_are_paired(pinned_run):
+    run, _, _ = pinned_run
+    m = run.table("messages")
+    replies = m[m.op == "reply"]
+    assert len(replies) > 0
+    req = m.set_index("msg_id").loc[replies.reply_to.astype(int)]
+    assert (req.conn.to_numpy() == replies.conn.to_numpy()).all()
+    assert (req.direction.to_numpy() != replies.direction.to_numpy()).all()
+    assert (req.t_first_ns.to_numpy() <= replies.t_first_ns.to_numpy()).all()
+
+
+def test_stdout_passes_through_untouched(pinned_run):
+    _, p, n = pinned_run
+    assert p.stdout == f"result {sum(range(1, n + 1))}\n"
+    assert "run directory:" in p.stderr.strip().splitlines()[-1]

@@ -1,0 +1,110 @@
+"""The `daskprobe` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXAMPLES = {
+    "run": """examples:
+  daskprobe run                                   # built-in demo on 2 workers
+  daskprobe run --workers 2 --threads 1 -- python my_flow.py
+  daskprobe run --workers 4 --config distributed.scheduler.worker-saturation=inf -- python my_flow.py
+  daskprobe run --probes none -- python my_flow.py          # same cluster, no capture (baseline)
+  daskprobe run --server-cmd 'rsds-scheduler --port {port}' --python /path/to/old-env/bin/python -- python flow.py
+""",
+    "build": """examples:
+  daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
+""",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="daskprobe", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Trace and profile Dask clusters: every protocol message, on one clock.",
+        epilog="\n".join(EXAMPLES.values()))
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="start a cluster behind the probes and run a command against it",
+                       epilog=EXAMPLES["run"], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage="daskprobe run [options] [-- COMMAND ...]")
+    r.add_argument("--workers", type=int, default=2, help="number of worker processes (default 2)")
+    r.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
+    r.add_argument("--nanny", action=argparse.BooleanOptionalAction, default=False,
+                   help="start workers under a nanny (default: no nanny)")
+    r.add_argument("--python", default=sys.executable,
+                   help="interpreter that runs the scheduler and workers (default: this one)")
+    r.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
+    r.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="Dask config for every process (and the command), e.g. "
+                        "distributed.scheduler.worker-saturation=inf; repeatable")
+    r.add_argument("--probes", default="all",
+                   help="comma-separated probes: proxy; 'all' (default) or 'none' for an untraced baseline")
+    r.add_argument("--out", help="run directory (default runs/<time>-<command>)")
+    r.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
+
+    b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
+                       epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("run_dir")
+    return p
+
+
+def _probes(text: str) -> list[str]:
+    from daskprobe.tracer.session import PROBES
+    if text == "all":
+        return list(PROBES)
+    if text == "none":
+        return []
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = sorted(set(chosen) - set(PROBES))
+    if unknown:
+        raise SystemExit(f"daskprobe: unknown probe(s) {', '.join(unknown)}; known: {', '.join(PROBES)}")
+    return chosen
+
+
+def _config(pairs: list[str]) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SystemExit(f"daskprobe: --config wants KEY=VALUE, got {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def cmd_run(args, command: list[str]) -> int:
+    from daskprobe.tracer.build import finalize
+    from daskprobe.tracer.cluster import ClusterSpec
+    from daskprobe.tracer.session import default_command, run, say
+
+    probes = _probes(args.probes)
+    spec = ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
+                       server_cmd=args.server_cmd, config=_config(args.config), proxy="proxy" in probes,
+                       start_timeout=args.start_timeout)
+    code, run_dir = run(spec, command or default_command(), args.out, probes)
+    finalize(run_dir)
+    say(f"run directory: {run_dir.path}")
+    return code
+
+
+def cmd_build(args) -> int:
+    from daskprobe.tracer.build import finalize
+    from daskprobe.tracer.rundir import RunDir
+    run = RunDir(args.run_dir)
+    if not (run / "run.json").exists():
+        raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
+    return 0 if finalize(run) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    args = _parser().parse_args(argv)
+    if args.cmd == "run":
+        return cmd_run(args, command)
+    return cmd_build(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Start a scheduler, its workers and the proxies in front of them, on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daskprobe.probes.proxy import Route, start_proxy
+from daskprobe.tracer.procs import log_tail, spawn, stop
+from daskprobe.tracer.rundir import RunDir
+
+HOST = "127.0.0.1"
+NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
+
+
+@dataclass
+class ClusterSpec:
+    workers: int = 2
+    threads: int = 1
+    nanny: bool = False
+    python: str = "python"
+    server_cmd: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    proxy: bool = True
+    start_timeout: float = 60.0
+
+
+@dataclass
+class Member:
+    """One cluster process: what it is, where it listens, where it is reached."""
+
+    name: str
+    role: str
+    listen: str
+    contact: str
+    proc: subprocess.Popen | None = None
+    command: list[str] = field(default_factory=list)
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def dask_env(config: dict[str, str]) -> dict[str, str]:
+    """--config key=value as DASK_* variables, read by every Dask process."""
+    env = dict(os.environ)
+    for key, value in config.items():
+        env["DASK_" + key.upper().replace(".", "__").replace("-", "_")] = value
+    return env
+
+
+def _listening(port: int) -> bool:
+    # Read the kernel's socket table rather than connect: a probe connection
+    # would show up in the server's logs and in our own capture.
+    want = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        if any(cols[1].endswith(want) and cols[3] == "0A" for cols in map(str.split, lines)):
+            return True
+    return False
+
+
+class Cluster:
+    def __init__(self, spec: ClusterSpec, run: RunDir):
+        self.spec, self.run = spec, run
+        self.env = dask_env(spec.config)
+        self.members: list[Member] = []
+        self.proxy: subprocess.Popen | None = None
+
+    @property
+    def scheduler(self) -> Member:
+        return self.members[0]
+
+    def _member(self, name: str, role: str) -> Member:
+        port = free_port()
+        contact = free_port() if self.spec.proxy else port
+        m = Member(name, role, f"{HOST}:{port}", f"{HOST}:{contact}")
+        self.members.append(m)
+        return m
+
+    def layout(self) -> None:
+        """Choose every address up front, so the proxy can start first."""
+        self._member("scheduler", "scheduler")
+        for i in range(self.spec.workers):
+            self._member(f"worker-{i}", "worker")
+            if self.spec.nanny:
+                self._member(f"nanny-{i}", "nanny")
+
+    def start(self) -> None:
+        self.layout()
+        if self.spec.proxy:
+            routes = [Route(m.contact, m.listen, m.name) for m in self.members]
+            self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"))
+        self._start_scheduler()
+        for w in [m for m in self.members if m.role == "worker"]:
+            self._start_worker(w)
+        for w in [m for m in self.members if m.role == "worker"]:
+            self._wait(w, lambda w=w: "Registered to" in log_tail(self.run.log(w.name), 10**6))
+
+    def _start_scheduler(self) -> None:
+        s = self.scheduler
+        host, port = s.listen.split(":")
+        if self.spec.server_cmd:
+            s.command = shlex.split(self.spec.server_cmd.format(host=host, port=port))
+        else:
+            s.command = [self.spec.python, "-m", "distributed.cli.dask_scheduler",
+                         "--host", host, "--port", port, "--no-dashboard"]
+        s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
+        self._wait(s, lambda: _listening(int(port)))
+
+    def _start_worker(self, w: Member) -> None:
+        w.command = [self.spec.python, "-m", "distributed.cli.dask_worker",
+                     f"tcp://{self.scheduler.contact}", "--name", w.name,
+                     "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
+                     "--nthreads", str(self.spec.threads), "--no-dashboard"]
+        env = self.env
+        if self.spec.nanny:
+            nanny = self.members[self.members.index(w) + 1]
+            w.command += ["--nanny", "--nanny-port", nanny.listen.split(":")[1],
+                          "--preload-nanny", str(NANNY_PRELOAD)]
+            env = dict(env, DASKPROBE_NANNY_CONTACT=f"tcp://{nanny.contact}")
+        else:
+            w.command.append("--no-nanny")
+        w.proc = spawn(w.command, self.run.log(w.name), env=env)
+
+    def _wait(self, m: Member, ready) -> None:
+        deadline = time.monotonic() + self.spec.start_timeout
+        while not ready():
+            if m.proc.poll() is not None:
+                raise StartError(f"{m.name} exited with code {m.proc.returncode} while starting; "
+                                 f"end of {self.run.log(m.name)}:\n{log_tail(self.run.log(m.name))}")
+            if time.monotonic() > deadline:
+                raise StartError(f"{m.name} not ready after {self.spec.start_timeout:.0f} s; "
+                                 f"end of {self.run.log(m.name)}:\n{log_tail(self.run.log(m.name))}")
+            time.sleep(0.05)
+
+    def client_address(self) -> str:
+        return f"tcp://{self.scheduler.contact}"
+
+    def stop(self) -> None:
+        """Workers first, then the scheduler, the proxy last so it sees them go."""
+        stop([m.proc for m in self.members[1:] if m.proc and m.role == "worker"])
+        stop([self.scheduler.proc] if self.scheduler.proc else [])
+        if self.proxy:
+            stop([self.proxy])
+
+    def describe(self) -> list[dict]:
+        """Processes as run.json and the processes table record them."""
+        rows = [{"name": m.name, "role": m.role, "pid": m.proc.pid if m.proc else None,
+                 "listen": m.listen, "contact": m.contact, "command": m.command}
+                for m in self.members]
+        if self.proxy:
+            rows.append({"name": "proxy", "role": "proxy", "pid": self.proxy.pid,
+                         "listen": None, "contact": None, "command": self.proxy.args})
+        return rows
+
+
+def interpreter_versions(python: str) -> dict:
+    """Versions of the interpreter that runs the cluster (may differ from ours)."""
+    code = ("import json, sys, platform, importlib.metadata\n"
+            "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
+            "for m in ('dask', 'distributed', 'tornado', 'msgpack'):\n"
+            "    try: out[m] = importlib.metadata.version(m)\n"
+            "    except Exception: out[m] = None\n"
+            "print(json.dumps(out))")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return json.loads(out.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        return {"error": f"{python}: {e}"}

@@ -1,0 +1,55 @@
+"""Child processes that cannot outlive daskprobe, and their orderly teardown."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    # If daskprobe is SIGKILLed nothing can clean up: the kernel does it.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(cmd: list[str], log: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+    """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
+    only the user's command), logging to `log`, dying if daskprobe dies."""
+    out = open(log, "ab")
+    kw.setdefault("stdout", out)
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=out, env=env,
+                            start_new_session=True, preexec_fn=die_with_parent, **kw)
+
+
+def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(log: Path, chars: int = 3000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return "(no log)"

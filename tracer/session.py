@@ -1,0 +1,109 @@
+"""One `daskprobe run`: lay out the run directory, start the cluster behind the
+probes, run the user's command, tear everything down, then finalize."""
+
+from __future__ import annotations
+
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+from daskprobe.tracer.cluster import Cluster, ClusterSpec, StartError, interpreter_versions
+from daskprobe.tracer.procs import die_with_parent
+from daskprobe.tracer.rundir import RunDir
+
+PROBES = ("proxy",)
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def say(msg: str) -> None:
+    # Our own words go to stderr: the command's stdout passes through untouched.
+    print(f"daskprobe: {msg}", file=sys.stderr, flush=True)
+
+
+def clock_anchor() -> dict:
+    """One instant on both clocks, to map CLOCK_MONOTONIC ns to wall time."""
+    return {"monotonic_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+
+
+class _Signals:
+    """SIGINT/SIGTERM: pass them to the user's command, then unwind to teardown."""
+
+    def __init__(self):
+        self.client: subprocess.Popen | None = None
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.saved.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, frame):
+        if self.client and self.client.poll() is None:
+            self.client.send_signal(signum)
+        raise Interrupted(signum)
+
+
+def run(spec: ClusterSpec, command: list[str], out: str | None, probes: list[str]) -> tuple[int, RunDir]:
+    run = RunDir.create(out, command)
+    run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    clock_anchor=clock_anchor(), config=spec.config, probes=probes, skipped={},
+                    cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
+                             "server_cmd": spec.server_cmd, "python": spec.python},
+                    versions={"daskprobe": _own_version(), "host": platform.platform(),
+                              "cluster": interpreter_versions(spec.python)})
+    cluster = Cluster(spec, run)
+    code, client = 1, None
+    with _Signals() as signals:
+        try:
+            cluster.start()
+            run.update_meta(processes=cluster.describe(), scheduler_address=cluster.client_address())
+            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address())
+            client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+            run.update_meta(processes=cluster.describe() + [_client_row(client, command)])
+            code = client.wait()
+        except StartError as e:
+            say(f"cluster failed to start: {e}")
+        except FileNotFoundError as e:
+            say(str(e))
+        except Interrupted as e:
+            say(f"interrupted by {signal.Signals(e.signum).name}; stopping the cluster")
+            code = 128 + e.signum
+        finally:
+            _reap(client)
+            cluster.stop()
+            run.update_meta(processes=cluster.describe() + ([_client_row(client, command)] if client else []))
+    run.update_meta(exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=False)
+    return code, run
+
+
+def _reap(client: subprocess.Popen | None, grace: float = 5.0) -> None:
+    if client is None or client.poll() is not None:
+        return
+    try:
+        client.wait(grace)
+    except subprocess.TimeoutExpired:
+        client.kill()
+        client.wait()
+
+
+def _client_row(client: subprocess.Popen, command: list[str]) -> dict:
+    return {"name": "client", "role": "client", "pid": client.pid,
+            "listen": None, "contact": None, "command": command}
+
+
+def _own_version() -> str:
+    from importlib.metadata import version
+    return version("daskprobe")
+
+
+def default_command() -> list[str]:
+    """The built-in demo workload, run by this interpreter."""
+    return [sys.executable, "-m", "daskprobe.experiments.demo"]

@@ -1,0 +1,221 @@
+"""Write trace.pftrace (Perfetto TrackEvent protobuf, streamed) from a run's tables.
+
+Tracks: one process track per scheduler, worker and client (real pids);
+under them, compute slices per worker thread, a send and a receive track per
+connection direction (each message's send joined to its receive by a flow
+arrow), scheduler dispatch slices per worker, and counters (tasks in flight
+per worker, messages per second). All event names are interned.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
+
+from daskprobe.tracer.rundir import RunDir
+
+SEQ = 1
+BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
+RATE_BIN_NS = 100_000_000
+
+
+class _Tracks:
+    """Track descriptors, written as soon as a track is first needed."""
+
+    def __init__(self, out: "_Writer"):
+        self.out, self.uuids, self.next = out, {}, itertools.count(1)
+
+    def get(self, key, name: str, parent=None, pid=None, counter=False) -> int:
+        if key not in self.uuids:
+            uuid = self.uuids[key] = next(self.next)
+            d = pb.TrackDescriptor(uuid=uuid, name=name)
+            if parent is not None:
+                d.parent_uuid = parent
+            if pid is not None:
+                d.process.pid, d.process.process_name = int(pid), name
+            if counter:
+                d.counter.SetInParent()
+            self.out.descriptor(d)
+        return self.uuids[key]
+
+
+class _Writer:
+    def __init__(self, f):
+        self.b, self.names, self.first = StreamingTraceProtoBuilder(f), {}, True
+
+    def _packet(self) -> pb.TracePacket:
+        p = self.b.create_packet()
+        p.trusted_packet_sequence_id = SEQ
+        if self.first:
+            p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+            self.first = False
+        return p
+
+    def descriptor(self, d: pb.TrackDescriptor) -> None:
+        p = self._packet()
+        p.track_descriptor.CopyFrom(d)
+        self.b.write_packet(p)
+
+    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out=None, flow_in=None,
+              args: dict | None = None) -> None:
+        p = self._packet()
+        p.timestamp = int(ts)
+        e = p.track_event
+        e.type, e.track_uuid = kind, track
+        if name is not None:
+            p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+            if name not in self.names:
+                iid = self.names[name] = len(self.names) + 1
+                p.interned_data.event_names.add(iid=iid, name=name)
+            e.name_iid = self.names[name]
+        if value is not None:
+            e.double_counter_value = float(value)
+        if flow_out is not None:
+            e.flow_ids.append(flow_out)
+        if flow_in is not None:
+            e.terminating_flow_ids.append(flow_in)
+        for k, v in (args or {}).items():
+            a = e.debug_annotations.add(name=k)
+            if isinstance(v, (int, np.integer)):
+                a.int_value = int(v)
+            else:
+                a.string_value = str(v)
+        self.b.write_packet(p)
+
+
+def write(run: RunDir) -> None:
+    procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("tasks")
+    with open(run.trace, "wb") as f:
+        w = _Writer(f)
+        tracks = _Tracks(w)
+        proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
+                      for r in procs.itertuples() if pd.notna(r.pid)}
+        slices = pd.concat([_compute_slices(tasks, tracks, proc_track),
+                            _message_slices(msgs, tracks, proc_track),
+                            _dispatch_slices(msgs, tracks, proc_track)], ignore_index=True)
+        counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks)],
+                             ignore_index=True)
+        _emit(w, _no_overlap(slices), counters)
+
+
+def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> pd.DataFrame:
+    n = len(start)
+    return pd.DataFrame({"track": track, "start": np.asarray(start, dtype="int64"),
+                         "end": np.asarray(end, dtype="int64"), "name": name,
+                         "flow_out": flow_out if flow_out is not None else [None] * n,
+                         "flow_in": flow_in if flow_in is not None else [None] * n,
+                         "args": args if args is not None else [None] * n})
+
+
+def _compute_slices(tasks, tracks, proc_track) -> pd.DataFrame:
+    t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    if t.empty:
+        return _slices([], [], [], [])
+    thread_no = t.groupby("worker").thread.rank(method="dense").astype(int) - 1
+    track = [tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
+             for w, th, k in zip(t.worker, t.thread.fillna(-1), thread_no)]
+    args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
+    return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, args=args)
+
+
+def _message_slices(msgs, tracks, proc_track) -> pd.DataFrame:
+    """A send slice spans the first to last byte at the proxy; the receive
+    slice starts at the last byte. Both are observed at the proxy."""
+    ops = msgs.groupby("msg_id", sort=False)
+    m = ops.first()
+    names = ops.op.agg(_batch_name)
+    keys = ops.n_keys.sum()
+    send = [tracks.get(("send", c, d), f"send → {dst} (conn {c})", parent=proc_track.get(src))
+            for c, d, src, dst in zip(m.conn, m.direction, m.src, m.dst)]
+    recv = [tracks.get(("recv", c, d), f"recv ← {src} (conn {c})", parent=proc_track.get(dst))
+            for c, d, src, dst in zip(m.conn, m.direction, m.src, m.dst)]
+    flow = (m.index.to_numpy() + 1).tolist()
+    args = [{"bytes": int(b), "ops": int(n), "keys": int(k)}
+            for b, n, k in zip(m.msg_bytes, m.batch_size, keys)]
+    return pd.concat([
+        _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=flow, args=args),
+        _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=flow, args=args),
+    ], ignore_index=True)
+
+
+def _batch_name(ops: pd.Series) -> str:
+    if len(ops) == 1:
+        return ops.iloc[0]
+    counts = ops.value_counts()
+    return "batch: " + ", ".join(f"{op}×{n}" for op, n in counts.items())
+
+
+def _dispatch_slices(msgs, tracks, proc_track) -> pd.DataFrame:
+    """Scheduler dispatch: from the last task-finished or update-graph the
+    scheduler received to a compute-task batch leaving it."""
+    into = msgs[(msgs.dst_role == "scheduler") & msgs.op.isin(["task-finished", "update-graph"])]
+    out = msgs[(msgs.src_role == "scheduler") & (msgs.op == "compute-task")].drop_duplicates("msg_id")
+    if into.empty or out.empty:
+        return _slices([], [], [], [])
+    triggers = np.sort(into.t_last_ns.to_numpy())
+    i = np.searchsorted(triggers, out.t_first_ns.to_numpy(), side="right") - 1
+    out, start = out[i >= 0], triggers[i[i >= 0]]
+    track = [tracks.get(("dispatch", d), f"dispatch → {d}", parent=proc_track.get("scheduler")) for d in out.dst]
+    return _slices(track, start, out.t_first_ns, "dispatch")
+
+
+def _in_flight(tasks, tracks, proc_track) -> pd.DataFrame:
+    """Tasks a worker holds: +1 when compute-task reaches it, -1 when its task-finished leaves."""
+    t = tasks.dropna(subset=["compute_recv_ns"])
+    up = pd.DataFrame({"worker": t.worker, "ts": t.compute_recv_ns.astype("int64"), "d": 1})
+    t = t.dropna(subset=["finished_sent_ns"])
+    down = pd.DataFrame({"worker": t.worker, "ts": t.finished_sent_ns.astype("int64"), "d": -1})
+    ev = pd.concat([up, down]).sort_values(["ts", "d"])
+    ev["value"] = ev.groupby("worker").d.cumsum()
+    ev["track"] = [tracks.get(("inflight", w), "tasks in flight", parent=proc_track.get(w), counter=True)
+                   for w in ev.worker]
+    return ev[["ts", "track", "value"]]
+
+
+def _message_rate(msgs, tracks) -> pd.DataFrame:
+    m = msgs.drop_duplicates("msg_id")
+    if m.empty:
+        return pd.DataFrame(columns=["ts", "track", "value"])
+    bins = (m.t_first_ns // RATE_BIN_NS) * RATE_BIN_NS
+    rate = bins.value_counts().sort_index()
+    full = pd.Series(0, index=np.arange(rate.index.min(), rate.index.max() + 2 * RATE_BIN_NS, RATE_BIN_NS))
+    full.loc[rate.index] = rate.to_numpy()
+    track = tracks.get("rate", "messages/s (all connections)", counter=True)
+    return pd.DataFrame({"ts": full.index, "track": track, "value": full.to_numpy() * (1e9 / RATE_BIN_NS)})
+
+
+def _no_overlap(s: pd.DataFrame) -> pd.DataFrame:
+    """Slices on one track must nest; ours are sequential, so clip each start
+    to the previous end (clock noise of a few µs) and give each 1 ns at least."""
+    s = s.sort_values(["track", "start", "end"], kind="stable").reset_index(drop=True)
+    start, end, track = s.start.to_numpy().copy(), s.end.to_numpy().copy(), s.track.to_numpy()
+    for i in range(len(s)):
+        if i and track[i] == track[i - 1]:
+            start[i] = max(start[i], end[i - 1])
+        end[i] = max(end[i], start[i] + 1)
+    return s.assign(start=start, end=end)
+
+
+def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame) -> None:
+    # At equal times: ends, then counters, then begins, so adjacent slices do not cross.
+    begins = slices.assign(ts=slices.start, order=2, kind=BEGIN)
+    ends = slices.assign(ts=slices.end, order=0, kind=END)
+    cnt = counters.assign(order=1, kind=COUNTER)
+    ev = pd.concat([begins, ends, cnt], ignore_index=True).sort_values(["ts", "order"], kind="stable")
+    ev["track"] = ev.track.astype("int64")
+    for e in ev.itertuples(index=False):
+        if e.kind == BEGIN:
+            w.event(e.ts, BEGIN, e.track, name=e.name, flow_out=_opt(e.flow_out), flow_in=_opt(e.flow_in),
+                    args=e.args)
+        elif e.kind == END:
+            w.event(e.ts, END, e.track)
+        else:
+            w.event(e.ts, COUNTER, e.track, value=e.value)
+
+
+def _opt(v):
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else int(v)
