@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from daskprobe.probes.base import native_binary
 from daskprobe.tracer.procs import spawn
 
 
@@ -22,18 +20,13 @@ class Route:
 
 
 def proxy_binary() -> str:
-    """The proxy installed by setup.sh next to this interpreter, or on PATH."""
-    candidates = [os.environ.get("DASKPROBE_PROXY"), str(Path(sys.prefix) / "bin" / "daskprobe-proxy"),
-                  shutil.which("daskprobe-proxy")]
-    for c in candidates:
-        if c and os.access(c, os.X_OK):
-            return c
-    raise FileNotFoundError(
-        "daskprobe-proxy is not built: run ./setup.sh (it builds probes/proxy-core with cargo)"
-    )
+    path = native_binary("daskprobe-proxy")
+    if path is None:
+        raise FileNotFoundError("daskprobe-proxy is not built: run ./setup.sh (it builds probes/proxy-core with cargo)")
+    return path
 
 
-def start_proxy(capture: Path, routes: list[Route], log: Path, timeout: float = 10.0) -> subprocess.Popen:
+def start_proxy(capture: Path, routes: list[Route], log: Path) -> subprocess.Popen:
     """Start one proxy process serving every route; returns once all routes listen."""
     cmd = [proxy_binary(), "--capture", str(capture)]
     for r in routes:

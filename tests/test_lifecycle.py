@@ -121,3 +121,48 @@ def test_help_shows_each_command_with_an_example():
     for cmd in ("run", "build"):
         assert cmd in p.stdout
         assert f"daskprobe {cmd} " in p.stdout
+
+
+def _start_sleeping_run(tmp_path, **popen):
+    marker = tmp_path / "started"
+    flow = write_flow(tmp_path / "flow.py", f"""
+    import time
+    from distributed import Client
+    with Client() as c:
+        assert c.submit(sum, [1, 2]).result() == 3
+        open({str(marker)!r}, "w").close()
+        time.sleep(120)
+    """)
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out),
+                          "--workers", "1", "--", sys.executable, str(flow)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline and p.poll() is None, p.stderr and p.stderr.read()
+        time.sleep(0.1)
+    return p, RunDir(out)
+
+
+def _assert_clean_teardown(p, run, code):
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    meta = run.meta()
+    assert meta["partial"] is False and meta["exit_code"] == code
+    assert not [x["pid"] for x in meta["processes"] if alive(x["pid"])]
+    assert (run.table("messages").op == "compute-task").sum() == 1
+    assert run.trace.stat().st_size > 0
+    assert err.strip().splitlines()[-1].endswith(str(run.path))
+
+
+def test_ctrl_c_tears_down_and_finalizes(tmp_path):
+    # A terminal's Ctrl-C signals the whole foreground process group.
+    p, run = _start_sleeping_run(tmp_path, start_new_session=True)
+    os.killpg(p.pid, signal.SIGINT)
+    _assert_clean_teardown(p, run, 128 + signal.SIGINT)
+
+
+def test_sigterm_tears_down_and_finalizes(tmp_path):
+    p, run = _start_sleeping_run(tmp_path)
+    p.terminate()
+    _assert_clean_teardown(p, run, 128 + signal.SIGTERM)

@@ -15,20 +15,36 @@ def load(path) -> list:
 
 def check_trace(packets: list) -> dict:
     """Raise AssertionError on anything the Perfetto UI would choke on; return counts."""
-    defined, names, stacks, last_ts = set(), set(), defaultdict(list), {}
+    defined, names, stacks, last_ts, threads = set(), set(), defaultdict(list), {}, set()
+    interned = defaultdict(set)
     flows_out, flows_in = Counter(), Counter()
+    samples = 0
     assert packets[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
     for p in packets:
-        names.update(n.iid for n in p.interned_data.event_names)
+        d = p.interned_data
+        names.update(n.iid for n in d.event_names)
+        for field in ("function_names", "mapping_paths", "mappings", "frames", "callstacks"):
+            interned[field].update(x.iid for x in getattr(d, field))
+        assert all(f.function_name_id in interned["function_names"] and f.mapping_id in interned["mappings"]
+                   for f in d.frames)
+        assert all(set(c.frame_ids) <= interned["frames"] for c in d.callstacks)
         if p.HasField("track_descriptor"):
             d = p.track_descriptor
             assert d.uuid not in defined, f"track {d.uuid} defined twice"
             assert not d.parent_uuid or d.parent_uuid in defined, "parent defined before child"
             defined.add(d.uuid)
+            if d.HasField("thread"):
+                threads.add((d.thread.pid, d.thread.tid))
             continue
         seq = p.trusted_packet_sequence_id
         assert p.timestamp >= last_ts.get(seq, 0), "timestamps non-decreasing per sequence"
         last_ts[seq] = p.timestamp
+        if p.HasField("perf_sample"):
+            s = p.perf_sample
+            assert s.callstack_iid in interned["callstacks"], "callstack interned before use"
+            assert (s.pid, s.tid) in threads, "a sample's thread has a track"
+            samples += 1
+            continue
         e = p.track_event
         assert e.track_uuid in defined, f"track {e.track_uuid} used before it is defined"
         if e.name_iid:
@@ -43,7 +59,7 @@ def check_trace(packets: list) -> dict:
     assert not any(stacks.values()), "every begin has its end"
     assert flows_out == flows_in, "both ends of every flow present"
     assert max(flows_out.values(), default=1) == 1
-    return {"tracks": len(defined), "flows": len(flows_out)}
+    return {"tracks": len(defined), "flows": len(flows_out), "samples": samples}
 
 
 def test_trace_is_valid_for_the_ui(pinned_run):

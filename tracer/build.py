@@ -1,4 +1,5 @@
-"""Finalize a run directory: captures -> tables -> trace. Each stage can be re-run alone."""
+"""Finalize a run directory: captures -> tables -> trace -> summary.
+Each stage reads what the previous one wrote, so each can be re-run alone."""
 
 from __future__ import annotations
 
@@ -7,16 +8,30 @@ import traceback
 from daskprobe.tracer.rundir import RunDir
 
 
-def finalize(run: RunDir) -> bool:
+def _stage(run: RunDir, name: str, fn) -> str | None:
     from daskprobe.tracer.session import say
+    try:
+        fn(run)
+        return None
+    except Exception as e:  # one broken stage must not cost the others
+        say(f"{name} stage failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        return f"{type(e).__name__}: {e}"
+
+
+def _summary(run: RunDir) -> None:
+    from daskprobe.analyzers.summary import write_summary
+    from daskprobe.dashboards.terminal import print_summary
+    print_summary(write_summary(run))
+
+
+def report(run: RunDir) -> bool:
+    return _stage(run, "report", _summary) is None
+
+
+def finalize(run: RunDir) -> bool:
     from daskprobe.tracer import tables, trace_writer
-    errors = {}
-    for name, stage in (("tables", tables.build), ("trace", trace_writer.write)):
-        try:
-            stage(run)
-        except Exception as e:  # one broken stage must not cost the others
-            errors[name] = f"{type(e).__name__}: {e}"
-            say(f"{name} stage failed: {errors[name]}")
-            traceback.print_exc()
+    stages = (("tables", tables.build), ("trace", trace_writer.write), ("report", _summary))
+    errors = {name: err for name, fn in stages if (err := _stage(run, name, fn))}
     run.update_meta(finalize_errors=errors)
     return not errors

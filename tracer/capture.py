@@ -27,8 +27,11 @@ class Capture:
 
 
 class _Reader:
-    def __init__(self, buf: memoryview, pos: int):
-        self.buf, self.pos = buf, pos
+    def __init__(self, buf: memoryview, pos: int, end: int):
+        self.buf, self.pos, self.end = buf, pos, end
+
+    def more(self) -> bool:
+        return self.pos < self.end
 
     def take(self, fmt: str):
         vals = struct.unpack_from("<" + fmt, self.buf, self.pos)
@@ -56,7 +59,7 @@ def read_capture(path: Path) -> Capture:
         if pos + 4 + length > len(data):
             break
         kind = data[pos + 4]
-        r = _Reader(data, pos + 5)
+        r = _Reader(data, pos + 5, pos + 4 + length)
         pos += 4 + length
         if kind == MESSAGE:
             row, frames = _message(r)
@@ -65,8 +68,9 @@ def read_capture(path: Path) -> Capture:
         elif kind == OPEN:
             conn, t = r.take("IQ")
             label, listen, peer, upstream = r.str(), r.str(), r.str(), r.str()
+            up_local = r.str() if r.more() else None  # added in 0.1: older captures lack it
             conns[conn] = {"conn": conn, "label": label, "listen": listen, "peer_addr": peer,
-                           "upstream": upstream, "opened_ns": t, "peer_pid": -1,
+                           "upstream": upstream, "upstream_local": up_local, "opened_ns": t, "peer_pid": -1,
                            "closed_ns": None, "bytes_to_upstream": 0, "bytes_from_upstream": 0}
         elif kind == PEER:
             conn, pid = r.take("Ii")

@@ -13,6 +13,12 @@ EXAMPLES = {
   daskprobe run --probes none -- python my_flow.py          # same cluster, no capture (baseline)
   daskprobe run --server-cmd 'rsds-scheduler --port {port}' --python /path/to/old-env/bin/python -- python flow.py
 """,
+    "report": """examples:
+  daskprobe report runs/20261121-231500-python-my_flow.py   # print the summary, write summary.json
+""",
+    "doctor": """examples:
+  daskprobe doctor                 # which probes can run here, and why not
+""",
     "build": """examples:
   daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
 """,
@@ -40,9 +46,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="Dask config for every process (and the command), e.g. "
                         "distributed.scheduler.worker-saturation=inf; repeatable")
     r.add_argument("--probes", default="all",
-                   help="comma-separated probes: proxy; 'all' (default) or 'none' for an untraced baseline")
+                   help="comma-separated probes: proxy, pyspy, proc, cpu, gil, offcpu, tcp; 'all' (default: "
+                        "every probe, those this machine cannot run are skipped and recorded) or 'none' "
+                        "for an untraced baseline")
+    r.add_argument("--sample-rate", type=float, default=100.0, help="py-spy samples per second (default 100)")
+    r.add_argument("--native", action="store_true", help="py-spy also unwinds native frames (pauses the process)")
+    r.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
     r.add_argument("--out", help="run directory (default runs/<time>-<command>)")
     r.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
+
+    rp = sub.add_parser("report", help="summarize a run directory: makespan, tasks, overhead per task",
+                        epilog=EXAMPLES["report"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("run_dir")
+
+    sub.add_parser("doctor", help="say which probes can run on this machine, and why not",
+                   epilog=EXAMPLES["doctor"], formatter_class=argparse.RawDescriptionHelpFormatter)
 
     b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
                        epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _probes(text: str) -> list[str]:
-    from daskprobe.tracer.session import PROBES
+    from daskprobe.probes.registry import NAMES as PROBES
     if text == "all":
         return list(PROBES)
     if text == "none":
@@ -71,6 +89,7 @@ def _config(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_run(args, command: list[str]) -> int:
+    from daskprobe.probes import registry
     from daskprobe.tracer.build import finalize
     from daskprobe.tracer.cluster import ClusterSpec
     from daskprobe.tracer.session import default_command, run, say
@@ -79,19 +98,45 @@ def cmd_run(args, command: list[str]) -> int:
     spec = ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
                        server_cmd=args.server_cmd, config=_config(args.config), proxy="proxy" in probes,
                        start_timeout=args.start_timeout)
-    code, run_dir = run(spec, command or default_command(), args.out, probes)
+    code, run_dir = run(spec, command or default_command(), args.out, probes,
+                        registry.make(probes, args.sample_rate, args.native, args.cpu_hz))
     finalize(run_dir)
     say(f"run directory: {run_dir.path}")
     return code
 
 
-def cmd_build(args) -> int:
-    from daskprobe.tracer.build import finalize
+def _run_dir(path: str):
     from daskprobe.tracer.rundir import RunDir
-    run = RunDir(args.run_dir)
+    run = RunDir(path)
     if not (run / "run.json").exists():
         raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
-    return 0 if finalize(run) else 1
+    return run
+
+
+def cmd_build(args) -> int:
+    from daskprobe.tracer.build import finalize
+    return 0 if finalize(_run_dir(args.run_dir)) else 1
+
+
+def cmd_report(args) -> int:
+    from daskprobe.tracer.build import report
+    run = _run_dir(args.run_dir)
+    if not run.has_table("messages"):
+        raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")
+    return 0 if report(run) else 1
+
+
+def cmd_doctor(args) -> int:
+    from daskprobe.probes.registry import doctor
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="daskprobe doctor: probes on this machine")
+    for col in ("probe", "status", "what it captures"):
+        table.add_column(col, overflow="fold")
+    for name, problem, what in doctor():
+        table.add_row(name, "[green]ok[/]" if problem is None else f"[red]no[/]: {problem}", what)
+    Console().print(table)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
     args = _parser().parse_args(argv)
-    if args.cmd == "run":
-        return cmd_run(args, command)
-    return cmd_build(args)
+    commands = {"run": lambda a: cmd_run(a, command), "build": cmd_build, "report": cmd_report,
+                "doctor": cmd_doctor}
+    return commands[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ class Member:
     role: str
     listen: str
     contact: str
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | None = None  # what we started and stop (a nanny for its worker)
+    pid: int | None = None                # the process that is this member
     command: list[str] = field(default_factory=list)
 
 
@@ -101,8 +102,11 @@ class Cluster:
             if self.spec.nanny:
                 self._member(f"nanny-{i}", "nanny")
 
+    def ports(self) -> set[int]:
+        return {int(a.split(":")[1]) for m in self.members for a in (m.listen, m.contact)}
+
     def start(self) -> None:
-        self.layout()
+        """Start what layout() planned: proxy, scheduler, workers."""
         if self.spec.proxy:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
             self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"))
@@ -111,6 +115,8 @@ class Cluster:
             self._start_worker(w)
         for w in [m for m in self.members if m.role == "worker"]:
             self._wait(w, lambda w=w: "Registered to" in log_tail(self.run.log(w.name), 10**6))
+            if self.spec.nanny:
+                self._find_nanny_child(w)
 
     def _start_scheduler(self) -> None:
         s = self.scheduler
@@ -121,6 +127,7 @@ class Cluster:
             s.command = [self.spec.python, "-m", "distributed.cli.dask_scheduler",
                          "--host", host, "--port", port, "--no-dashboard"]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
+        s.pid = s.proc.pid
         self._wait(s, lambda: _listening(int(port)))
 
     def _start_worker(self, w: Member) -> None:
@@ -137,6 +144,14 @@ class Cluster:
         else:
             w.command.append("--no-nanny")
         w.proc = spawn(w.command, self.run.log(w.name), env=env)
+        w.pid = w.proc.pid
+
+    def _find_nanny_child(self, w: Member) -> None:
+        """Under a nanny the worker runs in a child the nanny spawned
+        (multiprocessing's spawn_main); the process we started is the nanny."""
+        nanny = self.members[self.members.index(w) + 1]
+        nanny.pid = w.proc.pid
+        w.pid = next((pid for pid, cmd in _children(nanny.pid) if "spawn_main" in cmd), None)
 
     def _wait(self, m: Member, ready) -> None:
         deadline = time.monotonic() + self.spec.start_timeout
@@ -161,13 +176,24 @@ class Cluster:
 
     def describe(self) -> list[dict]:
         """Processes as run.json and the processes table record them."""
-        rows = [{"name": m.name, "role": m.role, "pid": m.proc.pid if m.proc else None,
+        rows = [{"name": m.name, "role": m.role, "pid": m.pid,
                  "listen": m.listen, "contact": m.contact, "command": m.command}
                 for m in self.members]
         if self.proxy:
             rows.append({"name": "proxy", "role": "proxy", "pid": self.proxy.pid,
                          "listen": None, "contact": None, "command": self.proxy.args})
         return rows
+
+
+def _children(ppid: int) -> list[tuple[int, str]]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == ppid:
+                out.append((int(stat.parent.name), (stat.parent / "cmdline").read_text().replace("\0", " ")))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def interpreter_versions(python: str) -> dict:

@@ -23,8 +23,8 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, **kw) -> subproces
     only the user's command), logging to `log`, dying if daskprobe dies."""
     out = open(log, "ab")
     kw.setdefault("stdout", out)
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=out, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent, **kw)
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=die_with_parent, **kw)
 
 
 def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:

@@ -9,12 +9,10 @@ import subprocess
 import sys
 import time
 
+from daskprobe.probes.base import Probe
 from daskprobe.tracer.cluster import Cluster, ClusterSpec, StartError, interpreter_versions
 from daskprobe.tracer.procs import die_with_parent
 from daskprobe.tracer.rundir import RunDir
-
-PROBES = ("proxy",)
-
 
 class Interrupted(Exception):
     def __init__(self, signum: int):
@@ -51,22 +49,55 @@ class _Signals:
         raise Interrupted(signum)
 
 
-def run(spec: ClusterSpec, command: list[str], out: str | None, probes: list[str]) -> tuple[int, RunDir]:
+def _start_probes(probes: list[Probe], run: RunDir, ports: set[int]) -> list[Probe]:
+    """Start what can run here; say why the rest cannot and record it."""
+    started, skipped = [], {}
+    for p in probes:
+        why = p.available()
+        if why is None:
+            partly = p.partly_skipped()
+            try:
+                p.start(run, ports)
+                started.append(p)
+                skipped.update(partly)
+                continue
+            except Exception as e:  # a probe that fails to start must not cost the run
+                why = f"failed to start: {e}"
+        skipped.update(dict.fromkeys(p.name.split(","), why))
+    for name, why in skipped.items():
+        say(f"probe {name} skipped: {why}")
+    run.update_meta(skipped=skipped)
+    return started
+
+
+def _watch(probes: list[Probe], rows: list[dict]) -> None:
+    for row in rows:
+        if row["pid"]:
+            for p in probes:
+                p.watch(row)
+
+
+def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: list[str],
+        probes: list[Probe]) -> tuple[int, RunDir]:
     run = RunDir.create(out, command)
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    clock_anchor=clock_anchor(), config=spec.config, probes=probes, skipped={},
+                    clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "server_cmd": spec.server_cmd, "python": spec.python},
                     versions={"daskprobe": _own_version(), "host": platform.platform(),
                               "cluster": interpreter_versions(spec.python)})
     cluster = Cluster(spec, run)
-    code, client = 1, None
+    code, client, started = 1, None, []
     with _Signals() as signals:
         try:
+            cluster.layout()
+            started = _start_probes(probes, run, cluster.ports())
             cluster.start()
             run.update_meta(processes=cluster.describe(), scheduler_address=cluster.client_address())
+            _watch(started, cluster.describe())
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address())
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+            _watch(started, [_client_row(client, command)])
             run.update_meta(processes=cluster.describe() + [_client_row(client, command)])
             code = client.wait()
         except StartError as e:
@@ -79,6 +110,8 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probes: list[str
         finally:
             _reap(client)
             cluster.stop()
+            for p in started:
+                p.stop()
             run.update_meta(processes=cluster.describe() + ([_client_row(client, command)] if client else []))
     run.update_meta(exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=False)
     return code, run

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from dask.utils import key_split
 
+from daskprobe.probes import ebpf_tables, procfs, pyspy
 from daskprobe.tracer import wire
 from daskprobe.tracer.capture import Capture, read_capture
 from daskprobe.tracer.rundir import RunDir
@@ -34,11 +35,36 @@ def build(run: RunDir) -> dict:
     run.write_table("messages", msgs)
     tasks = tasks_table(events, meta["clock_anchor"])
     run.write_table("tasks", tasks)
+    probe_tables(run, procs, conns)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "tasks": len(tasks),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes}
     run.update_meta(capture=stats)
     return stats
+
+
+def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
+    """Tables of the sampling probes; rows carry the name of their process."""
+    cap = run / "captures"
+    samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
+    samples["source"], frames["kind"] = "pyspy", "python"
+    native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=len(frames), stack_base=len(stacks))
+    samples, stacks, frames = (pd.concat([a, b], ignore_index=True) for a, b in zip((samples, stacks, frames), native))
+    tables = {"samples": samples, "stacks": stacks, "frames": frames,
+              "gil_waits": ebpf_tables.read_gil(cap / "gil.tsv"),
+              "offcpu": ebpf_tables.read_offcpu(cap / "offcpu.tsv"),
+              "short_waits": ebpf_tables.read_small(cap / "ebpf_small.tsv"),
+              "tcp": ebpf_tables.read_tcp(cap / "tcp.tsv", conns),
+              "proc": procfs.read_proc(cap / procfs.CAPTURE)}
+    names = procs.dropna(subset=["pid"]).set_index("pid").name
+    for name, df in tables.items():
+        if "pid" in df:
+            df["process"] = df.pid.map(names)
+        run.write_table(name, df)
+    status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
+    failed = status[status.status == "E"]
+    if not failed.empty:
+        run.update_meta(skipped_per_process=[f"pid {r.pid}: {r.what}" for r in failed.itertuples()])
 
 
 def processes_table(meta: dict) -> pd.DataFrame:
@@ -128,6 +154,8 @@ def _describe(item, m, pending, batched: bool):
 
 def _task_event(op: str, key, item: dict, m, src: str, dst: str) -> dict:
     ev = {"op": op, "key": key, "t_first_ns": m.t_first_ns, "t_last_ns": m.t_last_ns, "src": src, "dst": dst}
+    if op == "update-graph":
+        ev["keys"] = [wire.key_str(k) for k in wire.keys_of(item)]
     if op == "task-finished":
         ev["nbytes"] = item.get("nbytes")
         ev["thread"] = item.get("thread")
@@ -139,7 +167,7 @@ def tasks_table(events: list[dict], anchor: dict) -> pd.DataFrame:
     """One row per task key, joined from its compute-task, task-finished and
     key-in-memory messages; startstops (wall seconds) mapped to the run's clock."""
     ev = pd.DataFrame(events, columns=["op", "key", "t_first_ns", "t_last_ns", "src", "dst",
-                                       "nbytes", "thread", "startstops", "now", "time"])
+                                       "nbytes", "thread", "startstops", "now", "time", "keys"])
     ev["t_first_ns"] = ev.t_first_ns.astype("Int64")
     ev["t_last_ns"] = ev.t_last_ns.astype("Int64")
     ct = ev[ev.op == "compute-task"].groupby("key")
@@ -156,6 +184,8 @@ def tasks_table(events: list[dict], anchor: dict) -> pd.DataFrame:
     tasks["status"] = np.where(tasks.key.isin(erred), "erred",
                                np.where(tasks.finished_recv_ns.notna(), "finished", "unfinished"))
     tasks["prefix"] = tasks.key.map(key_split)
+    requested = {k for keys in ev[ev.op == "update-graph"]["keys"] for k in keys}
+    tasks["requested"] = tasks.key.isin(requested)
     for col in ("nbytes", "thread"):
         tasks[col] = tasks[col].astype("Int64")
     return _with_submitted(tasks, ev[ev.op == "update-graph"].t_first_ns)

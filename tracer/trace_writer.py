@@ -29,7 +29,9 @@ class _Tracks:
     def __init__(self, out: "_Writer"):
         self.out, self.uuids, self.next = out, {}, itertools.count(1)
 
-    def get(self, key, name: str, parent=None, pid=None, counter=False) -> int:
+    def get(self, key, name: str, parent=None, pid=None, counter=False, thread=None) -> int:
+        """The uuid of the track for key. pid makes a process track; thread=(pid, tid)
+        a thread track, on which the UI shows that thread's CPU samples."""
         if key not in self.uuids:
             uuid = self.uuids[key] = next(self.next)
             d = pb.TrackDescriptor(uuid=uuid, name=name)
@@ -39,13 +41,24 @@ class _Tracks:
                 d.process.pid, d.process.process_name = int(pid), name
             if counter:
                 d.counter.SetInParent()
+            if thread is not None:
+                d.thread.pid, d.thread.tid, d.thread.thread_name = int(thread[0]), int(thread[1]), name
             self.out.descriptor(d)
         return self.uuids[key]
 
 
 class _Writer:
     def __init__(self, f):
-        self.b, self.names, self.first = StreamingTraceProtoBuilder(f), {}, True
+        self.b, self.first = StreamingTraceProtoBuilder(f), True
+        self.names, self.functions, self.paths, self.mappings, self.frames, self.stacks = ({} for _ in range(6))
+
+    @staticmethod
+    def _intern(table: dict, key, add) -> int:
+        """The iid of key, adding it to this packet's interned data the first time."""
+        if key not in table:
+            table[key] = len(table) + 1
+            add(table[key])
+        return table[key]
 
     def _packet(self) -> pb.TracePacket:
         p = self.b.create_packet()
@@ -68,10 +81,8 @@ class _Writer:
         e.type, e.track_uuid = kind, track
         if name is not None:
             p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-            if name not in self.names:
-                iid = self.names[name] = len(self.names) + 1
-                p.interned_data.event_names.add(iid=iid, name=name)
-            e.name_iid = self.names[name]
+            e.name_iid = self._intern(self.names, name,
+                                      lambda iid: p.interned_data.event_names.add(iid=iid, name=name))
         if value is not None:
             e.double_counter_value = float(value)
         if flow_out is not None:
@@ -87,6 +98,24 @@ class _Writer:
         self.b.write_packet(p)
 
 
+    def sample(self, ts: int, pid: int, tid: int, frames: list[tuple[str, str]]) -> None:
+        """A CPU sample; frames are (function, file), root first."""
+        p = self._packet()
+        p.timestamp = int(ts)
+        p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+        d = p.interned_data
+        ids = []
+        for function, path in frames:
+            fn = self._intern(self.functions, function, lambda i: d.function_names.add(iid=i, str=function.encode()))
+            pth = self._intern(self.paths, path, lambda i: d.mapping_paths.add(iid=i, str=path.encode()))
+            mp = self._intern(self.mappings, pth, lambda i: d.mappings.add(iid=i, path_string_ids=[pth]))
+            ids.append(self._intern(self.frames, (fn, mp),
+                                    lambda i: d.frames.add(iid=i, function_name_id=fn, mapping_id=mp)))
+        cs = self._intern(self.stacks, tuple(ids), lambda i: d.callstacks.add(iid=i, frame_ids=ids))
+        p.perf_sample.pid, p.perf_sample.tid, p.perf_sample.callstack_iid = int(pid), int(tid), cs
+        self.b.write_packet(p)
+
+
 def write(run: RunDir) -> None:
     procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("tasks")
     with open(run.trace, "wb") as f:
@@ -94,12 +123,16 @@ def write(run: RunDir) -> None:
         tracks = _Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
+        threads = _Threads(run.table("samples"), tracks, proc_track)
         slices = pd.concat([_compute_slices(tasks, tracks, proc_track),
                             _message_slices(msgs, tracks, proc_track),
-                            _dispatch_slices(msgs, tracks, proc_track)], ignore_index=True)
-        counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks)],
-                             ignore_index=True)
-        _emit(w, _no_overlap(slices), counters)
+                            _dispatch_slices(msgs, tracks, proc_track),
+                            _gil_slices(run.table("gil_waits"), threads),
+                            _offcpu_slices(run.table("offcpu"), threads)], ignore_index=True)
+        counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks),
+                              _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
+        samples = _cpu_samples(run, threads)
+        _emit(w, _no_overlap(slices), counters, samples)
 
 
 def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> pd.DataFrame:
@@ -188,6 +221,68 @@ def _message_rate(msgs, tracks) -> pd.DataFrame:
     return pd.DataFrame({"ts": full.index, "track": track, "value": full.to_numpy() * (1e9 / RATE_BIN_NS)})
 
 
+def _proc_counters(proc, tracks, proc_track) -> pd.DataFrame:
+    """CPU% and RSS per process, from /proc."""
+    proc = proc[proc.process.isin(list(proc_track))]
+    cpu = [tracks.get(("cpu", n), "CPU %", parent=proc_track[n], counter=True) for n in proc.process]
+    rss = [tracks.get(("rss", n), "RSS (MiB)", parent=proc_track[n], counter=True) for n in proc.process]
+    return pd.concat([pd.DataFrame({"ts": proc.t_ns, "track": cpu, "value": proc.cpu_percent}),
+                      pd.DataFrame({"ts": proc.t_ns, "track": rss, "value": proc.rss_bytes / 2**20})])
+
+
+class _Threads:
+    """Thread tracks (named from py-spy where it saw the thread), made on first use,
+    with child tracks for the thread's GIL waits and off-CPU time."""
+
+    def __init__(self, samples: pd.DataFrame, tracks: _Tracks, proc_track: dict):
+        self.tracks, self.proc_track = tracks, proc_track
+        named = samples.dropna(subset=["thread_name"]) if "thread_name" in samples else samples.iloc[:0]
+        self.names = dict(zip(zip(named.pid, named.tid), named.thread_name))
+
+    def track(self, process: str, pid: int, tid: int) -> int | None:
+        if process not in self.proc_track:
+            return None
+        name = self.names.get((pid, tid)) or f"thread {tid}"
+        return self.tracks.get(("thread", pid, tid), name, parent=self.proc_track[process], thread=(pid, tid))
+
+    def child(self, kind: str, process: str, pid: int, tid: int) -> int | None:
+        parent = self.track(process, pid, tid)
+        return None if parent is None else self.tracks.get((kind, pid, tid), kind, parent=parent)
+
+
+def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
+    """On-CPU samples (py-spy and eBPF) with their stacks, root first, on thread tracks."""
+    s = run.table("samples")
+    s = s[s.active.astype(bool) & s.process.isin(list(threads.proc_track))]
+    frames = run.table("frames").set_index("frame_id")
+    label = (frames.function + " (" + frames.filename.map(_short) + ")").to_dict()
+    stacks = {r.stack_id: [(label[i], frames.filename[i]) for i in reversed(r.frame_ids)]
+              for r in run.table("stacks").itertuples()}
+    for pid, tid, process in s[["pid", "tid", "process"]].drop_duplicates().itertuples(index=False):
+        threads.track(process, pid, tid)
+    return pd.DataFrame({"ts": s.t_ns, "pid": s.pid, "tid": s.tid, "frames": s.stack_id.map(stacks)})
+
+
+def _gil_slices(gil: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
+    gil = gil[gil.process.isin(list(threads.proc_track))]
+    track = [threads.child("GIL wait", *k) for k in zip(gil.process, gil.pid, gil.tid)]
+    return _slices(track, gil.start_ns, gil.end_ns, "take_gil wait")
+
+
+def _offcpu_slices(off: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
+    """Off-CPU time as 'blocked' (until woken) then 'runnable' (woken, waiting for a CPU)."""
+    off = off[off.process.isin(list(threads.proc_track))]
+    track = [threads.child("off-CPU", *k) for k in zip(off.process, off.pid, off.tid)]
+    ready = off.out_ns + off.blocked_ns
+    blocked = _slices(track, off.out_ns, ready, "blocked")
+    return pd.concat([blocked[off.blocked_ns.to_numpy() > 0], _slices(track, ready, off.in_ns, "runnable")],
+                     ignore_index=True)
+
+
+def _short(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
+
+
 def _no_overlap(s: pd.DataFrame) -> pd.DataFrame:
     """Slices on one track must nest; ours are sequential, so clip each start
     to the previous end (clock noise of a few µs) and give each 1 ns at least."""
@@ -200,15 +295,21 @@ def _no_overlap(s: pd.DataFrame) -> pd.DataFrame:
     return s.assign(start=start, end=end)
 
 
-def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame) -> None:
-    # At equal times: ends, then counters, then begins, so adjacent slices do not cross.
+SAMPLE = -1
+
+
+def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame) -> None:
+    # At equal times: ends, then counters and samples, then begins, so adjacent slices do not cross.
     begins = slices.assign(ts=slices.start, order=2, kind=BEGIN)
     ends = slices.assign(ts=slices.end, order=0, kind=END)
     cnt = counters.assign(order=1, kind=COUNTER)
-    ev = pd.concat([begins, ends, cnt], ignore_index=True).sort_values(["ts", "order"], kind="stable")
+    smp = samples.assign(order=1, kind=SAMPLE, track=0)
+    ev = pd.concat([begins, ends, cnt, smp], ignore_index=True).sort_values(["ts", "order"], kind="stable")
     ev["track"] = ev.track.astype("int64")
     for e in ev.itertuples(index=False):
-        if e.kind == BEGIN:
+        if e.kind == SAMPLE:
+            w.sample(e.ts, e.pid, e.tid, e.frames)
+        elif e.kind == BEGIN:
             w.event(e.ts, BEGIN, e.track, name=e.name, flow_out=_opt(e.flow_out), flow_in=_opt(e.flow_in),
                     args=e.args)
         elif e.kind == END:

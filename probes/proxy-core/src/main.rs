@@ -5,7 +5,8 @@
 //!
 //! Prints "ready" on stdout once every route listens. One thread per
 //! direction of each connection: read, forward at once, then parse lengths.
-//! Records go through a channel to a single writer that flushes each burst.
+//! Records go through a channel to a single writer that drains and flushes
+//! every 50 ms.
 
 mod framing;
 mod peer;
@@ -15,11 +16,12 @@ use std::fs::OpenOptions;
 use std::io::{BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread;
 
 const READ_BUF: usize = 256 << 10;
+const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 #[repr(C)]
 struct Timespec {
@@ -64,15 +66,23 @@ fn parse_args() -> Result<(String, Vec<Route>), String> {
     Ok((capture.ok_or("--capture is required")?, routes))
 }
 
+/// Drain the queue and flush every FLUSH_EVERY. The writer sleeps instead of
+/// blocking in recv(), so forwarding threads never pay for waking it: on a
+/// 2-core machine a wake-up and a write per message compete with the scheduler.
 fn writer(path: String, rx: Receiver<Vec<u8>>) {
     let file = OpenOptions::new().create(true).append(true).open(&path);
     let mut out = BufWriter::with_capacity(1 << 20, file.expect("cannot open capture file"));
-    // Block for one record, drain what else is queued, flush: a burst costs
-    // one write, and nothing waits in memory longer than the burst.
-    while let Ok(rec) = rx.recv() {
-        out.write_all(&rec).expect("capture write failed");
-        while let Ok(rec) = rx.try_recv() {
-            out.write_all(&rec).expect("capture write failed");
+    loop {
+        thread::sleep(FLUSH_EVERY);
+        loop {
+            match rx.try_recv() {
+                Ok(rec) => out.write_all(&rec).expect("capture write failed"),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    out.flush().expect("capture flush failed");
+                    return;
+                }
+            }
         }
         out.flush().expect("capture flush failed");
     }
@@ -122,7 +132,9 @@ fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Ve
         let _ = down.set_nodelay(true);
         let _ = up.set_nodelay(true);
         let (peer, ours) = (down.peer_addr().unwrap(), down.local_addr().unwrap());
-        let _ = tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(), &route.upstream));
+        let up_local = up.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let _ = tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(),
+                                     &route.upstream, &up_local));
         let txp = tx.clone();
         thread::spawn(move || {
             let _ = txp.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));

@@ -41,8 +41,9 @@ impl Rec {
 
 /// A connection accepted on a listener. `dir` 0 in later records means
 /// peer -> upstream (the accepting side's process), 1 the reverse.
-pub fn open(conn: u32, t: u64, label: &str, listen: &str, peer: &str, upstream: &str) -> Vec<u8> {
-    Rec::new(OPEN).u32(conn).u64(t).str(label).str(listen).str(peer).str(upstream).done()
+/// `up_local` is the proxy's own end of its connection to the upstream.
+pub fn open(conn: u32, t: u64, label: &str, listen: &str, peer: &str, upstream: &str, up_local: &str) -> Vec<u8> {
+    Rec::new(OPEN).u32(conn).u64(t).str(label).str(listen).str(peer).str(upstream).str(up_local).done()
 }
 
 /// The pid owning the connecting socket, or -1 when it could not be found.

@@ -1,0 +1,192 @@
+"""Benchmark: what the sniffing proxy costs.
+
+    python -m daskprobe.experiments.proxy_overhead --repeat 5
+
+1. Makespan ratio proxy / direct on real clusters (2 workers x 1 thread,
+   worker-saturation=inf), repetitions alternating ABBA so drift hits both
+   sides alike; the median of the per-pair ratios is reported.
+2. Wire: round-trip time of a small Dask-framed message, and throughput of
+   one 256 MiB frame, through the proxy and over a direct loopback socket.
+
+Writes results.json and results.csv in --out and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from daskprobe.probes.proxy import Route, start_proxy
+from daskprobe.tracer.cluster import free_port
+from daskprobe.tracer.procs import stop
+
+SATURATION = "distributed.scheduler.worker-saturation=inf"
+
+
+def run_once(graph: str, probes: str, out: Path) -> float:
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
+           "--config", SATURATION, "--probes", probes, "--out", str(out), "--",
+           sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"{graph} with --probes {probes} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"]
+
+
+def makespans(graphs: list[str], repeat: int, out: Path, console: Console) -> pd.DataFrame:
+    rows = []
+    for graph in graphs:
+        for rep in range(repeat):
+            order = ("none", "proxy") if rep % 2 == 0 else ("proxy", "none")
+            for probes in order:
+                t = run_once(graph, probes, out / f"{graph}-{probes}-{rep}")
+                rows.append({"graph": graph, "rep": rep, "probes": probes, "makespan_s": t})
+                console.log(f"{graph} rep {rep} --probes {probes}: {t:.3f} s")
+    return pd.DataFrame(rows)
+
+
+# --- wire micro-benchmarks ------------------------------------------------
+
+def _frame(payload_len: int) -> bytes:
+    header = struct.pack("<QQQ", 16 + payload_len, 1, payload_len)
+    return header + b"\x81\xa2op\xa4ping".ljust(payload_len, b"\0")
+
+
+def _recv_exact(s: socket.socket, n: int, buf: bytearray) -> None:
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = s.recv_into(view[got:n])
+        if not k:
+            raise ConnectionError("peer closed")
+        got += k
+
+
+def _server(sock: socket.socket, reply_len: int) -> None:
+    """Echo mode (reply_len 0): read a 64-byte message, send it back. Sink mode:
+    read reply_len bytes, then answer one byte."""
+    conn, _ = sock.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(max(reply_len, 64))
+    with conn:
+        try:
+            while True:
+                if reply_len:
+                    _recv_exact(conn, reply_len, buf)
+                    conn.sendall(b"k")
+                else:
+                    _recv_exact(conn, 64, buf)
+                    conn.sendall(buf[:64])
+        except ConnectionError:
+            pass
+
+
+def _endpoint(via_proxy: bool, reply_len: int, tmp: Path):
+    sock = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_server, args=(sock, reply_len), daemon=True).start()
+    port, proxy = sock.getsockname()[1], None
+    if via_proxy:
+        listen = free_port()
+        proxy = start_proxy(tmp / f"wire-{time.monotonic_ns()}.bin",
+                            [Route(f"127.0.0.1:{listen}", f"127.0.0.1:{port}", "worker-0")], tmp / "proxy.log")
+        port = listen
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return c, proxy
+
+
+def round_trips(via_proxy: bool, n: int, tmp: Path) -> np.ndarray:
+    c, proxy = _endpoint(via_proxy, 0, tmp)
+    msg, buf, rtt = _frame(40), bytearray(64), []
+    with c:
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            c.sendall(msg)
+            _recv_exact(c, 64, buf)
+            rtt.append(time.perf_counter_ns() - t0)
+    if proxy:
+        stop([proxy])
+    return np.array(rtt[n // 10:]) / 1e3  # µs, warm-up dropped
+
+
+def big_frame_seconds(via_proxy: bool, size: int, reps: int, tmp: Path) -> list[float]:
+    payload = memoryview(bytes(size))
+    header = struct.pack("<QQQQ", 24 + 8, 2, 8, size) + b"\x81\xa2op\xa3big"[:8].ljust(8, b"\0")
+    c, proxy = _endpoint(via_proxy, len(header) + size, tmp)
+    out = []
+    with c:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            c.sendall(header)
+            c.sendall(payload)
+            c.recv(1)
+            out.append(time.perf_counter() - t0)
+    if proxy:
+        stop([proxy])
+    return out
+
+
+def wire(tmp: Path, n_rtt: int, big: int, reps: int) -> dict:
+    res = {}
+    for label, via in (("direct", False), ("proxy", True)):
+        rtt = round_trips(via, n_rtt, tmp)
+        secs = big_frame_seconds(via, big, reps, tmp)
+        res[label] = {"rtt_p50_us": float(np.percentile(rtt, 50)), "rtt_p99_us": float(np.percentile(rtt, 99)),
+                      "big_frame_GiB_per_s": big / statistics.median(secs) / 2**30}
+    # Each round trip crosses the proxy twice, once per message.
+    res["added_latency_per_message_p50_us"] = (res["proxy"]["rtt_p50_us"] - res["direct"]["rtt_p50_us"]) / 2
+    res["added_latency_per_message_p99_us"] = (res["proxy"]["rtt_p99_us"] - res["direct"]["rtt_p99_us"]) / 2
+    return res
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    wide = df.pivot_table(index=["graph", "rep"], columns="probes", values="makespan_s").reset_index()
+    wide["ratio"] = wide.proxy / wide.none
+    return wide.groupby("graph").agg(direct_median_s=("none", "median"), proxy_median_s=("proxy", "median"),
+                                     ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
+                                     ratio_max=("ratio", "max"), pairs=("ratio", "size")).reset_index()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphs", default="merge-10K,merge_slow-1K-0.01")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--round-trips", type=int, default=5000)
+    ap.add_argument("--big-frame-mib", type=int, default=256)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    out = args.out or Path("runs") / f"bench-proxy-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        w = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
+    raw = makespans(args.graphs.split(","), args.repeat, out, console)
+    summary = summarize(raw)
+    raw.to_csv(out / "results.csv", index=False)
+    (out / "results.json").write_text(json.dumps({"makespan": summary.to_dict("records"), "wire": w}, indent=2))
+    table = Table(title="proxy overhead: makespan ratio proxy/direct (median of ABBA pairs)")
+    for col in summary.columns:
+        table.add_column(col)
+    for r in summary.itertuples(index=False):
+        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r])
+    Console().print(table)
+    Console().print_json(json.dumps(w))
+    console.log(f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

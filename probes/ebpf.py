@@ -1,0 +1,75 @@
+"""eBPF probes (CPU samples with native and kernel stacks, GIL waits, off-CPU
+intervals, TCP segments), run by one agent process under Debian's python3,
+which has bcc. See ebpf_agent.py for what is captured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from daskprobe.probes.base import Probe, is_root
+from daskprobe.tracer.procs import spawn, stop
+from daskprobe.tracer.rundir import RunDir
+
+AGENT = Path(__file__).with_name("ebpf_agent.py")
+# Debian's python3, which python3-bpfcc installs bcc for ($DASKPROBE_BCC_PYTHON to change)
+SYSTEM_PYTHON = os.environ.get("DASKPROBE_BCC_PYTHON", "/usr/bin/python3")
+TRACEFS = Path("/sys/kernel/tracing")
+KINDS = ("cpu", "gil", "offcpu", "tcp")
+
+
+def environment_problem() -> str | None:
+    """Why eBPF cannot run here, or None. Each answer names what to do."""
+    if not is_root():
+        return "eBPF needs root"
+    if not os.access(SYSTEM_PYTHON, os.X_OK) or subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import bcc"], capture_output=True).returncode != 0:
+        return f"bcc is not installed for {SYSTEM_PYTHON} (Debian's python3-bpfcc; ./setup.sh installs it)"
+    build = Path(f"/lib/modules/{os.uname().release}/build")
+    if not build.exists():
+        return f"no kernel headers at {build} (./setup.sh installs and links Debian's)"
+    if not (TRACEFS / "events").is_dir():
+        return f"tracefs is not mounted at {TRACEFS} (mount -t tracefs tracefs {TRACEFS}; ./setup.sh does)"
+    return None
+
+
+def kind_problem(kind: str) -> str | None:
+    needs = {"offcpu": "sched/sched_switch", "tcp": "tcp/tcp_probe"}.get(kind)
+    if needs and not (TRACEFS / "events" / needs).is_dir():
+        return f"this kernel has no tracepoint {needs.replace('/', ':')}"
+    return None
+
+
+class Ebpf(Probe):
+    def __init__(self, kinds: list[str], cpu_hz: int = 99):
+        self.kinds, self.cpu_hz, self.proc, self.ports = list(kinds), cpu_hz, None, set()
+        self.name = ",".join(self.kinds)
+
+    def available(self) -> str | None:
+        return environment_problem()
+
+    def partly_skipped(self) -> dict[str, str]:
+        """Kinds this kernel lacks; dropped at start, the others still run."""
+        return {k: why for k in self.kinds if (why := kind_problem(k))}
+
+    def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
+        self.kinds = [k for k in self.kinds if k not in self.partly_skipped()]
+        cmd = [SYSTEM_PYTHON, str(AGENT), "--out", str(run / "captures")]
+        cmd += ["--cpu", str(self.cpu_hz)] * ("cpu" in self.kinds)
+        cmd += ["--gil"] * ("gil" in self.kinds) + ["--offcpu"] * ("offcpu" in self.kinds)
+        if "tcp" in self.kinds:
+            cmd += ["--tcp", ",".join(map(str, sorted(ports)))]
+        self.proc = spawn(cmd, run.log("ebpf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if self.proc.stdout.readline().strip() != b"ready":
+            stop([self.proc])
+            raise RuntimeError(f"the eBPF agent did not start: see {run.log('ebpf')}")
+
+    def watch(self, proc: dict) -> None:
+        kind = "native" if proc["role"] == "proxy" else "python"  # a --server-cmd scheduler says so itself
+        self.proc.stdin.write(f"{proc['pid']} {kind} {proc['name']}\n".encode())
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc:
+            stop([self.proc], grace=15.0)  # it drains its buffers and sums on SIGTERM

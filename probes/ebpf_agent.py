@@ -1,0 +1,293 @@
+"""daskprobe's eBPF agent. Runs under Debian's python3 (which has bcc), stdlib only.
+
+    /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil] [--offcpu] [--tcp PORT,...]
+
+Reads "PID python|native NAME" lines on stdin: processes (tgids) to watch,
+added at any time; GIL waits are probed in the python ones. Prints "ready" once the BPF programs are loaded. Writes, tab-separated
+and flushed every 200 ms, into DIR:
+    ebpf_cpu.tsv   t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined)
+    gil.tsv        pid tid start_ns end_ns                      (take_gil waits >= GIL_MIN_NS)
+    offcpu.tsv     pid tid out_ns wakeup_ns in_ns prev_state    (off-CPU >= OFFCPU_MIN_NS; wakeup 0 = none seen)
+    tcp.tsv        t_ns local_port remote_port data_len skb_len (segments received, tcp:tcp_probe;
+                   data_len is 16 bits, skb_len from net:netif_receive_skb, 0 if unseen)
+    ebpf_small.tsv kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
+    ebpf_status.tsv  A|E pid what                               (attached / could not, and why)
+All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
+"""
+
+import argparse
+import ctypes
+import os
+import re
+import select
+import signal
+import sys
+import time
+
+from bcc import BPF, PerfSWConfig, PerfType
+
+GIL_MIN_NS = 5_000
+OFFCPU_MIN_NS = 50_000
+
+PROGRAM = r"""
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+
+struct event { u32 kind; u32 pid; u32 tid; u32 cpu; u64 t0; u64 t1; u64 t2; s64 v1; s64 v2; };
+struct agg { u64 ns; u64 n; };
+
+BPF_RINGBUF_OUTPUT(events, 1 << 10);
+BPF_HASH(watched, u32, u8, 4096);
+BPF_HASH(small, u64, struct agg, 65536);  // key: kind << 32 | tid, and tid -> tgid below
+BPF_HASH(tgid_of, u32, u32, 65536);
+
+static inline void add_small(u32 kind, u32 tgid, u32 tid, u64 ns) {
+    u64 key = ((u64)kind << 32) | tid;
+    struct agg zero = {};
+    struct agg *a = small.lookup_or_try_init(&key, &zero);
+    if (a) { __sync_fetch_and_add(&a->ns, ns); __sync_fetch_and_add(&a->n, 1); }
+    tgid_of.update(&tid, &tgid);
+}
+
+#ifdef WITH_CPU
+BPF_STACK_TRACE(stacks, 16384);
+int on_cpu_sample(struct bpf_perf_event_data *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!watched.lookup(&tgid)) return 0;
+    struct event e = {};
+    e.kind = 1; e.pid = tgid; e.tid = (u32)id; e.cpu = bpf_get_smp_processor_id();
+    e.t0 = bpf_ktime_get_ns();
+    e.v1 = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    e.v2 = stacks.get_stackid(ctx, 0);
+    events.ringbuf_output(&e, sizeof(e), 0);
+    return 0;
+}
+#endif
+
+#ifdef WITH_GIL
+BPF_HASH(gil_start, u32, u64, 65536);
+int gil_enter(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!watched.lookup(&tgid)) return 0;
+    u64 now = bpf_ktime_get_ns();
+    gil_start.update(&tid, &now);
+    return 0;
+}
+int gil_exit(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 *start = gil_start.lookup(&tid);
+    if (!start) return 0;
+    u64 now = bpf_ktime_get_ns(), wait = now - *start;
+    if (wait >= GIL_MIN_NS) {
+        struct event e = {};
+        e.kind = 2; e.pid = tgid; e.tid = tid; e.t0 = *start; e.t1 = now;
+        events.ringbuf_output(&e, sizeof(e), 0);
+    } else {
+        add_small(2, tgid, tid, wait);
+    }
+    gil_start.delete(&tid);
+    return 0;
+}
+#endif
+
+#ifdef WITH_OFFCPU
+struct off { u64 out; u64 wake; s64 state; u32 tgid; };
+BPF_HASH(off_start, u32, struct off, 65536);
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;  // sched_switch runs as prev
+    u32 prev = args->prev_pid, next = args->next_pid;
+    if (prev && watched.lookup(&tgid)) {
+        struct off o = {now, 0, args->prev_state, tgid};
+        off_start.update(&prev, &o);
+    }
+    struct off *o = off_start.lookup(&next);
+    if (o) {
+        u64 d = now - o->out;
+        if (d >= OFFCPU_MIN_NS) {
+            struct event e = {};
+            e.kind = 3; e.pid = o->tgid; e.tid = next; e.t0 = o->out; e.t1 = o->wake; e.t2 = now; e.v1 = o->state;
+            events.ringbuf_output(&e, sizeof(e), 0);
+        } else {
+            add_small(3, o->tgid, next, d);
+        }
+        off_start.delete(&next);
+    }
+    return 0;
+}
+TRACEPOINT_PROBE(sched, sched_wakeup) {
+    u32 tid = args->pid;
+    struct off *o = off_start.lookup(&tid);
+    if (o && o->wake == 0) o->wake = bpf_ktime_get_ns();
+    return 0;
+}
+#endif
+
+#ifdef WITH_TCP
+BPF_HASH(ports, u16, u8, 4096);
+// tcp_probe's data_len is 16 bits, and loopback delivers 64 KiB skbs whole:
+// keep each skb's full length from netif_receive_skb to undo the wrap.
+BPF_TABLE("lru_hash", u64, u32, skb_len, 8192);
+TRACEPOINT_PROBE(net, netif_receive_skb) {
+    u64 skb = (u64)args->skbaddr;
+    u32 len = args->len;
+    skb_len.update(&skb, &len);
+    return 0;
+}
+TRACEPOINT_PROBE(tcp, tcp_probe) {
+    u16 sport = args->sport, dport = args->dport;  // sport: the receiving socket's own port
+    if (!ports.lookup(&sport) && !ports.lookup(&dport)) return 0;
+    u64 skb = (u64)args->skbaddr;
+    u32 *len = skb_len.lookup(&skb);
+    struct event e = {};
+    e.kind = 4; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
+    e.t1 = len ? *len : 0;
+    events.ringbuf_output(&e, sizeof(e), 0);
+    return 0;
+}
+#endif
+"""
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
+                ("cpu", ctypes.c_uint32), ("t0", ctypes.c_uint64), ("t1", ctypes.c_uint64),
+                ("t2", ctypes.c_uint64), ("v1", ctypes.c_int64), ("v2", ctypes.c_int64)]
+
+
+def libpython_of(pid: int) -> str | None:
+    """The file that holds take_gil for this process: its libpython, else its executable."""
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if re.search(r"/libpython3\.\d+[^/]*\.so", path):
+                return path
+    return os.readlink(f"/proc/{pid}/exe")
+
+
+def take_gil_symbol(path: str) -> str | None:
+    """take_gil, or its LTO-suffixed name (take_gil.lto_priv.0)."""
+    try:
+        found = BPF.get_user_functions_and_addresses(path, r"^take_gil(\..*)?$")
+    except Exception:
+        return None
+    return found[0][0].decode() if found else None
+
+
+class Agent:
+    def __init__(self, args):
+        self.args, self.files, self.stacks_cache, self.gil_libs = args, {}, {}, {}
+        cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
+        cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
+        cflags += ["-DWITH_TCP"] * bool(args.tcp)
+        self.b = BPF(text=PROGRAM, cflags=cflags)
+        if args.cpu:
+            self.b.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                                     fn_name="on_cpu_sample", sample_freq=args.cpu, cpu=-1)
+        if args.tcp:
+            for port in args.tcp:
+                self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
+        self.b["events"].open_ring_buffer(self.on_event)
+
+    def out(self, name: str):
+        if name not in self.files:
+            self.files[name] = open(os.path.join(self.args.out, name), "a")
+        return self.files[name]
+
+    def watch(self, pid: int, name: str, python: bool) -> None:
+        self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        status = self.out("ebpf_status.tsv")
+        status.write(f"A\t{pid}\twatching {name}\n")
+        if self.args.gil and python:
+            status.write(self.attach_gil(pid, name))
+
+    def attach_gil(self, pid: int, name: str) -> str:
+        try:
+            lib = libpython_of(pid)
+        except OSError as e:
+            return f"E\t{pid}\tgil: {name}: {e}\n"
+        if lib not in self.gil_libs:
+            sym = take_gil_symbol(lib)
+            if sym:
+                self.b.attach_uprobe(name=lib, sym=sym, fn_name="gil_enter")
+                self.b.attach_uretprobe(name=lib, sym=sym, fn_name="gil_exit")
+            self.gil_libs[lib] = sym
+        sym = self.gil_libs[lib]
+        if sym is None:
+            return f"E\t{pid}\tgil: {name}: no take_gil symbol in {lib} (stripped, or not CPython)\n"
+        return f"A\t{pid}\tgil: {name}: {lib}:{sym}\n"
+
+    def frames(self, stack_id: int, pid: int) -> str:
+        if stack_id < 0:
+            return "[lost]" if stack_id != -14 else ""  # -EFAULT: no such stack (e.g. kernel-only)
+        key = (pid, stack_id)
+        if key not in self.stacks_cache:
+            names = []
+            for addr in self.b["stacks"].walk(stack_id):
+                sym = self.b.sym(addr, pid, show_module=True) if pid >= 0 else self.b.ksym(addr)
+                names.append(sym.decode("utf-8", "replace").replace(";", ":").replace("\t", " "))
+            self.stacks_cache[key] = ";".join(names)
+        return self.stacks_cache[key]
+
+    def on_event(self, ctx, data, size):
+        e = ctypes.cast(data, ctypes.POINTER(Event)).contents
+        if e.kind == 1:
+            user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
+            self.out("ebpf_cpu.tsv").write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
+        elif e.kind == 2:
+            self.out("gil.tsv").write(f"{e.pid}\t{e.tid}\t{e.t0}\t{e.t1}\n")
+        elif e.kind == 3:
+            self.out("offcpu.tsv").write(f"{e.pid}\t{e.tid}\t{e.t0}\t{e.t1}\t{e.t2}\t{e.v1}\n")
+        elif e.kind == 4:
+            self.out("tcp.tsv").write(f"{e.t0}\t{e.v1 >> 16}\t{e.v1 & 0xffff}\t{e.v2}\t{e.t1}\n")
+
+    def flush(self) -> None:
+        for f in self.files.values():
+            f.flush()
+
+    def finish(self) -> None:
+        self.b.ring_buffer_consume()
+        small, tgid_of = self.b["small"], self.b["tgid_of"]
+        out = self.out("ebpf_small.tsv")
+        for k, v in small.items():
+            tid = k.value & 0xFFFFFFFF
+            tgid = tgid_of.get(ctypes.c_uint32(tid))
+            kind = {2: "gil", 3: "offcpu"}[k.value >> 32]
+            out.write(f"{kind}\t{tgid.value if tgid else -1}\t{tid}\t{v.ns}\t{v.n}\n")
+        self.flush()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cpu", type=int, default=0, help="CPU samples per second per CPU (0: off)")
+    ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--offcpu", action="store_true")
+    ap.add_argument("--tcp", type=lambda s: [int(p) for p in s.split(",") if p], default=[])
+    agent = Agent(ap.parse_args())
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    print("ready", flush=True)
+    last_flush, stdin_open, pending = time.monotonic(), True, b""
+    while not stopping:
+        agent.b.ring_buffer_poll(50)
+        if stdin_open and select.select([0], [], [], 0)[0]:
+            chunk = os.read(0, 65536)
+            stdin_open = bool(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in filter(None, (ln.decode().strip() for ln in lines)):
+                pid, python, name = line.split(" ", 2)
+                agent.watch(int(pid), name, python == "python")
+        if time.monotonic() - last_flush > 0.2:
+            agent.flush()
+            last_flush = time.monotonic()
+    agent.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Read the eBPF agent's captures (see ebpf_agent.py) into tables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
+
+
+def _rows(path: Path, fields: int) -> list[list[str]]:
+    """Tab-separated lines with the expected field count; a torn last line is dropped."""
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return [r for r in (line.split("\t") for line in lines) if len(r) == fields]
+
+
+def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(samples, stacks, frames) like pyspy.read_samples, ids starting at the bases.
+    A stack is the kernel frames then the user frames, leaf first."""
+    frames, stacks, samples = {}, {}, []
+    for t, pid, tid, cpu, user, kernel in _rows(path, 6):
+        ids = []
+        for kind, part in (("kernel", kernel), ("native", user)):
+            for sym in filter(None, part.split(";")):
+                ids.append(frames.setdefault((sym, kind), frame_base + len(frames)))
+        stack = stacks.setdefault(tuple(ids), stack_base + len(stacks))
+        samples.append(("ebpf", int(t), int(pid), int(tid), int(cpu), stack))
+    s = pd.DataFrame(samples, columns=["source", "t_ns", "pid", "tid", "cpu", "stack_id"])
+    s["active"] = True
+    st = pd.DataFrame({"stack_id": list(stacks.values()), "frame_ids": [list(k) for k in stacks]})
+    fr = pd.DataFrame([(i, *SYMBOL.match(sym).groups(), 0, kind) for (sym, kind), i in frames.items()],
+                      columns=["frame_id", "function", "filename", "line", "kind"])
+    fr["filename"] = fr.filename.fillna("[kernel]")
+    return s, st, fr
+
+
+def read_gil(path: Path) -> pd.DataFrame:
+    df = pd.DataFrame(_rows(path, 4), columns=["pid", "tid", "start_ns", "end_ns"]).astype("int64")
+    df["wait_ns"] = df.end_ns - df.start_ns
+    return df
+
+
+def read_offcpu(path: Path) -> pd.DataFrame:
+    """Off-CPU intervals. prev_state 0: preempted, runnable the whole time;
+    else blocked until the wakeup, then runnable until back on a CPU."""
+    cols = ["pid", "tid", "out_ns", "wakeup_ns", "in_ns", "prev_state"]
+    df = pd.DataFrame(_rows(path, 6), columns=cols).astype("int64")
+    woken = (df.prev_state != 0) & (df.wakeup_ns > 0)
+    ready = df.wakeup_ns.where(woken, df.out_ns)
+    df["blocked_ns"] = (ready - df.out_ns).where(df.prev_state != 0, 0)
+    df["runnable_ns"] = df.in_ns - ready
+    return df
+
+
+def read_small(path: Path) -> pd.DataFrame:
+    df = pd.DataFrame(_rows(path, 5), columns=["kind", "pid", "tid", "total_ns", "count"])
+    return df.astype({"pid": "int64", "tid": "int64", "total_ns": "int64", "count": "int64"})
+
+
+HEADERS = 52  # IPv4 + TCP with timestamps; the correction below tolerates ±32 KiB
+
+
+def read_tcp(path: Path, connections: pd.DataFrame) -> pd.DataFrame:
+    """Segments received, joined to the proxy's connections by port pair.
+    hop 'peer': between the connecting process and the proxy; 'upstream':
+    between the proxy and the process it fronts. direction as in messages.
+    bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length."""
+    cols = ["t_ns", "local_port", "remote_port", "data_len", "skb_len"]
+    df = pd.DataFrame(_rows(path, 5), columns=cols).astype("int64")
+    wraps = ((df.skb_len - HEADERS - df.data_len) / 65536).round().clip(lower=0)
+    df["bytes"] = df.data_len + 65536 * wraps.where(df.skb_len > 0, 0).astype("int64")
+    keys = {}  # (receiving port, sending port) -> (conn, direction, hop)
+    for c in connections.itertuples():
+        peer, listen = _port(c.peer_addr), _port(c.listen)
+        keys[(listen, peer)], keys[(peer, listen)] = (c.conn, 0, "peer"), (c.conn, 1, "peer")
+        local, up = _port(c.upstream_local), _port(c.upstream)
+        if local:
+            keys[(up, local)], keys[(local, up)] = (c.conn, 0, "upstream"), (c.conn, 1, "upstream")
+    joined = [keys.get((a, b), (None, None, None)) for a, b in zip(df.local_port, df.remote_port)]
+    df[["conn", "direction", "hop"]] = pd.DataFrame(joined, index=df.index, columns=["conn", "direction", "hop"])
+    return df
+
+
+def _port(addr) -> int | None:
+    return int(addr.rsplit(":", 1)[1]) if isinstance(addr, str) and ":" in addr else None
+
+
+def read_status(path: Path) -> pd.DataFrame:
+    return pd.DataFrame(_rows(path, 3), columns=["status", "pid", "what"])

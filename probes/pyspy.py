@@ -1,0 +1,71 @@
+"""Python stacks of every cluster process, sampled by probes/sampler-core
+(py-spy's reader), each sample stamped with CLOCK_MONOTONIC by the sampler."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from daskprobe.probes.base import Probe, is_root, native_binary
+from daskprobe.tracer.procs import spawn, stop
+from daskprobe.tracer.rundir import RunDir
+
+CAPTURE = "pyspy.tsv"
+
+
+def _ptrace_allowed() -> bool:
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "0"
+    except FileNotFoundError:
+        return True
+
+
+class PySpy(Probe):
+    name = "pyspy"
+
+    def __init__(self, rate: float = 100.0, native: bool = False):
+        self.rate, self.native, self.proc = rate, native, None
+
+    def available(self) -> str | None:
+        if native_binary("daskprobe-sampler") is None:
+            return "daskprobe-sampler is not built (run ./setup.sh)"
+        if not is_root() and not _ptrace_allowed():
+            return "reading other processes' stacks needs root (or kernel.yama.ptrace_scope=0)"
+        return None
+
+    def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
+        cmd = [native_binary("daskprobe-sampler"), "--out", str(run / "captures" / CAPTURE),
+               "--rate", str(self.rate)] + (["--native"] if self.native else [])
+        self.proc = spawn(cmd, run.log("sampler"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"py-spy sampler failed to start: see {run.log('sampler')}")
+
+    def watch(self, proc: dict) -> None:
+        if proc["role"] == "proxy":
+            return  # native code: the eBPF CPU sampler covers it
+        self.proc.stdin.write(f"{proc['pid']} {proc['name']}\n".encode())
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc:
+            stop([self.proc])
+
+
+def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped."""
+    frames, samples, stacks = [], [], {}
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            f = line.split("\t")
+            if f[0] == "F" and len(f) == 5:
+                frames.append((int(f[1]), f[2], f[3], int(f[4])))
+            elif f[0] == "S" and len(f) == 8:
+                stack = stacks.setdefault(f[7], len(stacks))
+                samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack))
+    s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id"])
+    st = pd.DataFrame({"stack_id": list(stacks.values()),
+                       "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})
+    fr = pd.DataFrame(frames, columns=["frame_id", "function", "filename", "line"])
+    return s, st, fr

@@ -1,0 +1,46 @@
+"""Every probe daskprobe knows, by the name `--probes` uses."""
+
+from __future__ import annotations
+
+from daskprobe.probes.base import Probe
+from daskprobe.probes.ebpf import KINDS as EBPF_KINDS, Ebpf
+from daskprobe.probes.procfs import ProcFS
+from daskprobe.probes.pyspy import PySpy
+
+DESCRIPTIONS = {
+    "proxy": "every protocol message, through a sniffing proxy in front of each process",
+    "pyspy": "Python stacks of every process (py-spy), --sample-rate per second",
+    "proc": "CPU% and RSS of every process from /proc, 10 per second",
+    "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",
+    "gil": "time each thread waited to take the GIL (eBPF uprobes on take_gil)",
+    "offcpu": "off-CPU intervals per thread, runnable vs blocked (eBPF, sched tracepoints)",
+    "tcp": "TCP segments received on the cluster's connections (eBPF, tcp:tcp_probe)",
+}
+NAMES = tuple(DESCRIPTIONS)
+
+
+def make(names: list[str], sample_rate: float = 100.0, native: bool = False, cpu_hz: int = 99) -> list[Probe]:
+    """Probe objects for the chosen names (the proxy is part of the cluster, not listed here);
+    the eBPF kinds share one agent."""
+    factories = {"pyspy": lambda: PySpy(sample_rate, native), "proc": ProcFS}
+    probes = [factories[n]() for n in names if n in factories]
+    kinds = [n for n in names if n in EBPF_KINDS]
+    return probes + ([Ebpf(kinds, cpu_hz)] if kinds else [])
+
+
+def doctor() -> list[tuple[str, str | None, str]]:
+    """(probe, why it cannot run here or None, what it captures) for every probe."""
+    from daskprobe.probes.proxy import proxy_binary
+    rows = []
+    for name, what in DESCRIPTIONS.items():
+        if name == "proxy":
+            try:
+                proxy_binary()
+                problem = None
+            except FileNotFoundError as e:
+                problem = str(e)
+        else:
+            probe = make([name])[0]
+            problem = probe.available() or probe.partly_skipped().get(name)
+        rows.append((name, problem, what))
+    return rows
