@@ -10,8 +10,13 @@ from pathlib import Path
 from daskprobe.tracer.rundir import RunDir
 
 
+CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
+
+
 class Probe:
     name = "?"
+    roles = CLUSTER_ROLES  # processes this probe watches, by role
+    proc = None            # its own helper process, if it has one
 
     def available(self) -> str | None:
         """None if this probe can run here, else why not (shown to the user, kept in run.json)."""
@@ -30,6 +35,13 @@ class Probe:
 
     def stop(self) -> None:
         pass
+
+    def process_row(self) -> dict | None:
+        """Its helper process as a `processes` row (role "probe"), so its cost is measured too."""
+        if self.proc is None:
+            return None
+        return {"name": f"probe:{self.name}", "role": "probe", "pid": self.proc.pid,
+                "listen": None, "contact": None, "command": list(map(str, self.proc.args))}
 
 
 def native_binary(name: str) -> str | None:

@@ -43,7 +43,7 @@ def kind_problem(kind: str) -> str | None:
 
 class Ebpf(Probe):
     def __init__(self, kinds: list[str], cpu_hz: int = 99):
-        self.kinds, self.cpu_hz, self.proc, self.ports = list(kinds), cpu_hz, None, set()
+        self.kinds, self.cpu_hz = list(kinds), cpu_hz
         self.name = ",".join(self.kinds)
 
     def available(self) -> str | None:

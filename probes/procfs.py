@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import Probe
+from daskprobe.probes.base import CLUSTER_ROLES, Probe
 from daskprobe.tracer.rundir import RunDir
 
 CAPTURE = "proc.tsv"
@@ -24,6 +24,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 class ProcFS(Probe):
     name = "proc"
+    roles = CLUSTER_ROLES | {"probe"}
 
     def __init__(self, rate: float = 10.0):
         self.period, self.pids, self.done = 1.0 / rate, {}, threading.Event()
@@ -53,6 +54,8 @@ class ProcFS(Probe):
                 except (FileNotFoundError, ProcessLookupError):
                     continue
                 fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces
+                if fields[0] == "Z":
+                    continue  # exited, not yet reaped: nothing left to measure
                 lines.append(f"{time.monotonic_ns()}\t{pid}\t{fields[11]}\t{fields[12]}\t{fields[21]}\n")
             self.out.write("".join(lines))
             self.out.flush()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import Probe, is_root, native_binary
+from daskprobe.probes.base import CLUSTER_ROLES, Probe, is_root, native_binary
 from daskprobe.tracer.procs import spawn, stop
 from daskprobe.tracer.rundir import RunDir
 
@@ -24,9 +24,10 @@ def _ptrace_allowed() -> bool:
 
 class PySpy(Probe):
     name = "pyspy"
+    roles = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
 
     def __init__(self, rate: float = 100.0, native: bool = False):
-        self.rate, self.native, self.proc = rate, native, None
+        self.rate, self.native = rate, native
 
     def available(self) -> str | None:
         if native_binary("daskprobe-sampler") is None:
@@ -43,8 +44,6 @@ class PySpy(Probe):
             raise RuntimeError(f"py-spy sampler failed to start: see {run.log('sampler')}")
 
     def watch(self, proc: dict) -> None:
-        if proc["role"] == "proxy":
-            return  # native code: the eBPF CPU sampler covers it
         self.proc.stdin.write(f"{proc['pid']} {proc['name']}\n".encode())
         self.proc.stdin.flush()
 

@@ -59,3 +59,25 @@ def pinned_run(tmp_path_factory) -> tuple[RunDir, subprocess.CompletedProcess, i
     n = 40
     run, p = run_flow(tmp_path_factory.mktemp("pinned"), PINNED_FLOW.format(n=n), "--workers", "2")
     return run, p, n
+
+
+class probe_session:
+    """Run one probe outside `daskprobe run`: a bare run directory, start, stop."""
+
+    def __init__(self, tmp: Path, probe, ports=frozenset()):
+        if why := probe.available():
+            pytest.skip(why)
+        self.run = RunDir(tmp / "run")
+        for sub in ("captures", "logs"):
+            (self.run / sub).mkdir(parents=True, exist_ok=True)
+        self.probe, self.ports = probe, ports
+
+    def __enter__(self):
+        self.probe.start(self.run, self.ports)
+        return self
+
+    def watch(self, pid: int, name: str = "target", role: str = "client"):
+        self.probe.watch({"pid": pid, "name": name, "role": role, "listen": None, "contact": None})
+
+    def __exit__(self, *exc):
+        self.probe.stop()

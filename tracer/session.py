@@ -3,6 +3,7 @@ probes, run the user's command, tear everything down, then finalize."""
 
 from __future__ import annotations
 
+import os
 import platform
 import signal
 import subprocess
@@ -74,7 +75,15 @@ def _watch(probes: list[Probe], rows: list[dict]) -> None:
     for row in rows:
         if row["pid"]:
             for p in probes:
-                p.watch(row)
+                if row["role"] in p.roles:
+                    p.watch(row)
+
+
+def _probe_rows(probes: list[Probe]) -> list[dict]:
+    """daskprobe itself and each probe's helper process: measured like the cluster."""
+    own = {"name": "daskprobe", "role": "probe", "pid": os.getpid(), "listen": None, "contact": None,
+           "command": sys.argv}
+    return [own] + [row for p in probes if (row := p.process_row())]
 
 
 def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: list[str],
@@ -93,12 +102,13 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
             cluster.layout()
             started = _start_probes(probes, run, cluster.ports())
             cluster.start()
-            run.update_meta(processes=cluster.describe(), scheduler_address=cluster.client_address())
-            _watch(started, cluster.describe())
+            probe_rows = _probe_rows(started)
+            run.update_meta(processes=cluster.describe() + probe_rows, scheduler_address=cluster.client_address())
+            _watch(started, cluster.describe() + probe_rows)
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address())
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
             _watch(started, [_client_row(client, command)])
-            run.update_meta(processes=cluster.describe() + [_client_row(client, command)])
+            run.update_meta(processes=cluster.describe() + probe_rows + [_client_row(client, command)])
             code = client.wait()
         except StartError as e:
             say(f"cluster failed to start: {e}")
@@ -112,7 +122,8 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
             cluster.stop()
             for p in started:
                 p.stop()
-            run.update_meta(processes=cluster.describe() + ([_client_row(client, command)] if client else []))
+            run.update_meta(processes=cluster.describe() + _probe_rows(started)
+                            + ([_client_row(client, command)] if client else []))
     run.update_meta(exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=False)
     return code, run
 

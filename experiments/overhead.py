@@ -1,14 +1,17 @@
-"""Benchmark: what the sniffing proxy costs.
+"""Benchmark: what measuring costs, as makespan ratios on real clusters.
 
-    python -m daskprobe.experiments.proxy_overhead --repeat 5
+    python -m daskprobe.experiments.overhead --compare none:proxy --wire   # the proxy's cost
+    python -m daskprobe.experiments.overhead --compare proxy:all           # every other probe's cost
 
-1. Makespan ratio proxy / direct on real clusters (2 workers x 1 thread,
-   worker-saturation=inf), repetitions alternating ABBA so drift hits both
-   sides alike; the median of the per-pair ratios is reported.
-2. Wire: round-trip time of a small Dask-framed message, and throughput of
-   one 256 MiB frame, through the proxy and over a direct loopback socket.
+For each graph (default merge-10K and 1,000 tasks of 10 ms, on 2 workers x 1
+thread with worker-saturation=inf) the two --probes settings A:B run in
+alternating ABBA order so drift hits both alike; reported is the median of
+the per-pair ratios B/A. When B captures /proc, each probe's own CPU use is
+reported too (median CPU seconds per run of daskprobe, proxy, sampler, agent).
+--wire adds: round-trip time of a small Dask-framed message and throughput
+of one 256 MiB frame, through the proxy and over a direct loopback socket.
 
-Writes results.json and results.csv in --out and prints a table.
+Writes results.json and results.csv in --out and prints tables.
 """
 
 from __future__ import annotations
@@ -37,25 +40,29 @@ from daskprobe.tracer.procs import stop
 SATURATION = "distributed.scheduler.worker-saturation=inf"
 
 
-def run_once(graph: str, probes: str, out: Path) -> float:
+def run_once(graph: str, probes: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", probes, "--out", str(out), "--",
            sys.executable, "-m", "daskprobe.experiments.workloads", graph]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"{graph} with --probes {probes} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"]
+    row = {"makespan_s": json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"]}
+    proc = out / "tables" / "proc.parquet"
+    if proc.exists():  # the last cumulative CPU reading of each measuring process
+        cpu = pd.read_parquet(proc).dropna(subset=["process"]).groupby("process").cpu_s.max()
+        row |= {f"cpu_s[{name}]": float(v) for name, v in cpu.items() if name.startswith(("probe:", "proxy", "daskprobe"))}
+    return row
 
 
-def makespans(graphs: list[str], repeat: int, out: Path, console: Console) -> pd.DataFrame:
+def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console) -> pd.DataFrame:
     rows = []
     for graph in graphs:
         for rep in range(repeat):
-            order = ("none", "proxy") if rep % 2 == 0 else ("proxy", "none")
-            for probes in order:
-                t = run_once(graph, probes, out / f"{graph}-{probes}-{rep}")
-                rows.append({"graph": graph, "rep": rep, "probes": probes, "makespan_s": t})
-                console.log(f"{graph} rep {rep} --probes {probes}: {t:.3f} s")
+            for probes in (pair if rep % 2 == 0 else pair[::-1]):
+                row = run_once(graph, probes, out / f"{graph}-{probes.replace(',', '+')}-{rep}")
+                rows.append({"graph": graph, "rep": rep, "probes": probes} | row)
+                console.log(f"{graph} rep {rep} --probes {probes}: {row['makespan_s']:.3f} s")
     return pd.DataFrame(rows)
 
 
@@ -152,38 +159,65 @@ def wire(tmp: Path, n_rtt: int, big: int, reps: int) -> dict:
     return res
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, pair: tuple[str, str]) -> pd.DataFrame:
+    a, b = pair
     wide = df.pivot_table(index=["graph", "rep"], columns="probes", values="makespan_s").reset_index()
-    wide["ratio"] = wide.proxy / wide.none
-    return wide.groupby("graph").agg(direct_median_s=("none", "median"), proxy_median_s=("proxy", "median"),
+    wide["ratio"] = wide[b] / wide[a]
+    return wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
                                      ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
                                      ratio_max=("ratio", "max"), pairs=("ratio", "size")).reset_index()
+
+
+def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
+    """Median CPU seconds per run of each measuring process, per graph and setting."""
+    cols = [c for c in df.columns if c.startswith("cpu_s[")]
+    if not cols:
+        return pd.DataFrame()
+    long = df.melt(id_vars=["graph", "probes"], value_vars=cols, var_name="process", value_name="cpu_s").dropna()
+    long["process"] = long.process.str[len("cpu_s["):-1]
+    return long.groupby(["graph", "probes", "process"]).cpu_s.median().reset_index()
+
+
+def print_table(title: str, df: pd.DataFrame) -> None:
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col))
+    for r in df.itertuples(index=False):
+        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r])
+    Console().print(table)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="merge-10K,merge_slow-1K-0.01")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--compare", default="none:proxy", help="two --probes settings A:B; reported: B/A")
+    ap.add_argument("--repeat", type=int, default=6)
+    ap.add_argument("--wire", action="store_true", help="also the proxy's latency and big-frame throughput")
     ap.add_argument("--round-trips", type=int, default=5000)
     ap.add_argument("--big-frame-mib", type=int, default=256)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    out = args.out or Path("runs") / f"bench-proxy-{time.strftime('%Y%m%d-%H%M%S')}"
+    a, _, b = args.compare.partition(":")
+    if not a or not b:
+        ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
+    pair = (a, b)
+    out = args.out or Path("runs") / f"bench-overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        w = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
-    raw = makespans(args.graphs.split(","), args.repeat, out, console)
-    summary = summarize(raw)
+    results = {"compare": f"{b} / {a}"}
+    if args.wire:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["wire"] = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
+    raw = makespans(args.graphs.split(","), pair, args.repeat, out, console)
+    summary, cpu = summarize(raw, pair), probe_cpu(raw)
     raw.to_csv(out / "results.csv", index=False)
-    (out / "results.json").write_text(json.dumps({"makespan": summary.to_dict("records"), "wire": w}, indent=2))
-    table = Table(title="proxy overhead: makespan ratio proxy/direct (median of ABBA pairs)")
-    for col in summary.columns:
-        table.add_column(col)
-    for r in summary.itertuples(index=False):
-        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r])
-    Console().print(table)
-    Console().print_json(json.dumps(w))
+    results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records")}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print_table(f"makespan ratio {b} / {a} (median of ABBA pairs)", summary)
+    if not cpu.empty:
+        print_table("CPU seconds per run of each measuring process (median)", cpu)
+    if args.wire:
+        Console().print_json(json.dumps(results["wire"]))
     console.log(f"results in {out}")
     return 0
 

@@ -1,0 +1,117 @@
+"""eBPF probes against known causes: threads fighting for the GIL, a native
+program with known hot functions, known sleeps, a known CPU shortage."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import probe_session, run_flow, write_flow
+from daskprobe.probes import ebpf_tables
+from daskprobe.probes.ebpf import Ebpf
+
+SPINNERS = """
+import sys, threading, time
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+sys.stdin.readline()
+start = time.monotonic()
+threads = [threading.Thread(target=spin, args=(1.0,)) for _ in range({n})]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(time.monotonic() - start)
+"""
+
+
+def started(cmd, **kw):
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
+
+
+def test_gil_waits_of_spinning_threads(tmp_path):
+    n = 4
+    with probe_session(tmp_path, Ebpf(["gil"])) as s:
+        target = started([sys.executable, str(write_flow(tmp_path / "spin.py", SPINNERS.format(n=n)))])
+        s.watch(target.pid)
+        time.sleep(1.0)  # the uprobe is attached once the agent has read the pid
+        wall = float(target.communicate("go\n", timeout=60)[0])
+    cap = s.run / "captures"
+    status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
+    assert (status.what.str.contains("take_gil")).any(), status
+    waits = ebpf_tables.read_gil(cap / "gil.tsv")
+    small = ebpf_tables.read_small(cap / "ebpf_small.tsv")
+    total = (waits[waits.pid == target.pid].wait_ns.sum()
+             + small[(small.kind == "gil") & (small.pid == target.pid)].total_ns.sum()) / 1e9
+    expected = (n - 1) * wall
+    assert 0.8 * expected <= total <= 1.1 * expected, (total, expected)
+
+
+NATIVE = r"""
+#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+__attribute__((noinline)) double hot_alpha(double x) { for (int i = 0; i < 3000000; i++) x = x * 1.0000001 + 1e-9; return x; }
+__attribute__((noinline)) double hot_beta(double x) { for (int i = 0; i < 1000000; i++) x = x * 0.9999999 + 1e-9; return x; }
+int main(void) {
+    getchar();
+    double x = 1, end = now() + 1.5;
+    while (now() < end) { x = hot_alpha(x); x = hot_beta(x); }
+    printf("%f\n", x);
+    return 0;
+}
+"""
+
+
+def test_native_program_hot_functions_are_found(tmp_path):
+    src = tmp_path / "hot.c"
+    src.write_text(NATIVE)
+    exe = tmp_path / "hot"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-g", "-o", str(exe), str(src)], check=True)
+    with probe_session(tmp_path, Ebpf(["cpu"], cpu_hz=199)) as s:
+        target = started([str(exe)])
+        s.watch(target.pid, "hot", "proxy")
+        time.sleep(1.0)
+        target.communicate("\n", timeout=30)
+    samples, stacks, frames = ebpf_tables.read_cpu(s.run / "captures" / "ebpf_cpu.tsv", 0, 0)
+    mine = samples[samples.pid == target.pid]
+    leaf = mine.stack_id.map(stacks.set_index("stack_id").frame_ids.map(lambda ids: ids[0] if ids else -1))
+    names = leaf.map(frames.set_index("frame_id").function).value_counts()
+    assert len(mine) >= 100, "about 199 Hz for 1.5 s"
+    alpha, beta = names.get("hot_alpha", 0), names.get("hot_beta", 0)
+    assert alpha + beta >= 0.8 * len(mine), names
+    assert 2 <= alpha / max(beta, 1) <= 4.5, names  # 3x the work
+    module = frames[frames.function == "hot_alpha"].filename.iloc[0]
+    assert module.endswith("hot"), module
+
+
+SLEEPER = """
+import sys, time
+sys.stdin.readline()
+for _ in range(10):
+    time.sleep(0.05)
+print("done")
+"""
+
+BUSY = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n"
+
+
+def test_offcpu_blocked_and_runnable(tmp_path):
+    with probe_session(tmp_path, Ebpf(["offcpu"])) as s:
+        sleeper = started([sys.executable, str(write_flow(tmp_path / "sleep.py", SLEEPER))])
+        s.watch(sleeper.pid, "sleeper")
+        time.sleep(1.0)
+        sleeper.communicate("go\n", timeout=30)
+        # three CPU-bound processes on two cores: about 1.5 s of waiting for a CPU between them
+        busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(3)]
+        for b in busy:
+            s.watch(b.pid, "busy")
+        for b in busy:
+            b.wait(30)
+    off = ebpf_tables.read_offcpu(s.run / "captures" / "offcpu.tsv")
+    blocked = off[off.pid == sleeper.pid].blocked_ns.sum() / 1e9
+    assert 0.45 <= blocked <= 0.8, blocked  # 10 x 50 ms (its wait on stdin began before it was watched)
+    runnable = off[off.pid.isin([b.pid for b in busy])].runnable_ns.sum() / 1e9
+    assert runnable >= 0.5, runnable
+    assert (off[off.pid.isin([b.pid for b in busy])].prev_state == 0).mean() > 0.5, "mostly preempted"

@@ -1,0 +1,79 @@
+"""Every probe at once on a real cluster, and what happens when one cannot run."""
+
+import os
+
+import pytest
+
+from conftest import PINNED_FLOW, run_flow
+from test_trace import check_trace, load
+
+
+@pytest.fixture(scope="module")
+def all_probes(tmp_path_factory):
+    run, p = run_flow(tmp_path_factory.mktemp("all"), PINNED_FLOW.format(n=40), "--probes", "all")
+    return run
+
+
+def test_every_probe_ran_and_left_a_table(all_probes):
+    run = all_probes
+    assert run.meta()["skipped"] == {}, run.meta()["skipped"]
+    for table in ("samples", "stacks", "frames", "gil_waits", "offcpu", "tcp", "proc"):
+        assert len(run.table(table)) > 0, table
+
+
+def test_samples_cover_every_process(all_probes):
+    run = all_probes
+    s = run.table("samples")
+    py = set(s[s.source == "pyspy"].process.dropna())
+    assert {"scheduler", "worker-0", "worker-1", "client"} <= py
+    assert "proxy" in set(s[s.source == "ebpf"].process.dropna()), "the native proxy is sampled by eBPF"
+    frames = run.table("frames")
+    assert frames[frames.kind == "python"].filename.str.contains("distributed/scheduler.py").any()
+
+
+def test_proc_counters_for_every_process(all_probes):
+    run = all_probes
+    proc = run.table("proc")
+    names = set(run.table("processes").name)
+    assert names <= set(proc.process.dropna())
+    assert (proc.rss_bytes > 0).all()
+    assert proc.groupby("process").cpu_s.max().max() > 0
+
+
+def test_tcp_bytes_agree_with_the_proxy(all_probes):
+    run = all_probes
+    tcp = run.table("tcp")
+    assert tcp.conn.notna().mean() > 0.99, "segments joined to the proxy's connections"
+    c = run.table("connections").set_index("conn")
+    seen = tcp[tcp.hop == "peer"].groupby(["conn", "direction"]).bytes.sum()
+    want = {(k, d): c.loc[k, "bytes_to_upstream" if d == 0 else "bytes_from_upstream"] for k, d in seen.index}
+    exact = sum(seen[k] == v for k, v in want.items()) / len(want)
+    assert exact >= 0.8, (seen, want)
+    assert abs(seen.sum() / sum(want.values()) - 1) < 0.1
+
+
+def test_trace_has_samples_gil_and_offcpu(all_probes):
+    packets = load(all_probes.trace)
+    counts = check_trace(packets)
+    assert counts["samples"] > 50
+    names = {p.track_descriptor.name for p in packets if p.HasField("track_descriptor")}
+    assert {"GIL wait", "off-CPU", "CPU %", "RSS (MiB)"} <= names
+
+
+def test_missing_bcc_is_said_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DASKPROBE_BCC_PYTHON", str(tmp_path / "no-such-python"))
+    code = "from distributed import Client\nc = Client()\nassert c.submit(sum, [1, 2]).result() == 3\n"
+    run, p = run_flow(tmp_path, code, "--workers", "1")
+    skipped = run.meta()["skipped"]
+    assert set(skipped) == {"cpu", "gil", "offcpu", "tcp"}
+    assert all("bcc is not installed" in why for why in skipped.values())
+    assert "probe gil skipped: bcc is not installed" in p.stderr
+    assert (run.table("messages").op == "compute-task").sum() == 1
+    assert len(run.table("samples")) > 0, "py-spy still ran"
+
+
+def test_doctor_names_what_is_missing(tmp_path):
+    from conftest import daskprobe
+    p = daskprobe("doctor", env=dict(os.environ, DASKPROBE_BCC_PYTHON=str(tmp_path / "none")))
+    assert p.returncode == 0
+    assert "bcc is not installed" in p.stdout and "pyspy" in p.stdout
