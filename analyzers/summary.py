@@ -5,9 +5,13 @@ definition (DEFINITIONS, copied into summary.json and the README)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
+from daskprobe.analyzers.breakdown import breakdown
+from daskprobe.analyzers.categories import default_rules
+from daskprobe.analyzers.whole_run import whole_run
 from daskprobe.tracer.rundir import RunDir
 
 SCHEMA = 1
@@ -23,6 +27,18 @@ DEFINITIONS = {
     "ops": "ops in those messages (each op of a batch counts)",
     "messages_per_task": "messages / tasks",
     "bytes_per_task": "bytes on the wire (framing included) in the makespan window / tasks",
+    "critical_path_s": "the makespan split along the critical path (see analyzers/critical_path.py) into "
+                       "scheduler_decisions, runtime_bookkeeping, gil_contention, network, compute, idle and "
+                       "uncategorized, in seconds; they sum to makespan_s",
+    "critical_path_parts_s": "the same path by finer part (kind: part), in seconds",
+    "cpu_by_category_s": "per process, CPU seconds by category: on-CPU samples x sampling period (py-spy for "
+                         "Python processes, eBPF for native ones)",
+    "worker_idle_s": "per worker, seconds of the makespan in which it held no task (between a compute-task "
+                     "arriving and its task-finished leaving)",
+    "task_overhead_s": "distribution over tasks of (task-finished reaching the scheduler - the task being ready) "
+                       "- its compute span, in seconds; ready = its last dependency's task-finished reaching the "
+                       "scheduler, or the graph's arrival",
+    "scheduler_cpu_per_task_s": "scheduler CPU seconds (from /proc) in the makespan window / tasks",
 }
 
 
@@ -40,8 +56,12 @@ def makespan_window(msgs: pd.DataFrame, tasks: pd.DataFrame) -> tuple[int, int, 
     return None
 
 
-def summarize(run: RunDir) -> dict:
-    msgs, tasks = run.table("messages"), run.table("tasks")
+TABLES = ("processes", "messages", "tasks", "samples", "stacks", "frames", "gil_waits", "proc")
+
+
+def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
+    tables = {name: run.table(name) for name in TABLES}
+    msgs, tasks = tables["messages"], tables["tasks"]
     window = makespan_window(msgs, tasks)
     out = {"schema": SCHEMA, "run": str(run.path), "definitions": DEFINITIONS}
     if window is None:
@@ -61,10 +81,26 @@ def summarize(run: RunDir) -> dict:
         "bytes_per_task": float(per_msg.msg_bytes.sum()) / n if n else None,
         "ops_by_name": inside.op.value_counts().to_dict(),
     }
+    meta = run.meta()
+    server = "rsds" if "rsds" in str(meta.get("cluster", {}).get("server_cmd") or "") else "dask"
+    end_key = _last_output(tasks, end)
+    split = breakdown(tables, (start, end), end_key, [*rules, *default_rules(server)])
+    run.write_table("critical_path", split.pop("path"))
+    out |= split
+    out |= whole_run(tables, (start, end), n, meta, [*rules, *default_rules(server)])
     return out
 
 
-def write_summary(run: RunDir) -> dict:
-    summary = summarize(run)
+def _last_output(tasks: pd.DataFrame, end: int) -> str:
+    """The task whose arrival ends the makespan."""
+    for col in ("in_memory_ns", "finished_recv_ns"):
+        hit = tasks[tasks[col] == end]
+        if not hit.empty:
+            return hit.key.iloc[0]
+    return tasks.sort_values("finished_recv_ns").key.iloc[-1]
+
+
+def write_summary(run: RunDir, rules: list[Path] = ()) -> dict:
+    summary = summarize(run, rules)
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -25,3 +25,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         text = "-" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
         table.add_row(name, text, unit, DEFINITIONS[name])
     console.print(table)
+    path = summary.get("critical_path_s")
+    if path:
+        cp = Table(title="where the makespan went (critical path)", title_justify="left")
+        for col in ("category", "seconds", "% of makespan"):
+            cp.add_column(col, justify="right" if col != "category" else "left")
+        for cat, sec in sorted(path.items(), key=lambda kv: -kv[1]):
+            cp.add_row(cat, f"{sec:.4f}", f"{100 * sec / summary['makespan_s']:.1f}")
+        console.print(cp)
+        console.print("definitions: summary.json ('definitions') and the README")

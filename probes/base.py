@@ -11,6 +11,10 @@ from daskprobe.tracer.rundir import RunDir
 
 
 CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
+# Samplers stamp their own times (the sampler at each read, BPF in the kernel),
+# so a low priority delays only their bookkeeping, never a timestamp; on a
+# busy 2-core machine it keeps them from taking CPU from the cluster.
+HELPER_NICE = 10
 
 
 class Probe:
@@ -55,3 +59,9 @@ def native_binary(name: str) -> str | None:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def capture_lines(path: Path) -> list[str]:
+    """The lines of a text capture, split on newlines only: read_text() would
+    also break on a stray \r in a sampled name. A missing file has none."""
+    return path.read_bytes().decode("utf-8", "replace").split("\n") if path.exists() else []

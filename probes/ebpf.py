@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from daskprobe.probes.base import Probe, is_root
+from daskprobe.probes.base import HELPER_NICE, Probe, is_root
 from daskprobe.tracer.procs import spawn, stop
 from daskprobe.tracer.rundir import RunDir
 
@@ -60,7 +60,7 @@ class Ebpf(Probe):
         cmd += ["--gil"] * ("gil" in self.kinds) + ["--offcpu"] * ("offcpu" in self.kinds)
         if "tcp" in self.kinds:
             cmd += ["--tcp", ",".join(map(str, sorted(ports)))]
-        self.proc = spawn(cmd, run.log("ebpf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = spawn(cmd, run.log("ebpf"), nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self.proc.stdout.readline().strip() != b"ready":
             stop([self.proc])
             raise RuntimeError(f"the eBPF agent did not start: see {run.log('ebpf')}")

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from daskprobe.probes.base import capture_lines
+
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 
 
 def _rows(path: Path, fields: int) -> list[list[str]]:
     """Tab-separated lines with the expected field count; a torn last line is dropped."""
-    if not path.exists():
-        return []
-    lines = path.read_text(errors="replace").splitlines()
-    return [r for r in (line.split("\t") for line in lines) if len(r) == fields]
+    return [r for r in (line.split("\t") for line in capture_lines(path)) if len(r) == fields]
 
 
 def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

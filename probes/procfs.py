@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import CLUSTER_ROLES, Probe
+from daskprobe.probes.base import CLUSTER_ROLES, Probe, capture_lines
 from daskprobe.tracer.rundir import RunDir
 
 CAPTURE = "proc.tsv"
@@ -68,7 +68,7 @@ def read_proc(path: Path) -> pd.DataFrame:
     cols = ["t_ns", "pid", "utime", "stime", "rss_pages"]
     if not path.exists():
         return pd.DataFrame(columns=["t_ns", "pid", "cpu_s", "cpu_percent", "rss_bytes"])
-    rows = [line.split("\t") for line in path.read_text().splitlines()]
+    rows = [line.split("\t") for line in capture_lines(path)]
     df = pd.DataFrame([r for r in rows if len(r) == 5], columns=cols).astype("int64").sort_values(["pid", "t_ns"])
     df["cpu_s"] = (df.utime + df.stime) / CLK_TCK
     g = df.groupby("pid")

@@ -26,9 +26,10 @@ def proxy_binary() -> str:
     return path
 
 
-def start_proxy(capture: Path, routes: list[Route], log: Path) -> subprocess.Popen:
-    """Start one proxy process serving every route; returns once all routes listen."""
-    cmd = [proxy_binary(), "--capture", str(capture)]
+def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0) -> subprocess.Popen:
+    """Start one proxy process serving every route; returns once all routes listen.
+    delay_us holds each burst of bytes that starts a message that long (what-if)."""
+    cmd = [proxy_binary(), "--capture", str(capture), "--delay-us", str(delay_us)]
     for r in routes:
         cmd += ["--route", f"{r.listen},{r.upstream},{r.label}"]
     proc = spawn(cmd, log, stdout=subprocess.PIPE)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import CLUSTER_ROLES, Probe, is_root, native_binary
+from daskprobe.probes.base import CLUSTER_ROLES, HELPER_NICE, Probe, capture_lines, is_root, native_binary
 from daskprobe.tracer.procs import spawn, stop
 from daskprobe.tracer.rundir import RunDir
 
@@ -39,7 +39,7 @@ class PySpy(Probe):
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         cmd = [native_binary("daskprobe-sampler"), "--out", str(run / "captures" / CAPTURE),
                "--rate", str(self.rate)] + (["--native"] if self.native else [])
-        self.proc = spawn(cmd, run.log("sampler"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = spawn(cmd, run.log("sampler"), nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"py-spy sampler failed to start: see {run.log('sampler')}")
 
@@ -55,14 +55,13 @@ class PySpy(Probe):
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped."""
     frames, samples, stacks = [], [], {}
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            f = line.split("\t")
-            if f[0] == "F" and len(f) == 5:
-                frames.append((int(f[1]), f[2], f[3], int(f[4])))
-            elif f[0] == "S" and len(f) == 8:
-                stack = stacks.setdefault(f[7], len(stacks))
-                samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack))
+    for line in capture_lines(path):
+        f = line.split("\t")
+        if f[0] == "F" and len(f) == 5:
+            frames.append((int(f[1]), f[2], f[3], int(f[4])))
+        elif f[0] == "S" and len(f) == 8:
+            stack = stacks.setdefault(f[7], len(stacks))
+            samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack))
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id"])
     st = pd.DataFrame({"stack_id": list(stacks.values()),
                        "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})

@@ -76,3 +76,12 @@ def test_samples_align_with_known_switches_within_1ms(tmp_path):
     assert np.mean(inside) > 0.9
     # one thread spinning in pure Python: on CPU and holding the GIL
     assert seen.active.mean() > 0.9 and seen.owns_gil.mean() > 0.9
+
+
+def test_a_garbled_frame_name_does_not_lose_its_frame(tmp_path):
+    # A non-blocking read can catch a frame mid-update: names with \r and other junk.
+    capture = tmp_path / "pyspy.tsv"
+    capture.write_bytes(b"F\t0\t\r \t \t0\nF\t1\tmain\tx.py\t3\nS\t10\t1\t1\t1\t1\tMainThread\t0,1\n")
+    samples, stacks, frames = read_samples(capture)
+    assert list(frames.frame_id) == [0, 1]
+    assert stacks.frame_ids.iloc[0] == [0, 1] and len(samples) == 1

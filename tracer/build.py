@@ -19,14 +19,14 @@ def _stage(run: RunDir, name: str, fn) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
-def _summary(run: RunDir) -> None:
+def _summary(run: RunDir, rules=()) -> None:
     from daskprobe.analyzers.summary import write_summary
     from daskprobe.dashboards.terminal import print_summary
-    print_summary(write_summary(run))
+    print_summary(write_summary(run, rules))
 
 
-def report(run: RunDir) -> bool:
-    return _stage(run, "report", _summary) is None
+def report(run: RunDir, rules=()) -> bool:
+    return _stage(run, "report", lambda r: _summary(r, rules)) is None
 
 
 def finalize(run: RunDir) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 EXAMPLES = {
     "run": """examples:
@@ -52,12 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--sample-rate", type=float, default=100.0, help="py-spy samples per second (default 100)")
     r.add_argument("--native", action="store_true", help="py-spy also unwinds native frames (pauses the process)")
     r.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    r.add_argument("--delay-ms", type=float, default=0.0,
+                   help="what-if: the proxy holds every message this long before passing it on (default 0)")
     r.add_argument("--out", help="run directory (default runs/<time>-<command>)")
     r.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
 
     rp = sub.add_parser("report", help="summarize a run directory: makespan, tasks, overhead per task",
                         epilog=EXAMPLES["report"], formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("run_dir")
+    rp.add_argument("--rules", action="append", default=[], metavar="FILE",
+                    help="extra function-to-category rules (TOML, see analyzers/rules/dask.toml); repeatable")
 
     sub.add_parser("doctor", help="say which probes can run on this machine, and why not",
                    epilog=EXAMPLES["doctor"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,9 +102,11 @@ def cmd_run(args, command: list[str]) -> int:
     probes = _probes(args.probes)
     spec = ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
                        server_cmd=args.server_cmd, config=_config(args.config), proxy="proxy" in probes,
+                       proxy_delay_us=round(args.delay_ms * 1000),
                        start_timeout=args.start_timeout)
     code, run_dir = run(spec, command or default_command(), args.out, probes,
-                        registry.make(probes, args.sample_rate, args.native, args.cpu_hz))
+                        registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
+                        sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
     finalize(run_dir)
     say(f"run directory: {run_dir.path}")
     return code
@@ -123,7 +130,7 @@ def cmd_report(args) -> int:
     run = _run_dir(args.run_dir)
     if not run.has_table("messages"):
         raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")
-    return 0 if report(run) else 1
+    return 0 if report(run, [Path(r) for r in args.rules]) else 1
 
 
 def cmd_doctor(args) -> int:

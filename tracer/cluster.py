@@ -28,6 +28,7 @@ class ClusterSpec:
     server_cmd: str | None = None
     config: dict[str, str] = field(default_factory=dict)
     proxy: bool = True
+    proxy_delay_us: int = 0
     start_timeout: float = 60.0
 
 
@@ -109,7 +110,7 @@ class Cluster:
         """Start what layout() planned: proxy, scheduler, workers."""
         if self.spec.proxy:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
-            self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"))
+            self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
         self._start_scheduler()
         for w in [m for m in self.members if m.role == "worker"]:
             self._start_worker(w)

@@ -18,13 +18,19 @@ def die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(cmd: list[str], log: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
-    only the user's command), logging to `log`, dying if daskprobe dies."""
+    only the user's command), logging to `log`, dying if daskprobe dies.
+    nice > 0 lowers its priority (for helpers that must not slow what they measure)."""
     out = open(log, "ab")
     kw.setdefault("stdout", out)
     kw.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=die_with_parent, **kw)
+
+    def setup() -> None:
+        die_with_parent()
+        os.nice(nice)
+
+    return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
 
 def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:

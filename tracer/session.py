@@ -87,11 +87,13 @@ def _probe_rows(probes: list[Probe]) -> list[dict]:
 
 
 def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: list[str],
-        probes: list[Probe]) -> tuple[int, RunDir]:
+        probes: list[Probe], sample_rate: float = 100.0, cpu_hz: int = 99) -> tuple[int, RunDir]:
     run = RunDir.create(out, command)
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
+                    sample_rate=sample_rate, cpu_hz=cpu_hz,
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
+                             "proxy_delay_us": spec.proxy_delay_us,
                              "server_cmd": spec.server_cmd, "python": spec.python},
                     versions={"daskprobe": _own_version(), "host": platform.platform(),
                               "cluster": interpreter_versions(spec.python)})

@@ -153,7 +153,11 @@ def _describe(item, m, pending, batched: bool):
 
 
 def _task_event(op: str, key, item: dict, m, src: str, dst: str) -> dict:
-    ev = {"op": op, "key": key, "t_first_ns": m.t_first_ns, "t_last_ns": m.t_last_ns, "src": src, "dst": dst}
+    ev = {"op": op, "key": key, "t_first_ns": m.t_first_ns, "t_last_ns": m.t_last_ns, "src": src, "dst": dst,
+          "built_s": wire.stimulus_time(item.get("stimulus_id"))}
+    if op == "compute-task":
+        who_has = item.get("who_has")
+        ev["deps"] = [wire.key_str(k) for k in who_has] if isinstance(who_has, dict) else []
     if op == "update-graph":
         ev["keys"] = [wire.key_str(k) for k in wire.keys_of(item)]
     if op == "task-finished":
@@ -167,17 +171,23 @@ def tasks_table(events: list[dict], anchor: dict) -> pd.DataFrame:
     """One row per task key, joined from its compute-task, task-finished and
     key-in-memory messages; startstops (wall seconds) mapped to the run's clock."""
     ev = pd.DataFrame(events, columns=["op", "key", "t_first_ns", "t_last_ns", "src", "dst",
-                                       "nbytes", "thread", "startstops", "now", "time", "keys"])
+                                       "nbytes", "thread", "startstops", "now", "time", "keys", "deps",
+                                       "built_s"])
     ev["t_first_ns"] = ev.t_first_ns.astype("Int64")
     ev["t_last_ns"] = ev.t_last_ns.astype("Int64")
+    offset_s = (anchor["wall_ns"] - anchor["monotonic_ns"]) / 1e9
+    ev["built_ns"] = ((ev.built_s - offset_s) * 1e9).round().astype("Int64")
     ct = ev[ev.op == "compute-task"].groupby("key")
     tasks = pd.DataFrame({"compute_sent_ns": ct.t_first_ns.last(), "compute_recv_ns": ct.t_last_ns.last(),
-                          "worker": ct.dst.last(), "attempts": ct.size()})
+                          "dispatch_built_ns": ct.built_ns.last(), "worker": ct.dst.last(),
+                          "attempts": ct.size(), "deps": ct.deps.last()})
     tf = ev[ev.op == "task-finished"].groupby("key").last()
-    tasks = tasks.join(pd.DataFrame({"finished_sent_ns": tf.t_first_ns, "finished_recv_ns": tf.t_last_ns,
-                                     "nbytes": tf.nbytes, "thread": tf.thread}), how="outer")
+    tasks = tasks.join(pd.DataFrame({"finished_built_ns": tf.built_ns, "finished_sent_ns": tf.t_first_ns,
+                                     "finished_recv_ns": tf.t_last_ns, "nbytes": tf.nbytes,
+                                     "thread": tf.thread}), how="outer")
     tasks = tasks.join(_startstops(tf.startstops, anchor), how="left")
-    kim = ev[ev.op == "key-in-memory"].groupby("key").t_last_ns.first().rename("in_memory_ns")
+    kim = ev[ev.op == "key-in-memory"].groupby("key")
+    kim = pd.DataFrame({"in_memory_sent_ns": kim.t_first_ns.first(), "in_memory_ns": kim.t_last_ns.first()})
     erred = set(ev[ev.op == "task-erred"].key)
     tasks = tasks.join(kim, how="left").reset_index(names="key")
     tasks = _undo_scheduler_delay(tasks, ev[ev.op == "clock"], anchor)

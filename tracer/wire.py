@@ -51,3 +51,14 @@ def is_handshake(msg) -> bool:
 def ops(msg) -> list:
     """The ops one message carries: batched streams send a list of op dicts."""
     return list(msg) if isinstance(msg, (list, tuple)) else [msg]
+
+
+def stimulus_time(stimulus_id) -> float | None:
+    """The wall time (s) a stimulus id ends with, e.g. compute-task-1795303339.667:
+    when the process that sent the message built it."""
+    if not isinstance(stimulus_id, str):
+        return None
+    try:
+        return float(stimulus_id.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return None

@@ -81,12 +81,14 @@ impl Parser {
         }
     }
 
-    pub fn feed(&mut self, mut data: &[u8], now: u64, out: &mut Vec<Event>) {
+    /// `read` is when this chunk was read, `delivered` when it was written on:
+    /// a message's first byte is stamped with the first, its last with the second.
+    pub fn feed(&mut self, mut data: &[u8], read: u64, delivered: u64, out: &mut Vec<Event>) {
         while !data.is_empty() {
             let used = match self.phase {
                 Phase::Raw => data.len(),
-                Phase::Prelude => self.feed_prelude(data, now, out),
-                Phase::Frames => self.feed_frames(data, now, out),
+                Phase::Prelude => self.feed_prelude(data, read, delivered, out),
+                Phase::Frames => self.feed_frames(data, delivered, out),
             };
             self.offset += used as u64;
             data = &data[used..];
@@ -137,9 +139,14 @@ impl Parser {
         Ok(())
     }
 
-    fn feed_prelude(&mut self, data: &[u8], now: u64, out: &mut Vec<Event>) -> usize {
+    /// True when the next byte starts a new message.
+    pub fn at_boundary(&self) -> bool {
+        self.phase == Phase::Prelude && self.hdr.is_empty()
+    }
+
+    fn feed_prelude(&mut self, data: &[u8], read: u64, now: u64, out: &mut Vec<Event>) -> usize {
         if self.hdr.is_empty() {
-            self.t_first = now;
+            self.t_first = read;
         }
         let mut used = 0;
         loop {
@@ -293,7 +300,7 @@ mod tests {
             x ^= x << 17;
             let n = 1 + (x % 97) as usize;
             let end = (pos + n).min(stream.len());
-            p.feed(&stream[pos..end], pos as u64, &mut out);
+            p.feed(&stream[pos..end], pos as u64, pos as u64, &mut out);
             pos = end;
         }
         out
@@ -364,7 +371,7 @@ mod tests {
     fn eof_inside_a_message_is_reported() {
         let stream = current(&[vec![1, 2, 3, 4]], 1);
         let mut p = Parser::new();
-        p.feed(&stream[..stream.len() - 1], 0, &mut Vec::new());
+        p.feed(&stream[..stream.len() - 1], 0, 0, &mut Vec::new());
         assert!(p.finish(1).is_some());
     }
 }

@@ -1,7 +1,7 @@
 //! daskprobe-proxy: forwards TCP bytes unchanged and records Dask message
 //! framing to an append-only capture file.
 //!
-//! usage: daskprobe-proxy --capture FILE --route LISTEN,UPSTREAM,LABEL [--route ...]
+//! usage: daskprobe-proxy --capture FILE --route LISTEN,UPSTREAM,LABEL [--route ...] [--delay-us N]
 //!
 //! Prints "ready" on stdout once every route listens. One thread per
 //! direction of each connection: read, forward at once, then parse lengths.
@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 const READ_BUF: usize = 256 << 10;
-const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 #[repr(C)]
 struct Timespec {
@@ -46,13 +47,14 @@ struct Route {
     label: String,
 }
 
-fn parse_args() -> Result<(String, Vec<Route>), String> {
+fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
     let mut args = std::env::args().skip(1);
-    let (mut capture, mut routes) = (None, Vec::new());
+    let (mut capture, mut routes, mut delay) = (None, Vec::new(), Duration::ZERO);
     while let Some(a) = args.next() {
         let v = args.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--capture" => capture = Some(v),
+            "--delay-us" => delay = Duration::from_micros(v.parse().map_err(|e| format!("--delay-us: {e}"))?),
             "--route" => {
                 let p: Vec<&str> = v.splitn(3, ',').collect();
                 if p.len() != 3 {
@@ -63,7 +65,7 @@ fn parse_args() -> Result<(String, Vec<Route>), String> {
             _ => return Err(format!("unknown option {a}")),
         }
     }
-    Ok((capture.ok_or("--capture is required")?, routes))
+    Ok((capture.ok_or("--capture is required")?, routes, delay))
 }
 
 /// Drain the queue and flush every FLUSH_EVERY. The writer sleeps instead of
@@ -88,7 +90,7 @@ fn writer(path: String, rx: Receiver<Vec<u8>>) {
     }
 }
 
-fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>) {
+fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
     let mut buf = vec![0u8; READ_BUF];
     let mut parser = framing::Parser::new();
     let mut events = Vec::new();
@@ -100,12 +102,15 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
-        let now = now_ns();
+        let read = now_ns();
+        if !delay.is_zero() && parser.at_boundary() {
+            thread::sleep(delay); // --delay-us: hold each burst that starts a message
+        }
         if dst.write_all(&buf[..n]).is_err() {
             break;
         }
         total += n as u64;
-        parser.feed(&buf[..n], now, &mut events);
+        parser.feed(&buf[..n], read, now_ns(), &mut events);
         for ev in events.drain(..) {
             let _ = tx.send(record::event(conn, dir, ev));
         }
@@ -119,7 +124,7 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
     let _ = tx.send(record::close(conn, dir, now, total));
 }
 
-fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Vec<u8>>) {
+fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Vec<u8>>, delay: Duration) {
     for down in listener.incoming().flatten() {
         let up = match TcpStream::connect(&route.upstream) {
             Ok(up) => up,
@@ -140,14 +145,14 @@ fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Ve
             let _ = txp.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));
         });
         let (d2, u2, tx2) = (down.try_clone().unwrap(), up.try_clone().unwrap(), tx.clone());
-        thread::spawn(move || pump(conn, 0, d2, u2, tx2));
+        thread::spawn(move || pump(conn, 0, d2, u2, tx2, delay));
         let tx3 = tx.clone();
-        thread::spawn(move || pump(conn, 1, up, down, tx3));
+        thread::spawn(move || pump(conn, 1, up, down, tx3, delay));
     }
 }
 
 fn main() {
-    let (capture, routes) = parse_args().unwrap_or_else(|e| {
+    let (capture, routes, delay) = parse_args().unwrap_or_else(|e| {
         eprintln!("daskprobe-proxy: {e}");
         std::process::exit(2);
     });
@@ -161,7 +166,7 @@ fn main() {
             std::process::exit(1);
         });
         let (ids, tx) = (ids.clone(), tx.clone());
-        servers.push(thread::spawn(move || serve(route, listener, ids, tx)));
+        servers.push(thread::spawn(move || serve(route, listener, ids, tx, delay)));
     }
     drop(tx);
     println!("ready");

@@ -9,7 +9,9 @@
 //!   S  t_ns  pid  tid  active  owns_gil  thread_name  frame_ids (leaf first, comma-separated)
 //!   A  t_ns  pid  name                                  (attached)
 //!   E  t_ns  pid  message                               (attach failed or process gone)
-//! t_ns is the midpoint of the read of that process's stacks.
+//!   L  t_ns  pid  read_ns                               (sample dropped: the read took > 2 ms)
+//! t_ns is the midpoint of the read of that process's stacks, so it is within
+//! read_ns / 2 <= 1 ms of every stack it reports.
 
 use py_spy::config::LockingStrategy;
 use py_spy::{Config, Frame, PythonSpy};
@@ -34,8 +36,12 @@ fn now_ns() -> u64 {
     ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
 }
 
+const MAX_READ_NS: u64 = 2_000_000;
+
+/// One field of a tab-separated line: no tabs, newlines or other control characters
+/// (a non-blocking read can catch a frame mid-update and return garbage).
 fn clean(s: &str) -> String {
-    s.replace(['\t', '\n'], " ")
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
 }
 
 struct Args {
@@ -97,8 +103,14 @@ impl<W: Write> Sampler<W> {
     fn sample(&mut self, pid: i32, spy: &mut PythonSpy) -> bool {
         let t0 = now_ns();
         let traces = spy.get_stack_traces();
-        let t = t0 + (now_ns() - t0) / 2;
+        let took = now_ns() - t0;
+        let t = t0 + took / 2;
         match traces {
+            // A read that took longer than 2 ms cannot be placed within 1 ms: drop it.
+            Ok(_) if took > MAX_READ_NS => {
+                let _ = writeln!(self.out, "L\t{t}\t{pid}\t{took}");
+                true
+            }
             Ok(traces) => {
                 for tr in traces {
                     let ids = self.frame_ids(&tr.frames);

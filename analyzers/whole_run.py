@@ -1,0 +1,76 @@
+"""Views of the whole run beside the critical path (definitions in summary.DEFINITIONS)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from daskprobe.analyzers.categories import UNCATEGORIZED, classify_stacks, load_rules
+
+
+def whole_run(tables: dict, window: tuple[int, int], n_tasks: int, meta: dict, rules_paths: list) -> dict:
+    return {"cpu_by_category_s": cpu_by_category(tables, window, meta, rules_paths),
+            "worker_idle_s": worker_idle(tables["tasks"], window),
+            "task_overhead_s": task_overhead(tables["tasks"], tables["messages"]),
+            "scheduler_cpu_per_task_s": scheduler_cpu(tables, window, n_tasks)}
+
+
+def cpu_by_category(tables: dict, window: tuple[int, int], meta: dict, rules_paths: list) -> dict:
+    s = tables["samples"]
+    s = s[s.active.astype(bool) & (s.t_ns >= window[0]) & (s.t_ns <= window[1])].dropna(subset=["process"])
+    if s.empty:
+        return {}
+    category = classify_stacks(tables["stacks"], tables["frames"], load_rules(rules_paths))
+    period = {"pyspy": 1 / meta.get("sample_rate", 100.0), "ebpf": 1 / meta.get("cpu_hz", 99)}
+    # a process sampled by py-spy is counted from its Python samples only
+    python = set(s[s.source == "pyspy"].process)
+    s = s[(s.source == "pyspy") | ~s.process.isin(python)]
+    s = s.assign(category=s.stack_id.map(category).fillna(UNCATEGORIZED), seconds=s.source.map(period))
+    by = s.groupby(["process", "category"]).seconds.sum()
+    return {proc: {cat: float(v) for cat, v in part.droplevel(0).items()} for proc, part in by.groupby(level=0)}
+
+
+def worker_idle(tasks: pd.DataFrame, window: tuple[int, int]) -> dict:
+    out = {}
+    for worker, t in tasks.dropna(subset=["compute_recv_ns", "finished_sent_ns"]).groupby("worker"):
+        iv = t[["compute_recv_ns", "finished_sent_ns"]].astype("int64").clip(*window).sort_values("compute_recv_ns")
+        busy, cur_s, cur_e = 0, None, None
+        for a, b in iv.itertuples(index=False):
+            if cur_e is None or a > cur_e:
+                busy += 0 if cur_e is None else cur_e - cur_s
+                cur_s, cur_e = a, b
+            else:
+                cur_e = max(cur_e, b)
+        busy += 0 if cur_e is None else cur_e - cur_s
+        out[worker] = (window[1] - window[0] - busy) / 1e9
+    return out
+
+
+def task_overhead(tasks: pd.DataFrame, msgs: pd.DataFrame) -> dict:
+    t = tasks.dropna(subset=["finished_recv_ns", "compute_start_ns", "compute_stop_ns"]).set_index("key")
+    if t.empty:
+        return {}
+    done = t.finished_recv_ns.to_dict()
+    graphs = np.sort(msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")].t_last_ns.to_numpy())
+    def ready(r) -> float:
+        deps = [done[d] for d in (r.deps if r.deps is not None else []) if d in done]
+        if deps:
+            return max(deps)
+        i = np.searchsorted(graphs, r.compute_sent_ns, side="right") - 1
+        return graphs[i] if i >= 0 else np.nan
+    ready_ns = np.array([ready(r) for r in t.itertuples()], dtype="float64")
+    over = ((t.finished_recv_ns.to_numpy("float64") - ready_ns)
+            - (t.compute_stop_ns - t.compute_start_ns).to_numpy("float64")) / 1e9
+    over = over[~np.isnan(over)]
+    return {"mean": float(over.mean()), "p50": float(np.percentile(over, 50)),
+            "p90": float(np.percentile(over, 90)), "p99": float(np.percentile(over, 99)),
+            "max": float(over.max())} if len(over) else {}
+
+
+def scheduler_cpu(tables: dict, window: tuple[int, int], n_tasks: int) -> float | None:
+    p = tables["proc"]
+    p = p[p.process == "scheduler"]
+    if p.empty or not n_tasks:
+        return None
+    cpu = np.interp(list(window), p.t_ns.to_numpy("float64"), p.cpu_s.to_numpy("float64"))
+    return float(cpu[1] - cpu[0]) / n_tasks
