@@ -12,6 +12,23 @@ import pandas as pd
 RULES_DIR = Path(__file__).with_name("rules")
 CATEGORIES = ("scheduler_decisions", "runtime_bookkeeping", "gil_contention", "network", "compute", "idle")
 UNCATEGORIZED = "uncategorized"
+DEFINITIONS = {
+    "scheduler_decisions": "critical-path time inside the scheduler whose CPU samples fall in worker choice, "
+                           "work stealing, occupancy and duration estimates (rules/dask.toml, rules/rsds.toml)",
+    "runtime_bookkeeping": "critical-path time inside the scheduler whose samples fall in task transitions, "
+                           "stream handlers, comm, msgpack and serialization, graph materialization, the event "
+                           "loop; plus critical-path time inside a worker outside compute (before and after "
+                           "compute, waiting for a thread), less its GIL waits",
+    "gil_contention": "critical-path time in which the event-loop thread of the process the path is in "
+                      "(scheduler or worker) waited in take_gil (eBPF uprobes), including while a message "
+                      "waited in that process's send batch",
+    "network": "critical-path time of messages between their first byte reaching the proxy and their last byte "
+               "delivered; their batching delay (from the sender building the message, per the timestamp in "
+               "its stimulus_id, to its first byte); input fetches between workers; the client's graph upload",
+    "compute": "the workers' compute spans (startstops) of the tasks on the critical path",
+    "idle": "critical-path time inside the scheduler whose samples show its event-loop thread not running",
+    UNCATEGORIZED: "critical-path time inside the scheduler whose samples match no rule, or that had no samples",
+}
 
 
 @dataclass(frozen=True)

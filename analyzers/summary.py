@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from daskprobe.analyzers.breakdown import breakdown
-from daskprobe.analyzers.categories import default_rules
+from daskprobe.analyzers.categories import DEFINITIONS as CATEGORY_DEFINITIONS, default_rules
 from daskprobe.analyzers.whole_run import whole_run
 from daskprobe.tracer.rundir import RunDir
 
@@ -63,7 +63,8 @@ def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
     tables = {name: run.table(name) for name in TABLES}
     msgs, tasks = tables["messages"], tables["tasks"]
     window = makespan_window(msgs, tasks)
-    out = {"schema": SCHEMA, "run": str(run.path), "definitions": DEFINITIONS}
+    out = {"schema": SCHEMA, "run": str(run.path), "definitions": DEFINITIONS | {
+        f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}}
     if window is None:
         return out | {"error": "no update-graph and finished task seen: nothing to measure"}
     start, end, end_event = window

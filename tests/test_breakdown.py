@@ -3,7 +3,6 @@ clusters: each adds time of one kind to a chain of tasks (every hop on the
 critical path), and the analysis must put most of the added time there."""
 
 import json
-import sys
 
 import pytest
 

@@ -5,9 +5,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from conftest import probe_session, run_flow, write_flow
+from conftest import probe_session, write_flow
 from daskprobe.probes import ebpf_tables
 from daskprobe.probes.ebpf import Ebpf
 

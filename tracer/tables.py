@@ -236,16 +236,6 @@ def _undo_scheduler_delay(tasks: pd.DataFrame, clock: pd.DataFrame, anchor: dict
         tasks[col] = tasks[col] - delay
     tasks["scheduler_delay_ns"] = delay
     return tasks
-    t = tasks[done].reset_index().sort_values("finished_sent_ns")
-    t["finished_sent_ns"] = t.finished_sent_ns.astype("int64")
-    steps = clock.rename(columns={"src": "worker", "t_last_ns": "finished_sent_ns"})
-    t = pd.merge_asof(t, steps[["worker", "finished_sent_ns", "delay_ns"]], on="finished_sent_ns",
-                      by="worker", direction="backward").set_index("index")
-    delay = t.delay_ns.fillna(0).astype("int64").reindex(tasks.index, fill_value=0)
-    for col in ("compute_start_ns", "compute_stop_ns", "transfer_start_ns", "transfer_stop_ns"):
-        tasks[col] = tasks[col] - delay
-    tasks["scheduler_delay_ns"] = delay.astype("Int64")
-    return tasks
 
 
 def _startstops(startstops: pd.Series, anchor: dict) -> pd.DataFrame:

@@ -81,7 +81,7 @@ impl Parser {
         }
     }
 
-    /// `read` is when this chunk was read, `delivered` when it was written on:
+    /// `read` is when this chunk was read, `delivered` when it was handed on:
     /// a message's first byte is stamped with the first, its last with the second.
     pub fn feed(&mut self, mut data: &[u8], read: u64, delivered: u64, out: &mut Vec<Event>) {
         while !data.is_empty() {

@@ -18,28 +18,12 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
+use daskprobe_clock::now_ns;
 use std::thread;
 use std::time::Duration;
 
 const READ_BUF: usize = 256 << 10;
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
-
-#[repr(C)]
-struct Timespec {
-    sec: i64,
-    nsec: i64,
-}
-extern "C" {
-    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-}
-
-/// CLOCK_MONOTONIC in ns: the same clock as Python's time.monotonic_ns()
-/// and bpf_ktime_get_ns(), so every probe shares one timeline.
-fn now_ns() -> u64 {
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    unsafe { clock_gettime(1, &mut ts) };
-    ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
-}
 
 struct Route {
     listen: String,
@@ -106,11 +90,14 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
         if !delay.is_zero() && parser.at_boundary() {
             thread::sleep(delay); // --delay-us: hold each burst that starts a message
         }
+        // Stamp delivery before writing: the write wakes the receiver, which
+        // may run before this thread reads the clock again.
+        let sending = now_ns();
         if dst.write_all(&buf[..n]).is_err() {
             break;
         }
         total += n as u64;
-        parser.feed(&buf[..n], read, now_ns(), &mut events);
+        parser.feed(&buf[..n], read, sending, &mut events);
         for ev in events.drain(..) {
             let _ = tx.send(record::event(conn, dir, ev));
         }

@@ -13,6 +13,7 @@
 //! t_ns is the midpoint of the read of that process's stacks, so it is within
 //! read_ns / 2 <= 1 ms of every stack it reports.
 
+use daskprobe_clock::now_ns;
 use py_spy::config::LockingStrategy;
 use py_spy::{Config, Frame, PythonSpy};
 use std::collections::HashMap;
@@ -20,21 +21,6 @@ use std::fs::OpenOptions;
 use std::io::{BufRead, BufWriter, Write};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-
-#[repr(C)]
-struct Timespec {
-    sec: i64,
-    nsec: i64,
-}
-extern "C" {
-    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-}
-
-fn now_ns() -> u64 {
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    unsafe { clock_gettime(1, &mut ts) };
-    ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
-}
 
 const MAX_READ_NS: u64 = 2_000_000;
 
