@@ -42,7 +42,8 @@ DEFINITIONS = {
 }
 
 
-def makespan_window(msgs: pd.DataFrame, tasks: pd.DataFrame) -> tuple[int, int, str] | None:
+def makespan_window(msgs: pd.DataFrame, tasks: pd.DataFrame) -> tuple[int, int, str, str] | None:
+    """(start, end, which event ended it, the key whose arrival ended it), per DEFINITIONS."""
     graphs = msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")]
     if graphs.empty or tasks.empty:
         return None
@@ -52,7 +53,8 @@ def makespan_window(msgs: pd.DataFrame, tasks: pd.DataFrame) -> tuple[int, int, 
                         ("last task-finished", tasks.finished_recv_ns)):
         ends = ends.dropna()
         if not ends.empty:
-            return start, int(ends.max()), label
+            last = ends.idxmax()
+            return start, int(ends[last]), label, tasks.key[last]
     return None
 
 
@@ -67,7 +69,7 @@ def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
         f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}}
     if window is None:
         return out | {"error": "no update-graph and finished task seen: nothing to measure"}
-    start, end, end_event = window
+    start, end, end_event, end_key = window
     inside = msgs[(msgs.t_first_ns >= start) & (msgs.t_first_ns <= end)]
     per_msg = inside.drop_duplicates("msg_id")
     n = int(tasks.compute_sent_ns.notna().sum())
@@ -84,21 +86,11 @@ def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
     }
     meta = run.meta()
     server = "rsds" if "rsds" in str(meta.get("cluster", {}).get("server_cmd") or "") else "dask"
-    end_key = _last_output(tasks, end)
     split = breakdown(tables, (start, end), end_key, [*rules, *default_rules(server)])
     run.write_table("critical_path", split.pop("path"))
     out |= split
     out |= whole_run(tables, (start, end), n, meta, [*rules, *default_rules(server)])
     return out
-
-
-def _last_output(tasks: pd.DataFrame, end: int) -> str:
-    """The task whose arrival ends the makespan."""
-    for col in ("in_memory_ns", "finished_recv_ns"):
-        hit = tasks[tasks[col] == end]
-        if not hit.empty:
-            return hit.key.iloc[0]
-    return tasks.sort_values("finished_recv_ns").key.iloc[-1]
 
 
 def write_summary(run: RunDir, rules: list[Path] = ()) -> dict:

@@ -79,11 +79,14 @@ def _watch(probes: list[Probe], rows: list[dict]) -> None:
                     p.watch(row)
 
 
-def _probe_rows(probes: list[Probe]) -> list[dict]:
-    """daskprobe itself and each probe's helper process: measured like the cluster."""
+def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen | None = None,
+               command: list[str] = ()) -> list[dict]:
+    """run.json's `processes`: the cluster, daskprobe and its probes' helpers
+    (measured like the cluster), and the user's command once it runs."""
     own = {"name": "daskprobe", "role": "probe", "pid": os.getpid(), "listen": None, "contact": None,
            "command": sys.argv}
-    return [own] + [row for p in probes if (row := p.process_row())]
+    helpers = [row for p in probes if (row := p.process_row())]
+    return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
 
 
 def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: list[str],
@@ -104,13 +107,12 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
             cluster.layout()
             started = _start_probes(probes, run, cluster.ports())
             cluster.start()
-            probe_rows = _probe_rows(started)
-            run.update_meta(processes=cluster.describe() + probe_rows, scheduler_address=cluster.client_address())
-            _watch(started, cluster.describe() + probe_rows)
+            _watch(started, _processes(cluster, started))
+            run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address())
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
             _watch(started, [_client_row(client, command)])
-            run.update_meta(processes=cluster.describe() + probe_rows + [_client_row(client, command)])
+            run.update_meta(processes=_processes(cluster, started, client, command))
             code = client.wait()
         except StartError as e:
             say(f"cluster failed to start: {e}")
@@ -124,8 +126,7 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
             cluster.stop()
             for p in started:
                 p.stop()
-            run.update_meta(processes=cluster.describe() + _probe_rows(started)
-                            + ([_client_row(client, command)] if client else []))
+            run.update_meta(processes=_processes(cluster, started, client, command))
     run.update_meta(exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=False)
     return code, run
 
