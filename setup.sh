@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine, idempotent: the Python env in .venv/, the native
 # proxy and sampler (cargo, installed into .venv/bin), and what the eBPF probes
-# need (Debian's bcc, kernel headers, tracefs).
+# need (Debian's bcc, kernel headers, tracefs), and Chromium for the browser test.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,7 +20,7 @@ done
 # gets Debian's newest, which is safe for what we compile (tracepoint args,
 # uprobes, perf events: no kernel structs are read).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  pkgs="bpfcc-tools python3-bpfcc linux-headers-amd64"
+  pkgs="bpfcc-tools python3-bpfcc linux-headers-amd64 chromium"  # chromium: the report's browser test
   if ! dpkg -s $pkgs >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null

@@ -56,8 +56,10 @@ def load_rules(paths: list[Path]) -> list[Rule]:
     return rules
 
 
-def default_rules(server: str) -> list[Path]:
-    return [RULES_DIR / ("rsds.toml" if server == "rsds" else "dask.toml")]
+def default_rules(meta: dict) -> list[Path]:
+    """Our rules for the run's server: RSDS's for a --server-cmd naming rsds, else Dask's."""
+    rsds = "rsds" in str(meta.get("cluster", {}).get("server_cmd") or "")
+    return [RULES_DIR / ("rsds.toml" if rsds else "dask.toml")]
 
 
 def classify_stacks(stacks: pd.DataFrame, frames: pd.DataFrame, rules: list[Rule]) -> pd.Series:

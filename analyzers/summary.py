@@ -85,11 +85,11 @@ def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
         "ops_by_name": inside.op.value_counts().to_dict(),
     }
     meta = run.meta()
-    server = "rsds" if "rsds" in str(meta.get("cluster", {}).get("server_cmd") or "") else "dask"
-    split = breakdown(tables, (start, end), end_key, [*rules, *default_rules(server)])
+    rules = [*rules, *default_rules(meta)]
+    split = breakdown(tables, (start, end), end_key, rules)
     run.write_table("critical_path", split.pop("path"))
     out |= split
-    out |= whole_run(tables, (start, end), n, meta, [*rules, *default_rules(server)])
+    out |= whole_run(tables, (start, end), n, meta, rules)
     return out
 
 

@@ -47,9 +47,17 @@ def worker_idle(tasks: pd.DataFrame, window: tuple[int, int]) -> dict:
 
 
 def task_overhead(tasks: pd.DataFrame, msgs: pd.DataFrame) -> dict:
+    over = task_overheads(tasks, msgs)
+    return {"mean": float(over.mean()), "p50": float(np.percentile(over, 50)),
+            "p90": float(np.percentile(over, 90)), "p99": float(np.percentile(over, 99)),
+            "max": float(over.max())} if len(over) else {}
+
+
+def task_overheads(tasks: pd.DataFrame, msgs: pd.DataFrame) -> np.ndarray:
+    """Per task, seconds: (task-finished reaching the scheduler - ready) - compute span."""
     t = tasks.dropna(subset=["finished_recv_ns", "compute_start_ns", "compute_stop_ns"]).set_index("key")
     if t.empty:
-        return {}
+        return np.empty(0)
     done = t.finished_recv_ns.to_dict()
     graphs = np.sort(msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")].t_last_ns.to_numpy())
     def ready(r) -> float:
@@ -61,10 +69,7 @@ def task_overhead(tasks: pd.DataFrame, msgs: pd.DataFrame) -> dict:
     ready_ns = np.array([ready(r) for r in t.itertuples()], dtype="float64")
     over = ((t.finished_recv_ns.to_numpy("float64") - ready_ns)
             - (t.compute_stop_ns - t.compute_start_ns).to_numpy("float64")) / 1e9
-    over = over[~np.isnan(over)]
-    return {"mean": float(over.mean()), "p50": float(np.percentile(over, 50)),
-            "p90": float(np.percentile(over, 90)), "p99": float(np.percentile(over, 99)),
-            "max": float(over.max())} if len(over) else {}
+    return over[~np.isnan(over)]
 
 
 def scheduler_cpu(tables: dict, window: tuple[int, int], n_tasks: int) -> float | None:

@@ -25,13 +25,19 @@ def _summary(run: RunDir, rules=()) -> None:
     print_summary(write_summary(run, rules))
 
 
-def report(run: RunDir, rules=()) -> bool:
-    return _stage(run, "report", lambda r: _summary(r, rules)) is None
+def _html(run: RunDir, rules=()) -> None:
+    from daskprobe.dashboards.html_report import write_html
+    write_html(run, rules)
+
+
+def report(run: RunDir, rules=(), html: bool = False) -> bool:
+    ok = _stage(run, "report", lambda r: _summary(r, rules)) is None
+    return ok and (not html or _stage(run, "html", lambda r: _html(r, rules)) is None)
 
 
 def finalize(run: RunDir) -> bool:
     from daskprobe.tracer import tables, trace_writer
-    stages = (("tables", tables.build), ("trace", trace_writer.write), ("report", _summary))
+    stages = (("tables", tables.build), ("trace", trace_writer.write), ("report", _summary), ("html", _html))
     errors = {name: err for name, fn in stages if (err := _stage(run, name, fn))}
     run.update_meta(finalize_errors=errors)
     return not errors

@@ -16,6 +16,7 @@ EXAMPLES = {
 """,
     "report": """examples:
   daskprobe report runs/20261121-231500-python-my_flow.py   # print the summary, write summary.json
+  daskprobe report --html runs/20261121-231500-python-my_flow.py   # and report.html
 """,
     "doctor": """examples:
   daskprobe doctor                 # which probes can run here, and why not
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="summarize a run directory: makespan, tasks, overhead per task",
                         epilog=EXAMPLES["report"], formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("run_dir")
+    rp.add_argument("--html", action="store_true", help="also rewrite report.html")
     rp.add_argument("--rules", action="append", default=[], metavar="FILE",
                     help="extra function-to-category rules (TOML, see analyzers/rules/dask.toml); repeatable")
 
@@ -130,7 +132,7 @@ def cmd_report(args) -> int:
     run = _run_dir(args.run_dir)
     if not run.has_table("messages"):
         raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")
-    return 0 if report(run, [Path(r) for r in args.rules]) else 1
+    return 0 if report(run, [Path(r) for r in args.rules], html=args.html) else 1
 
 
 def cmd_doctor(args) -> int:

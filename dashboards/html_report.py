@@ -1,0 +1,216 @@
+"""report.html: one self-contained page (plotly.js inline, opens offline) with
+a figure per analysis, each captioned with what it measures and its unit."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from daskprobe.analyzers.categories import UNCATEGORIZED, classify_stacks, default_rules, load_rules
+from daskprobe.analyzers.whole_run import task_overheads
+from daskprobe.tracer.rundir import RunDir
+
+MAX_POINTS = 20_000  # per figure: larger runs are binned or sampled, and the caption says so
+BIN_NS = 100_000_000
+
+# After every plot has drawn, the page records how many did (and any error):
+# the browser test reads these from the DOM.
+READY_SCRIPT = """
+<script>
+window.addEventListener("error", e => { document.body.dataset.errors = (document.body.dataset.errors || "") + e.message + ";"; });
+window.addEventListener("load", () => {
+  const plots = [...document.querySelectorAll(".js-plotly-plot")];
+  Promise.all(plots.map(p => p._fullLayout ? Promise.resolve() : new Promise(r => p.on("plotly_afterplot", r))))
+    .then(() => { document.body.dataset.figures = plots.filter(p => p.querySelector("svg.main-svg")).length; });
+});
+</script>
+"""
+
+
+@dataclass
+class Page:
+    """What every figure draws from: the run, its summary, and each stack's category
+    (by the same rules as summary.json, so page and numbers agree)."""
+
+    run: RunDir
+    summary: dict
+    category: pd.Series
+
+
+def write_html(run: RunDir, rules=()) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    category = classify_stacks(run.table("stacks"), run.table("frames"),
+                               load_rules([*rules, *default_rules(run.meta())]))
+    page = Page(run, summary, category)
+    if "error" in summary:
+        sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
+    else:
+        sections = [section(*fig(page)) for fig in FIGURES]
+    doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>daskprobe: {html.escape(str(run.path))}</title>"
+            f"<script>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
+            f"<h1>daskprobe report</h1><p class='run'>{html.escape(str(run.path))}</p>"
+            f"{''.join(sections)}{metadata(run, summary)}{READY_SCRIPT}</body></html>")
+    (run / "report.html").write_text(doc)
+
+
+CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
+       "section{margin:2em 0}.caption{color:#444}table{border-collapse:collapse}"
+       "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%;text-align:left}")
+
+
+def section(title: str, caption: str, figure: go.Figure | None) -> str:
+    body = ("<p class='empty'>no data for this figure in this run</p>" if figure is None
+            else figure.to_html(full_html=False, include_plotlyjs=False))
+    return f"<section><h2>{html.escape(title)}</h2><p class='caption'>{html.escape(caption)}</p>{body}</section>"
+
+
+def _layout(fig: go.Figure, x: str, y: str) -> go.Figure:
+    return fig.update_layout(xaxis_title=x, yaxis_title=y, height=420, margin=dict(l=60, r=20, t=20, b=50))
+
+
+def breakdown(p: Page):
+    summary = p.summary
+    cp = summary.get("critical_path_s") or {}
+    fig = go.Figure(go.Bar(x=list(cp.values()), y=list(cp), orientation="h")) if cp else None
+    return ("Where the makespan went",
+            f"Seconds of the {summary.get('makespan_s', 0):.3f} s makespan on the critical path, by category; "
+            "the bars sum to the makespan.", fig and _layout(fig, "seconds", ""))
+
+
+def critical_path(p: Page):
+    run, summary = p.run, p.summary
+    path = run.table("critical_path")
+    if path.empty:
+        return "The critical path on a timeline", "", None
+    start = summary["window_ns"][0]
+    fig = go.Figure()
+    for kind, seg in path.groupby("kind"):
+        seg = seg.nlargest(MAX_POINTS, "seconds")
+        fig.add_bar(name=kind, y=[kind] * len(seg), x=seg.seconds, base=(seg.start_ns - start) / 1e9,
+                    orientation="h", hovertext=seg.part + " " + seg.key.fillna(""))
+    return ("The critical path on a timeline",
+            "Each segment of the critical path, by kind, at its time in seconds since the makespan began "
+            f"(at most the {MAX_POINTS} longest segments per kind are drawn).",
+            _layout(fig.update_layout(barmode="overlay"), "seconds since the first update-graph", ""))
+
+
+def scheduler_cpu(p: Page):
+    run, summary = p.run, p.summary
+    s, procs = run.table("samples"), run.table("processes")
+    pid = procs[procs.role == "scheduler"].pid
+    s = s[s.pid.isin(pid) & (s.source == "pyspy") & s.active.astype(bool)]
+    if s.empty or "window_ns" not in summary:
+        return "Scheduler CPU over time", "", None
+    s = s.assign(category=s.stack_id.map(p.category).fillna(UNCATEGORIZED), t=(s.t_ns - summary["window_ns"][0]) // BIN_NS)
+    per = 1 / run.meta().get("sample_rate", 100.0)
+    binned = s.groupby(["t", "category"]).size().unstack(fill_value=0) * per / (BIN_NS / 1e9)
+    fig = go.Figure([go.Bar(name=c, x=binned.index * BIN_NS / 1e9, y=binned[c]) for c in binned])
+    return ("Scheduler CPU over time, by category",
+            "CPU of the scheduler's threads (py-spy samples on CPU x sampling period), in CPU-seconds per "
+            "second, in 100 ms bins, by the category of each sample's stack.",
+            _layout(fig.update_layout(barmode="stack"), "seconds since the first update-graph", "CPU s / s"))
+
+
+def message_latency(p: Page):
+    run = p.run
+    m = run.table("messages").drop_duplicates("msg_id")
+    m = m[~m.op.isin(["handshake"])]
+    if m.empty:
+        return "Message time on the wire, per op", "", None
+    top = m.op.value_counts().index[:12]
+    m = m[m.op.isin(top)]
+    m = m.sample(min(len(m), MAX_POINTS), random_state=0)
+    fig = go.Figure([go.Box(name=op, y=(g.t_last_ns - g.t_first_ns) / 1e3) for op, g in m.groupby("op")])
+    return ("Message time on the wire, per op",
+            "Per message (a batch counts once, named by its first op), microseconds from its first byte "
+            "read by the proxy to its last byte handed on; the 12 commonest ops"
+            f" (at most {MAX_POINTS} messages, sampled). 0 µs: the whole message came in one read.",
+            _layout(fig, "op", "µs"))
+
+
+def overhead_cdf(p: Page):
+    run = p.run
+    over = np.sort(task_overheads(run.table("tasks"), run.table("messages")))
+    if not len(over):
+        return "Per-task overhead", "", None
+    step = max(1, len(over) // MAX_POINTS)
+    fig = go.Figure(go.Scatter(x=over[::step], y=np.arange(1, len(over) + 1)[::step] / len(over), mode="lines"))
+    return ("Per-task overhead (CDF)",
+            "Share of tasks whose overhead is at most x seconds; overhead = (task-finished reaching the "
+            "scheduler - the task being ready) - its compute span.", _layout(fig, "seconds", "share of tasks"))
+
+
+def worker_busy(p: Page):
+    run, summary = p.run, p.summary
+    t = run.table("tasks").dropna(subset=["compute_recv_ns", "finished_sent_ns"])
+    if t.empty or "window_ns" not in summary:
+        return "Per-worker tasks in flight", "", None
+    start = summary["window_ns"][0]
+    fig = go.Figure()
+    for worker, g in t.groupby("worker"):
+        ev = pd.concat([pd.DataFrame({"t": g.compute_recv_ns, "d": 1}), pd.DataFrame({"t": g.finished_sent_ns, "d": -1})])
+        ev = ev.sort_values("t")
+        ev["n"] = ev.d.cumsum()
+        ev = ev.iloc[:: max(1, len(ev) // MAX_POINTS)]
+        fig.add_scatter(name=worker, x=(ev.t - start) / 1e9, y=ev.n, mode="lines", line_shape="hv")
+    return ("Per-worker tasks in flight (busy vs idle)",
+            "Tasks each worker holds, from a compute-task reaching it to its task-finished leaving; 0 means idle, "
+            "waiting on the scheduler.", _layout(fig, "seconds since the first update-graph", "tasks"))
+
+
+def gil_per_thread(p: Page):
+    run = p.run
+    g, short = run.table("gil_waits"), run.table("short_waits")
+    waits = pd.concat([g.assign(ns=g.wait_ns)[["process", "tid", "ns"]],
+                       short[short.kind == "gil"].assign(ns=short.total_ns)[["process", "tid", "ns"]]])
+    waits = waits.dropna(subset=["process"])
+    if waits.empty:
+        return "GIL wait per thread", "", None
+    per = waits.groupby(["process", "tid"]).ns.sum().sort_values(ascending=False).head(30) / 1e9
+    labels = [f"{p} / {tid}" for p, tid in per.index]
+    return ("GIL wait per thread",
+            "Seconds each thread waited in take_gil over the whole run (eBPF; short waits included), "
+            "the 30 longest.", _layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread id", "seconds"))
+
+
+def top_functions(p: Page):
+    run = p.run
+    s, procs = run.table("samples"), run.table("processes")
+    s = s[s.pid.isin(procs[procs.role == "scheduler"].pid) & s.active.astype(bool)]
+    if s.empty:
+        return "Top functions in each category", "", None
+    stacks = run.table("stacks").set_index("stack_id").frame_ids
+    frames = run.table("frames").set_index("frame_id")
+    cat = p.category
+    leaf = s.stack_id.map(lambda i: frames.function.get(stacks[i][0], "?") if len(stacks[i]) else "?")
+    counts = pd.DataFrame({"category": s.stack_id.map(cat).fillna(UNCATEGORIZED), "function": leaf})
+    top = counts.value_counts().groupby(level=0, group_keys=False).head(10).reset_index(name="n")
+    ids = list(top.category.unique()) + [f"{c}/{f}" for c, f in zip(top.category, top.function)]
+    parents = [""] * top.category.nunique() + list(top.category)
+    values = list(top.groupby("category").n.sum()[top.category.unique()]) + list(top.n)
+    labels = list(top.category.unique()) + list(top.function)
+    fig = go.Figure(go.Icicle(ids=ids, labels=labels, parents=parents, values=values, branchvalues="total"))
+    return ("Top functions in each category (scheduler)",
+            "Scheduler CPU samples by category, then by the function on top of the stack (the 10 commonest "
+            "per category); sizes are sample counts.", fig.update_layout(height=500, margin=dict(t=10)))
+
+
+FIGURES = [breakdown, critical_path, scheduler_cpu, message_latency, overhead_cdf, worker_busy,
+           gil_per_thread, top_functions]
+
+
+def metadata(run: RunDir, summary: dict) -> str:
+    meta = run.meta()
+    rows = {"command": " ".join(map(str, meta.get("command", []))), "versions": meta.get("versions"),
+            "cluster": meta.get("cluster"), "config": meta.get("config"), "probes": meta.get("probes"),
+            "probes skipped": meta.get("skipped"), "exit code": meta.get("exit_code"),
+            "partial": meta.get("partial"), "capture": meta.get("capture")}
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
+                    for k, v in rows.items())
+    return f"<section><h2>Run</h2><p class='caption'>What ran, with what, and what was not captured.</p><table>{cells}</table></section>"

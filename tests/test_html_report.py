@@ -1,0 +1,40 @@
+"""report.html in a real browser: headless Chromium loads it offline, no
+JavaScript error, every figure drawn (checked in the DOM); a screenshot is kept."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from daskprobe.dashboards.html_report import FIGURES
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-sync", "--virtual-time-budget=20000"]
+
+
+def chromium(tmp: Path, *args: str) -> str:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.skip("no chromium (./setup.sh installs Debian's as root)")
+    p = subprocess.run([exe, *CHROMIUM, f"--user-data-dir={tmp / 'profile'}", *args],
+                       capture_output=True, text=True, timeout=120)
+    return p.stdout
+
+
+def test_report_opens_offline_with_every_figure_drawn(pinned_run, tmp_path):
+    run, _, _ = pinned_run
+    page = run / "report.html"
+    assert page.exists() and "<script src=" not in page.read_text(), "self-contained: no external scripts"
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri())
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert "data-errors" not in body, body
+    drawn = int(re.search(r'data-figures="(\d+)"', body).group(1))
+    empty = dom.count("class=\"empty\"")
+    assert drawn + empty == len(FIGURES) and drawn >= len(FIGURES) - 1, (drawn, empty)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    chromium(tmp_path, "--window-size=1300,4200", f"--screenshot={shot}", page.as_uri())
+    assert shot.stat().st_size > 50_000
