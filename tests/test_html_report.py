@@ -38,3 +38,25 @@ def test_report_opens_offline_with_every_figure_drawn(pinned_run, tmp_path):
     shot = ARTIFACTS / "report.png"
     chromium(tmp_path, "--window-size=1300,4200", f"--screenshot={shot}", page.as_uri())
     assert shot.stat().st_size > 50_000
+
+
+def test_open_serves_the_trace_to_the_perfetto_ui(pinned_run):
+    import sys
+    import urllib.request
+    from daskprobe.tracer.cluster import free_port
+    run, _, _ = pinned_run
+    port = free_port()  # the real default, 9001, may be held by something else on this machine
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "open", str(run.path), "--port", str(port),
+                          "--once"], stdout=subprocess.PIPE, text=True)
+    try:
+        p.stdout.readline()
+        url = p.stdout.readline().strip()
+        assert url == f"https://ui.perfetto.dev/#!/?url=http://127.0.0.1:{port}/trace.pftrace"
+        req = urllib.request.Request(url.split("url=")[1], headers={"Origin": "https://ui.perfetto.dev"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.headers["Access-Control-Allow-Origin"] == "https://ui.perfetto.dev"
+            assert resp.read() == run.trace.read_bytes()
+        assert p.wait(10) == 0, "--once: exits after serving"
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -21,6 +21,9 @@ EXAMPLES = {
     "doctor": """examples:
   daskprobe doctor                 # which probes can run here, and why not
 """,
+    "open": """examples:
+  daskprobe open runs/20261121-231500-python-my_flow.py   # serve trace.pftrace, print the ui.perfetto.dev link
+""",
     "build": """examples:
   daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
 """,
@@ -68,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="say which probes can run on this machine, and why not",
                    epilog=EXAMPLES["doctor"], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    o = sub.add_parser("open", help="serve a run's trace for the Perfetto UI and print the link that loads it",
+                       epilog=EXAMPLES["open"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    o.add_argument("run_dir")
+    o.add_argument("--port", type=int, default=9001,
+                   help="port on 127.0.0.1 (default 9001: the only one the hosted UI fetches from)")
+    o.add_argument("--once", action="store_true", help="exit after the trace has been fetched once")
 
     b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
                        epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +145,14 @@ def cmd_report(args) -> int:
     return 0 if report(run, [Path(r) for r in args.rules], html=args.html) else 1
 
 
+def cmd_open(args) -> int:
+    from daskprobe.dashboards.open_trace import serve
+    run = _run_dir(args.run_dir)
+    if not run.trace.exists():
+        raise SystemExit(f"daskprobe: {run.path} has no trace.pftrace: run 'daskprobe build {run.path}' first")
+    return serve(run.trace, args.port, args.once)
+
+
 def cmd_doctor(args) -> int:
     from daskprobe.probes.registry import doctor
     from rich.console import Console
@@ -156,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:i], argv[i + 1:]
     args = _parser().parse_args(argv)
     commands = {"run": lambda a: cmd_run(a, command), "build": cmd_build, "report": cmd_report,
-                "doctor": cmd_doctor}
+                "doctor": cmd_doctor, "open": cmd_open}
     return commands[args.cmd](args)
 
 

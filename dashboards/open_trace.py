@@ -1,0 +1,74 @@
+"""`daskprobe open`: serve a run's trace.pftrace on loopback for the Perfetto UI.
+
+The hosted UI (ui.perfetto.dev) may fetch a local trace only from
+http://127.0.0.1:9001 (its content-security policy allowlists that origin),
+and only with a CORS header naming the UI: so this port, not a random one.
+"""
+
+from __future__ import annotations
+
+import os
+import webbrowser
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+UI = "https://ui.perfetto.dev"
+PERFETTO_PORT = 9001
+
+
+def link(port: int) -> str:
+    return f"{UI}/#!/?url=http://127.0.0.1:{port}/trace.pftrace"
+
+
+def make_handler(trace: Path, served: list):
+    class Handler(BaseHTTPRequestHandler):
+        def _headers(self, code: int, length: int = 0) -> None:
+            self.send_response(code)
+            self.send_header("Access-Control-Allow-Origin", UI)
+            self.send_header("Access-Control-Allow-Methods", "GET, OPTIONS")
+            self.send_header("Access-Control-Allow-Headers", "*")
+            self.send_header("Cache-Control", "no-cache")
+            if code == 200:
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(length))
+            self.end_headers()
+
+        def do_OPTIONS(self):  # CORS preflight
+            self._headers(204)
+
+        def do_GET(self):
+            if self.path.split("?")[0] != "/trace.pftrace":
+                self._headers(404)
+                return
+            data = trace.read_bytes()
+            self._headers(200, len(data))
+            self.wfile.write(data)
+            served.append(self.path)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+def serve(trace: Path, port: int = PERFETTO_PORT, once: bool = False) -> int:
+    served: list = []
+    try:
+        server = HTTPServer(("127.0.0.1", port), make_handler(trace, served))
+    except OSError as e:
+        print(f"daskprobe: cannot listen on 127.0.0.1:{port} ({e.strerror}); the Perfetto UI fetches local "
+              f"traces only from port {PERFETTO_PORT}: stop what holds it, or open {trace} in the UI by hand",
+              flush=True)
+        return 1
+    url = link(server.server_address[1])
+    print(f"serving {trace} for the Perfetto UI; open:\n{url}", flush=True)
+    if os.environ.get("DISPLAY") or os.environ.get("BROWSER"):
+        webbrowser.open(url)
+    try:
+        while not (once and served):
+            server.handle_request()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
