@@ -54,8 +54,8 @@ class ProcFS(Probe):
                 except (FileNotFoundError, ProcessLookupError):
                     continue
                 fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces
-                if fields[0] == "Z":
-                    continue  # exited, not yet reaped: nothing left to measure
+                if fields[0] in "ZX" or fields[21] == "0":
+                    continue  # exiting (its memory already gone) or exited: nothing left to measure
                 lines.append(f"{time.monotonic_ns()}\t{pid}\t{fields[11]}\t{fields[12]}\t{fields[21]}\n")
             self.out.write("".join(lines))
             self.out.flush()
