@@ -52,11 +52,15 @@ def write_html(run: RunDir, rules=()) -> None:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
         sections = [section(*fig(page)) for fig in FIGURES]
-    doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>daskprobe: {html.escape(str(run.path))}</title>"
-            f"<script>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
-            f"<h1>daskprobe report</h1><p class='run'>{html.escape(str(run.path))}</p>"
-            f"{''.join(sections)}{metadata(run, summary)}{READY_SCRIPT}</body></html>")
-    (run / "report.html").write_text(doc)
+    (run / "report.html").write_text(page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
+
+
+def page_html(title: str, subtitle: str, sections: list[str]) -> str:
+    """A self-contained page: plotly.js inline, so it opens offline."""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}: {html.escape(subtitle)}"
+            f"</title><script>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p class='run'>{html.escape(subtitle)}</p>"
+            f"{''.join(sections)}{READY_SCRIPT}</body></html>")
 
 
 CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"

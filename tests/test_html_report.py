@@ -60,3 +60,32 @@ def test_open_serves_the_trace_to_the_perfetto_ui(pinned_run):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_compare_runs_by_worker_count(tmp_path):
+    import sys
+    import pandas as pd
+    from conftest import daskprobe, write_flow
+    flow = "import runpy, sys\nsys.argv = ['w', 'merge-300']\nrunpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n"
+    script = write_flow(tmp_path / "flow.py", flow)  # one command: one graph, run twice
+    runs = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        p = daskprobe("run", "--out", str(out), "--workers", workers, "--probes", "proxy,pyspy,proc",
+                      "--", sys.executable, str(script))
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(str(out))
+    out = tmp_path / "cmp"
+    p = daskprobe("compare", *runs, "--by", "workers", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    df = pd.read_csv(out / "compare.csv")
+    assert list(df.workers) == [1, 2] and (df.tasks == 301).all()
+    assert (df.aot_s - df.makespan_s / df.tasks).abs().max() < 1e-9
+    assert df["scheduler_cpu_per_task_s.runtime_bookkeeping"].gt(0).all()
+    sp = pd.read_csv(out / "speedups.csv").set_index("workers")
+    assert sp.loc[1, "geometric_mean_speedup"] == 1.0
+    expected = df.makespan_s.iloc[0] / df.makespan_s.iloc[1]
+    assert abs(sp.loc[2, "geometric_mean_speedup"] - expected) < 1e-9
+    dom = chromium(tmp_path, "--dump-dom", (out / "compare.html").as_uri())
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert "data-errors" not in body and 'data-figures="3"' in body, body

@@ -118,7 +118,7 @@ def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
 def test_help_shows_each_command_with_an_example():
     p = daskprobe("--help")
     assert p.returncode == 0
-    for cmd in ("run", "build", "report", "doctor", "open"):
+    for cmd in ("run", "build", "report", "doctor", "open", "compare"):
         assert cmd in p.stdout
         assert f"daskprobe {cmd} " in p.stdout
 

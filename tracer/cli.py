@@ -24,6 +24,9 @@ EXAMPLES = {
     "open": """examples:
   daskprobe open runs/20261121-231500-python-my_flow.py   # serve trace.pftrace, print the ui.perfetto.dev link
 """,
+    "compare": """examples:
+  daskprobe compare runs/w1 runs/w2 runs/w4 --by workers   # AOT and scheduler CPU per task vs workers
+""",
     "build": """examples:
   daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
 """,
@@ -78,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--port", type=int, default=9001,
                    help="port on 127.0.0.1 (default 9001: the only one the hosted UI fetches from)")
     o.add_argument("--once", action="store_true", help="exit after the trace has been fetched once")
+
+    c = sub.add_parser("compare", help="compare run directories by workers, scheduler or server",
+                       epilog=EXAMPLES["compare"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--by", default="workers", choices=["workers", "scheduler", "server"])
+    c.add_argument("--baseline", help="the value of --by that speedups are relative to (default: the smallest)")
+    c.add_argument("--out", help="where compare.html and the CSVs go (default runs/compare-<time>)")
 
     b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
                        epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,6 +163,20 @@ def cmd_open(args) -> int:
     return serve(run.trace, args.port, args.once)
 
 
+def cmd_compare(args) -> int:
+    import time
+    from daskprobe.dashboards.compare import compare
+    runs = [_run_dir(d) for d in args.run_dirs]
+    missing = [str(r.path) for r in runs if not (r / "summary.json").exists()]
+    if missing:
+        raise SystemExit(f"daskprobe: no summary.json in {', '.join(missing)}: run 'daskprobe report' on them")
+    out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    table = compare([str(r.path) for r in runs], args.by, out, args.baseline)
+    print(table.to_string(index=False))
+    print(f"daskprobe: comparison in {out}/compare.html", file=sys.stderr)
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from daskprobe.probes.registry import doctor
     from rich.console import Console
@@ -174,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:i], argv[i + 1:]
     args = _parser().parse_args(argv)
     commands = {"run": lambda a: cmd_run(a, command), "build": cmd_build, "report": cmd_report,
-                "doctor": cmd_doctor, "open": cmd_open}
+                "doctor": cmd_doctor, "open": cmd_open, "compare": cmd_compare}
     return commands[args.cmd](args)
 
 

@@ -1,0 +1,73 @@
+"""`daskprobe compare RUN_DIR...`: runs side by side, grouped by one dimension
+(workers, scheduler, server), as compare.csv, speedups.csv and compare.html.
+
+A run's graph is identified by its command; speedups are per graph against
+the baseline value of the dimension, summarized by their geometric mean as in
+the paper's Table II.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
+from daskprobe.dashboards.html_report import _layout, page_html, section
+from daskprobe.tracer.rundir import RunDir
+
+def run_row(run: RunDir) -> dict:
+    meta, summary = run.meta(), json.loads((run / "summary.json").read_text())
+    cluster, config = meta.get("cluster", {}), meta.get("config", {})
+    tasks = summary.get("tasks") or np.nan
+    sched_cpu = summary.get("cpu_by_category_s", {}).get("scheduler", {})
+    row = {"run": str(run.path), "graph": " ".join(map(str, meta.get("command", []))),
+           "workers": cluster.get("workers"), "threads": cluster.get("threads"),
+           "server": cluster.get("server_cmd") or "dask",
+           "scheduler": "ws" if str(config.get("distributed.scheduler.work-stealing", "True")) != "False" else "no-stealing",
+           "makespan_s": summary.get("makespan_s"), "tasks": summary.get("tasks"), "aot_s": summary.get("aot_s"),
+           "scheduler_cpu_per_task_s": summary.get("scheduler_cpu_per_task_s")}
+    for cat in (*CATEGORIES, UNCATEGORIZED):
+        row[f"critical_path_s.{cat}"] = summary.get("critical_path_s", {}).get(cat)
+        row[f"scheduler_cpu_per_task_s.{cat}"] = sched_cpu.get(cat, 0.0) / tasks
+    return row
+
+
+def speedups(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:
+    """Per graph and value of `by`: median makespan of the baseline / median makespan; then geometric means."""
+    med = df.groupby(["graph", by]).makespan_s.median().unstack(by)
+    ratio = med.div(med[baseline], axis=0)
+    speed = 1 / ratio
+    geo = np.exp(np.log(speed).mean()).rename("geometric_mean_speedup")
+    return pd.concat([geo, speed.count().rename("graphs")], axis=1).reset_index()
+
+
+def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> pd.DataFrame:
+    df = pd.DataFrame([run_row(RunDir(d)) for d in run_dirs]).sort_values([by, "graph"])
+    baseline = df[by].iloc[0] if baseline is None else type(df[by].iloc[0])(baseline)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "compare.csv", index=False)
+    table = speedups(df, by, baseline)
+    table.to_csv(out / "speedups.csv", index=False)
+    x = df[by].astype(str)
+    aot = go.Figure(go.Scatter(x=x, y=df.aot_s, mode="markers", text=df.graph))
+    cats = [c for c in df.columns if c.startswith("scheduler_cpu_per_task_s.") and df[c].fillna(0).any()]
+    cpu = go.Figure([go.Bar(name=c.split(".", 1)[1], x=x, y=df[c]) for c in cats]).update_layout(barmode="stack")
+    sp = go.Figure(go.Bar(x=table[by].astype(str), y=table.geometric_mean_speedup))
+    rows = "".join(f"<tr><td>{r[by]}</td><td>{r.geometric_mean_speedup:.3f}</td><td>{r.graphs}</td></tr>"
+                   for _, r in table.iterrows())
+    sections = [
+        section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}; one "
+                "point per run.", _layout(aot, by, "s / task")),
+        section("Scheduler CPU per task, by category", "Scheduler CPU seconds per task (py-spy samples x "
+                f"period / tasks), stacked by category, against {by}; one bar per run.", _layout(cpu, by, "s / task")),
+        section("Makespan speedup", f"Geometric mean over graphs of (median makespan with {by} = {baseline}) / "
+                f"(median makespan), per value of {by}; above 1 is faster.", _layout(sp, by, "speedup")),
+        f"<section><h2>Speedups (as the paper's Table II)</h2><table><tr><th>{by}</th><th>geometric mean "
+        f"speedup</th><th>graphs</th></tr>{rows}</table></section>",
+    ]
+    (out / "compare.html").write_text(page_html("daskprobe compare", f"by {by}, baseline {baseline}", sections))
+    return table
