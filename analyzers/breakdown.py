@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED, classify_stacks, load_rules
+from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
 from daskprobe.analyzers.critical_path import critical_path
 
 
@@ -39,12 +39,8 @@ def inside(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
 
 
 class Splitter:
-    def __init__(self, tables: dict, rules_paths: list):
-        self.procs = tables["processes"]
-        self.samples, self.gil = tables["samples"], tables["gil_waits"]
-        rules = load_rules(rules_paths)
-        self.category = (classify_stacks(tables["stacks"], tables["frames"], rules)
-                         if len(tables["stacks"]) else pd.Series(dtype="object"))
+    def __init__(self, tables: dict, category: pd.Series):
+        self.samples, self.gil, self.category = tables["samples"], tables["gil_waits"], category
 
     def split(self, seg: pd.DataFrame, pid: int | None, sampled: bool,
               rest: str = "runtime_bookkeeping") -> dict[str, float]:
@@ -79,13 +75,14 @@ class Splitter:
         return py if not py.empty else s[s.source == "ebpf"]
 
 
-def breakdown(tables: dict, window: tuple[int, int], end_key: str, rules_paths: list) -> dict:
+def breakdown(tables: dict, window: tuple[int, int], end_key: str, category: pd.Series) -> dict:
+    """category: stack_id -> category (categories.classify_stacks)."""
     msgs, tasks = tables["messages"], tables["tasks"]
     graphs = msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")].t_last_ns.to_numpy()
     path = critical_path(tasks, graphs, window, end_key)
     path["seconds"] = (path.end_ns - path.start_ns) / 1e9
     pids = tables["processes"].dropna(subset=["pid"]).set_index("name").pid.astype(int)
-    splitter = Splitter(tables, rules_paths)
+    splitter = Splitter(tables, category)
     totals = dict.fromkeys(CATEGORIES, 0.0)
     totals["compute"] = float(path[path.kind == "compute"].seconds.sum())
     # A message waiting in its sender's batch while the sender's event loop

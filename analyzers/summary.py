@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from daskprobe.analyzers.breakdown import breakdown
-from daskprobe.analyzers.categories import DEFINITIONS as CATEGORY_DEFINITIONS, default_rules
+from daskprobe.analyzers.categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
 from daskprobe.analyzers.whole_run import whole_run
 from daskprobe.tracer.rundir import RunDir
 
@@ -85,11 +85,11 @@ def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
         "ops_by_name": inside.op.value_counts().to_dict(),
     }
     meta = run.meta()
-    rules = [*rules, *default_rules(meta)]
-    split = breakdown(tables, (start, end), end_key, rules)
+    category = classify_stacks(tables["stacks"], tables["frames"], load_rules([*rules, *default_rules(meta)]))
+    split = breakdown(tables, (start, end), end_key, category)
     run.write_table("critical_path", split.pop("path"))
     out |= split
-    out |= whole_run(tables, (start, end), n, meta, rules)
+    out |= whole_run(tables, (start, end), n, meta, category)
     return out
 
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from daskprobe.analyzers.categories import UNCATEGORIZED, classify_stacks, load_rules
+from daskprobe.analyzers.categories import UNCATEGORIZED
 
 
-def whole_run(tables: dict, window: tuple[int, int], n_tasks: int, meta: dict, rules_paths: list) -> dict:
-    return {"cpu_by_category_s": cpu_by_category(tables, window, meta, rules_paths),
+def whole_run(tables: dict, window: tuple[int, int], n_tasks: int, meta: dict, category: pd.Series) -> dict:
+    return {"cpu_by_category_s": cpu_by_category(tables, window, meta, category),
             "worker_idle_s": worker_idle(tables["tasks"], window),
             "task_overhead_s": task_overhead(tables["tasks"], tables["messages"]),
             "scheduler_cpu_per_task_s": scheduler_cpu(tables, window, n_tasks)}
 
 
-def cpu_by_category(tables: dict, window: tuple[int, int], meta: dict, rules_paths: list) -> dict:
+def cpu_by_category(tables: dict, window: tuple[int, int], meta: dict, category: pd.Series) -> dict:
     s = tables["samples"]
     s = s[s.active.astype(bool) & (s.t_ns >= window[0]) & (s.t_ns <= window[1])].dropna(subset=["process"])
     if s.empty:
         return {}
-    category = classify_stacks(tables["stacks"], tables["frames"], load_rules(rules_paths))
     period = {"pyspy": 1 / meta.get("sample_rate", 100.0), "ebpf": 1 / meta.get("cpu_hz", 99)}
     # a process sampled by py-spy is counted from its Python samples only
     python = set(s[s.source == "pyspy"].process)

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
-from daskprobe.dashboards.html_report import _layout, page_html, section
+from daskprobe.dashboards.html_report import layout, page_html, section
 from daskprobe.tracer.rundir import RunDir
 
 def run_row(run: RunDir) -> dict:
@@ -61,11 +61,11 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> pd.DataFr
                    for _, r in table.iterrows())
     sections = [
         section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}; one "
-                "point per run.", _layout(aot, by, "s / task")),
+                "point per run.", layout(aot, by, "s / task")),
         section("Scheduler CPU per task, by category", "Scheduler CPU seconds per task (py-spy samples x "
-                f"period / tasks), stacked by category, against {by}; one bar per run.", _layout(cpu, by, "s / task")),
+                f"period / tasks), stacked by category, against {by}; one bar per run.", layout(cpu, by, "s / task")),
         section("Makespan speedup", f"Geometric mean over graphs of (median makespan with {by} = {baseline}) / "
-                f"(median makespan), per value of {by}; above 1 is faster.", _layout(sp, by, "speedup")),
+                f"(median makespan), per value of {by}; above 1 is faster.", layout(sp, by, "speedup")),
         f"<section><h2>Speedups (as the paper's Table II)</h2><table><tr><th>{by}</th><th>geometric mean "
         f"speedup</th><th>graphs</th></tr>{rows}</table></section>",
     ]

@@ -74,7 +74,7 @@ def section(title: str, caption: str, figure: go.Figure | None) -> str:
     return f"<section><h2>{html.escape(title)}</h2><p class='caption'>{html.escape(caption)}</p>{body}</section>"
 
 
-def _layout(fig: go.Figure, x: str, y: str) -> go.Figure:
+def layout(fig: go.Figure, x: str, y: str) -> go.Figure:
     return fig.update_layout(xaxis_title=x, yaxis_title=y, height=420, margin=dict(l=60, r=20, t=20, b=50))
 
 
@@ -84,7 +84,7 @@ def breakdown(p: Page):
     fig = go.Figure(go.Bar(x=list(cp.values()), y=list(cp), orientation="h")) if cp else None
     return ("Where the makespan went",
             f"Seconds of the {summary.get('makespan_s', 0):.3f} s makespan on the critical path, by category; "
-            "the bars sum to the makespan.", fig and _layout(fig, "seconds", ""))
+            "the bars sum to the makespan.", fig and layout(fig, "seconds", ""))
 
 
 def critical_path(p: Page):
@@ -101,7 +101,7 @@ def critical_path(p: Page):
     return ("The critical path on a timeline",
             "Each segment of the critical path, by kind, at its time in seconds since the makespan began "
             f"(at most the {MAX_POINTS} longest segments per kind are drawn).",
-            _layout(fig.update_layout(barmode="overlay"), "seconds since the first update-graph", ""))
+            layout(fig.update_layout(barmode="overlay"), "seconds since the first update-graph", ""))
 
 
 def scheduler_cpu(p: Page):
@@ -118,7 +118,7 @@ def scheduler_cpu(p: Page):
     return ("Scheduler CPU over time, by category",
             "CPU of the scheduler's threads (py-spy samples on CPU x sampling period), in CPU-seconds per "
             "second, in 100 ms bins, by the category of each sample's stack.",
-            _layout(fig.update_layout(barmode="stack"), "seconds since the first update-graph", "CPU s / s"))
+            layout(fig.update_layout(barmode="stack"), "seconds since the first update-graph", "CPU s / s"))
 
 
 def message_latency(p: Page):
@@ -135,7 +135,7 @@ def message_latency(p: Page):
             "Per message (a batch counts once, named by its first op), microseconds from its first byte "
             "read by the proxy to its last byte handed on; the 12 commonest ops"
             f" (at most {MAX_POINTS} messages, sampled). 0 µs: the whole message came in one read.",
-            _layout(fig, "op", "µs"))
+            layout(fig, "op", "µs"))
 
 
 def overhead_cdf(p: Page):
@@ -147,7 +147,7 @@ def overhead_cdf(p: Page):
     fig = go.Figure(go.Scatter(x=over[::step], y=np.arange(1, len(over) + 1)[::step] / len(over), mode="lines"))
     return ("Per-task overhead (CDF)",
             "Share of tasks whose overhead is at most x seconds; overhead = (task-finished reaching the "
-            "scheduler - the task being ready) - its compute span.", _layout(fig, "seconds", "share of tasks"))
+            "scheduler - the task being ready) - its compute span.", layout(fig, "seconds", "share of tasks"))
 
 
 def worker_busy(p: Page):
@@ -165,7 +165,7 @@ def worker_busy(p: Page):
         fig.add_scatter(name=worker, x=(ev.t - start) / 1e9, y=ev.n, mode="lines", line_shape="hv")
     return ("Per-worker tasks in flight (busy vs idle)",
             "Tasks each worker holds, from a compute-task reaching it to its task-finished leaving; 0 means idle, "
-            "waiting on the scheduler.", _layout(fig, "seconds since the first update-graph", "tasks"))
+            "waiting on the scheduler.", layout(fig, "seconds since the first update-graph", "tasks"))
 
 
 def gil_per_thread(p: Page):
@@ -180,7 +180,7 @@ def gil_per_thread(p: Page):
     labels = [f"{p} / {tid}" for p, tid in per.index]
     return ("GIL wait per thread",
             "Seconds each thread waited in take_gil over the whole run (eBPF; short waits included), "
-            "the 30 longest.", _layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread id", "seconds"))
+            "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread id", "seconds"))
 
 
 def top_functions(p: Page):

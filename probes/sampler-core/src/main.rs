@@ -75,11 +75,16 @@ impl<W: Write> Sampler<W> {
     fn frame_ids(&mut self, frames: &[Frame]) -> String {
         let mut ids = Vec::with_capacity(frames.len());
         for f in frames {
-            let next = self.frames.len() as u64;
-            let id = *self.frames.entry(f.clone()).or_insert(next);
-            if id == next {
-                let _ = writeln!(self.out, "F\t{id}\t{}\t{}\t{}", clean(&f.name), clean(&f.filename), f.line);
-            }
+            // Look up before cloning: most frames were seen before, and this runs per sample.
+            let id = match self.frames.get(f) {
+                Some(&id) => id,
+                None => {
+                    let id = self.frames.len() as u64;
+                    self.frames.insert(f.clone(), id);
+                    let _ = writeln!(self.out, "F\t{id}\t{}\t{}\t{}", clean(&f.name), clean(&f.filename), f.line);
+                    id
+                }
+            };
             ids.push(id.to_string());
         }
         ids.join(",")
