@@ -1,5 +1,5 @@
 """`daskprobe compare RUN_DIR...`: runs side by side, grouped by one dimension
-(workers, scheduler, server), as compare.csv, speedups.csv and compare.html.
+(workers, scheduler, server, worker-mode), as compare.csv, speedups.csv and compare.html.
 
 A run's graph is identified by its command; speedups are per graph against
 the baseline value of the dimension, summarized by their geometric mean as in
@@ -27,13 +27,18 @@ def run_row(run: RunDir) -> dict:
     row = {"run": str(run.path), "graph": " ".join(map(str, meta.get("command", []))),
            "workers": cluster.get("workers"), "threads": cluster.get("threads"),
            "server": cluster.get("server_cmd") or "dask",
-           "scheduler": "ws" if str(config.get("distributed.scheduler.work-stealing", "True")) != "False" else "no-stealing",
+           "scheduler": cluster.get("scheduler") or _policy(config), "worker-mode": cluster.get("worker", "normal"),
            "makespan_s": summary.get("makespan_s"), "tasks": summary.get("tasks"), "aot_s": summary.get("aot_s"),
            "scheduler_cpu_per_task_s": summary.get("scheduler_cpu_per_task_s")}
     for cat in (*CATEGORIES, UNCATEGORIZED):
         row[f"critical_path_s.{cat}"] = summary.get("critical_path_s", {}).get(cat)
         row[f"scheduler_cpu_per_task_s.{cat}"] = sched_cpu.get(cat, 0.0) / tasks
     return row
+
+
+def _policy(config: dict) -> str:
+    """Runs recorded before --scheduler existed: ws unless stealing was off."""
+    return "ws" if str(config.get("distributed.scheduler.work-stealing", "True")) != "False" else "no-stealing"
 
 
 def speedups(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,11 +14,27 @@ import pytest
 from daskprobe.tracer.rundir import RunDir
 
 DATA = Path(__file__).parent / "data"
+CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-sync", "--virtual-time-budget=20000"]
 
 
 def daskprobe(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", *args],
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def chromium(tmp: Path, *args: str) -> str:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.skip("no chromium (./setup.sh installs Debian's as root)")
+    p = subprocess.run([exe, *CHROMIUM, f"--user-data-dir={tmp / 'profile'}", *args],
+                       capture_output=True, text=True, timeout=120)
+    return p.stdout
+
+
+def drawn(tmp: Path, page: Path) -> str:
+    """The <body> tag of `page` after Chromium loaded it: READY_SCRIPT's data-figures and data-errors."""
+    return re.search(r"<body[^>]*>", chromium(tmp, "--dump-dom", page.as_uri())).group(0)
 
 
 def write_flow(path: Path, code: str) -> Path:

@@ -2,38 +2,25 @@
 JavaScript error, every figure drawn (checked in the DOM); a screenshot is kept."""
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from conftest import chromium, drawn
 
 from daskprobe.dashboards.html_report import FIGURES
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--disable-sync", "--virtual-time-budget=20000"]
-
-
-def chromium(tmp: Path, *args: str) -> str:
-    exe = shutil.which("chromium")
-    if exe is None:
-        pytest.skip("no chromium (./setup.sh installs Debian's as root)")
-    p = subprocess.run([exe, *CHROMIUM, f"--user-data-dir={tmp / 'profile'}", *args],
-                       capture_output=True, text=True, timeout=120)
-    return p.stdout
 
 
 def test_report_opens_offline_with_every_figure_drawn(pinned_run, tmp_path):
     run, _, _ = pinned_run
     page = run / "report.html"
     assert page.exists() and "<script src=" not in page.read_text(), "self-contained: no external scripts"
-    dom = chromium(tmp_path, "--dump-dom", page.as_uri())
-    body = re.search(r"<body[^>]*>", dom).group(0)
+    body = drawn(tmp_path, page)
     assert "data-errors" not in body, body
-    drawn = int(re.search(r'data-figures="(\d+)"', body).group(1))
-    empty = dom.count("class=\"empty\"")
-    assert drawn + empty == len(FIGURES) and drawn >= len(FIGURES) - 1, (drawn, empty)
+    figures = int(re.search(r'data-figures="(\d+)"', body).group(1))
+    empty = page.read_text().count("class='empty'")
+    assert figures + empty == len(FIGURES) and figures >= len(FIGURES) - 1, (figures, empty)
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     chromium(tmp_path, "--window-size=1300,4200", f"--screenshot={shot}", page.as_uri())
@@ -86,6 +73,5 @@ def test_compare_runs_by_worker_count(tmp_path):
     assert sp.loc[1, "geometric_mean_speedup"] == 1.0
     expected = df.makespan_s.iloc[0] / df.makespan_s.iloc[1]
     assert abs(sp.loc[2, "geometric_mean_speedup"] - expected) < 1e-9
-    dom = chromium(tmp_path, "--dump-dom", (out / "compare.html").as_uri())
-    body = re.search(r"<body[^>]*>", dom).group(0)
+    body = drawn(tmp_path, out / "compare.html")
     assert "data-errors" not in body and 'data-figures="3"' in body, body

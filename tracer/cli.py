@@ -26,6 +26,13 @@ EXAMPLES = {
 """,
     "compare": """examples:
   daskprobe compare runs/w1 runs/w2 runs/w4 --by workers   # AOT and scheduler CPU per task vs workers
+  daskprobe compare runs/bench-x/*-r0 --by worker-mode --baseline normal   # how much is runtime overhead
+""",
+    "bench": """examples:
+  daskprobe bench --graphs merge-10K,tree-15 --workers 1,2,4,8 --scheduler ws,random --worker normal,zero --repeat 3
+  daskprobe bench --graphs merge-1K,merge-5K,merge-20K --workers 2 --worker zero --probes none --out runs/aot
+  daskprobe bench --graphs merge-10K --probes all --out runs/traced   # with the critical-path split per run
+  (the same command again resumes: runs already in DIR/results.csv are skipped)
 """,
     "build": """examples:
   daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
@@ -62,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
     r.add_argument("--delay-ms", type=float, default=0.0,
                    help="what-if: the proxy holds every message this long before passing it on (default 0)")
+    r.add_argument("--scheduler", default="ws", choices=["ws", "random"],
+                   help="ws: Dask's own policy (default); random: each ready task to a uniformly random "
+                        "worker, work stealing and queuing off (the paper's random scheduler, a preload)")
+    r.add_argument("--worker", default="normal", choices=["normal", "zero"],
+                   help="normal (default) or zero: every task completes at once with a placeholder "
+                        "result, so only runtime overhead remains (the paper's zero worker, a preload)")
     r.add_argument("--out", help="run directory (default runs/<time>-<command>)")
     r.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
 
@@ -82,17 +95,40 @@ def _parser() -> argparse.ArgumentParser:
                    help="port on 127.0.0.1 (default 9001: the only one the hosted UI fetches from)")
     o.add_argument("--once", action="store_true", help="exit after the trace has been fetched once")
 
-    c = sub.add_parser("compare", help="compare run directories by workers, scheduler or server",
+    c = sub.add_parser("compare", help="compare run directories by workers, scheduler, server or worker mode",
                        epilog=EXAMPLES["compare"], formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("run_dirs", nargs="+")
-    c.add_argument("--by", default="workers", choices=["workers", "scheduler", "server"])
+    c.add_argument("--by", default="workers", choices=["workers", "scheduler", "server", "worker-mode"])
     c.add_argument("--baseline", help="the value of --by that speedups are relative to (default: the smallest)")
     c.add_argument("--out", help="where compare.html and the CSVs go (default runs/compare-<time>)")
+
+    be = sub.add_parser("bench", help="sweep graphs x workers x scheduler x worker mode, one run each, "
+                        "into results.csv/.parquet and bench.html", epilog=EXAMPLES["bench"],
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    be.add_argument("--graphs", required=True, type=_list,
+                    help="comma-separated graph names: merge-N, merge_slow-N-T, tree-N, numpy-N-P, groupby-D-F-P, "
+                         "join-D-F-P, bag-N-P, xarray-N (see README)")
+    be.add_argument("--workers", type=_list, default=["2"], help="comma-separated worker counts (default 2)")
+    be.add_argument("--scheduler", type=_list, default=["ws"], help="ws, random or both (default ws)")
+    be.add_argument("--worker", type=_list, default=["normal"], help="normal, zero or both (default normal)")
+    be.add_argument("--server", action="append", default=[], metavar="dask|CMD",
+                    help="'dask' or a scheduler command with {host} and {port}; repeatable (default dask)")
+    be.add_argument("--repeat", type=int, default=3, help="runs per point (default 3)")
+    be.add_argument("--probes", default="none", help="as for run: none (default), proxy, all, or a list")
+    be.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped (default 300)")
+    be.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
+    be.add_argument("--python", default=sys.executable, help="interpreter for the cluster and the workload")
+    be.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="Dask config, as for run")
+    be.add_argument("--out", help="directory for the runs and results (default runs/bench-<time>)")
 
     b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
                        epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("run_dir")
     return p
+
+
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _probes(text: str) -> list[str]:
@@ -118,20 +154,27 @@ def _config(pairs: list[str]) -> dict[str, str]:
 def cmd_run(args, command: list[str]) -> int:
     from daskprobe.probes import registry
     from daskprobe.tracer.build import finalize
-    from daskprobe.tracer.cluster import ClusterSpec
     from daskprobe.tracer.session import default_command, run, say
 
     probes = _probes(args.probes)
-    spec = ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
-                       server_cmd=args.server_cmd, config=_config(args.config), proxy="proxy" in probes,
-                       proxy_delay_us=round(args.delay_ms * 1000),
-                       start_timeout=args.start_timeout)
+    spec = _spec(args, probes)
     code, run_dir = run(spec, command or default_command(), args.out, probes,
                         registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
                         sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
     finalize(run_dir)
     say(f"run directory: {run_dir.path}")
     return code
+
+
+def _spec(args, probes: list[str]):
+    from daskprobe.tracer.cluster import ClusterSpec
+    try:
+        return ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
+                           server_cmd=args.server_cmd, config=_config(args.config), proxy="proxy" in probes,
+                           proxy_delay_us=round(args.delay_ms * 1000), start_timeout=args.start_timeout,
+                           scheduler=args.scheduler, worker=args.worker)
+    except ValueError as e:
+        raise SystemExit(f"daskprobe: {e}")
 
 
 def _run_dir(path: str):
@@ -177,6 +220,42 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import time
+    from daskprobe.dashboards.bench_report import write_bench_report
+    from daskprobe.experiments.bench import bench, plan
+    from daskprobe.experiments.workloads import check_name
+    from daskprobe.tracer.cluster import SCHEDULERS, WORKER_MODES
+
+    for graph in args.graphs:
+        try:
+            check_name(graph)  # a typo must fail now, not after an hour of other runs
+        except ValueError as e:
+            raise SystemExit(f"daskprobe: {e}")
+    _choices("--scheduler", args.scheduler, SCHEDULERS)
+    _choices("--worker", args.worker, WORKER_MODES)
+    _probes(args.probes)
+    _config(args.config)
+    workers = [int(w) for w in args.workers]
+    points = plan(args.graphs, workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)]]
+    results = bench(points, out, args.probes, args.timeout, args.python, extra)
+    table = write_bench_report(results, out)
+    if len(table):
+        print(table.to_string(index=False))
+    failed = int((results.status != "ok").sum())
+    print(f"daskprobe: {len(results)} runs ({failed} not ok) in {out}/results.csv; figures in {out}/bench.html",
+          file=sys.stderr)
+    return 0 if failed == 0 else 1
+
+
+def _choices(flag: str, values: list[str], known) -> None:
+    bad = sorted(set(values) - set(known))
+    if bad:
+        raise SystemExit(f"daskprobe: {flag} {','.join(bad)}: not one of {', '.join(known)}")
+
+
 def cmd_doctor(args) -> int:
     from daskprobe.probes.registry import doctor
     from rich.console import Console
@@ -198,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:i], argv[i + 1:]
     args = _parser().parse_args(argv)
     commands = {"run": lambda a: cmd_run(a, command), "build": cmd_build, "report": cmd_report,
-                "doctor": cmd_doctor, "open": cmd_open, "compare": cmd_compare}
+                "doctor": cmd_doctor, "open": cmd_open, "compare": cmd_compare, "bench": cmd_bench}
     return commands[args.cmd](args)
 
 

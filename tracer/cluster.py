@@ -17,6 +17,15 @@ from daskprobe.tracer.rundir import RunDir
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
+_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+# The paper's variants, as preload files and the config they need.
+SCHEDULERS = {
+    "ws": ([], {}),
+    "random": ([_EXPERIMENTS / "random_scheduler.py"],
+               {"distributed.scheduler.work-stealing": "False", "distributed.scheduler.worker-saturation": "inf"}),
+}
+WORKER_MODES = {"normal": [], "zero": [_EXPERIMENTS / "zero_worker.py"]}
 
 
 @dataclass
@@ -30,6 +39,18 @@ class ClusterSpec:
     proxy: bool = True
     proxy_delay_us: int = 0
     start_timeout: float = 60.0
+    scheduler: str = "ws"
+    worker: str = "normal"
+
+    def __post_init__(self):
+        if self.scheduler not in SCHEDULERS or self.worker not in WORKER_MODES:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)} and worker one of "
+                             f"{', '.join(WORKER_MODES)}")
+        if self.server_cmd and self.scheduler != "ws":
+            raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
+                             "with --server-cmd, choose the policy in the server's own command instead")
+        # The variant's settings win over the user's: random with stealing on is not random.
+        self.config = {**self.config, **SCHEDULERS[self.scheduler][1]}
 
 
 @dataclass
@@ -126,7 +147,8 @@ class Cluster:
             s.command = shlex.split(self.spec.server_cmd.format(host=host, port=port))
         else:
             s.command = [self.spec.python, "-m", "distributed.cli.dask_scheduler",
-                         "--host", host, "--port", port, "--no-dashboard"]
+                         "--host", host, "--port", port, "--no-dashboard",
+                         *_preloads(SCHEDULERS[self.spec.scheduler][0])]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
         s.pid = s.proc.pid
         self._wait(s, lambda: _listening(int(port)))
@@ -135,7 +157,8 @@ class Cluster:
         w.command = [self.spec.python, "-m", "distributed.cli.dask_worker",
                      f"tcp://{self.scheduler.contact}", "--name", w.name,
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
-                     "--nthreads", str(self.spec.threads), "--no-dashboard"]
+                     "--nthreads", str(self.spec.threads), "--no-dashboard",
+                     *_preloads(WORKER_MODES[self.spec.worker])]
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
@@ -184,6 +207,10 @@ class Cluster:
             rows.append({"name": "proxy", "role": "proxy", "pid": self.proxy.pid,
                          "listen": None, "contact": None, "command": self.proxy.args})
         return rows
+
+
+def _preloads(files: list[Path]) -> list[str]:
+    return [arg for f in files for arg in ("--preload", str(f))]
 
 
 def _children(ppid: int) -> list[tuple[int, str]]:

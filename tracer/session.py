@@ -97,6 +97,7 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
                     sample_rate=sample_rate, cpu_hz=cpu_hz,
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "proxy_delay_us": spec.proxy_delay_us,
+                             "scheduler": spec.scheduler, "worker": spec.worker,
                              "server_cmd": spec.server_cmd, "python": spec.python},
                     versions={"daskprobe": _own_version(), "host": platform.platform(),
                               "cluster": interpreter_versions(spec.python)})
@@ -109,7 +110,8 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
             cluster.start()
             _watch(started, _processes(cluster, started))
             run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
-            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address())
+            # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
+            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
             _watch(started, [_client_row(client, command)])
             run.update_meta(processes=_processes(cluster, started, client, command))

@@ -1,0 +1,108 @@
+"""bench.html and speedups.csv: the paper's comparisons from a bench's results table.
+
+Every figure uses the median over repeats of each point's makespan (the
+client's wall time from compute() to result, seconds) and only runs whose
+status is ok. AOT (average overhead per task) = makespan / tasks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from daskprobe.dashboards.html_report import layout, page_html, section
+
+POINT = ["graph", "workers", "scheduler", "worker", "server"]
+
+
+def medians(results: pd.DataFrame) -> pd.DataFrame:
+    ok = results[results.status == "ok"].astype({"makespan_s": float, "aot_s": float, "tasks": float})
+    return ok.groupby(POINT, as_index=False).agg(makespan_s=("makespan_s", "median"),
+                                                 aot_s=("aot_s", "median"), tasks=("tasks", "median"),
+                                                 runs=("makespan_s", "size"))
+
+
+def random_vs_ws(med: pd.DataFrame) -> pd.DataFrame:
+    """Per graph, workers, worker mode and server: median makespan under ws / under random
+    (above 1: random is faster)."""
+    wide = med.pivot_table(index=["graph", "workers", "worker", "server"], columns="scheduler", values="makespan_s")
+    if not {"ws", "random"} <= set(wide.columns):
+        return pd.DataFrame(columns=["graph", "workers", "worker", "server", "speedup"])
+    return (wide.ws / wide.random).dropna().rename("speedup").reset_index()
+
+
+def geometric_means(speed: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Table II: geometric mean over graphs of random's speedup over ws."""
+    return (speed.groupby(["workers", "worker", "server"]).speedup
+            .agg(geometric_mean_speedup=lambda s: float(np.exp(np.log(s).mean())), graphs="size").reset_index())
+
+
+def _lines(df: pd.DataFrame, x: str, y: str, by: list[str]) -> go.Figure | None:
+    if df.empty:
+        return None
+    fig = go.Figure()
+    for key, g in df.sort_values(x).groupby(by):
+        label = " ".join(map(str, key if isinstance(key, tuple) else (key,)))
+        fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=label))
+    return fig
+
+
+def speedup_figure(speed: pd.DataFrame) -> go.Figure | None:
+    if speed.empty:
+        return None
+    fig = go.Figure([go.Bar(name=f"{w} workers, {m} worker", x=g.graph, y=g.speedup)
+                     for (w, m), g in speed.groupby(["workers", "worker"])])
+    return fig.add_hline(y=1, line_dash="dot")
+
+
+def aot_vs_tasks(med: pd.DataFrame) -> go.Figure | None:
+    zero = med[med.worker == "zero"].assign(family=lambda d: d.graph.str.split("-").str[0])
+    fig = _lines(zero, "tasks", "aot_s", ["family", "scheduler", "workers"])
+    return fig and fig.update_xaxes(type="log")
+
+
+def aot_vs_workers(med: pd.DataFrame) -> go.Figure | None:
+    return _lines(med[med.worker == "zero"], "workers", "aot_s", ["graph", "scheduler"])
+
+
+def strong_scaling(med: pd.DataFrame) -> go.Figure | None:
+    normal = med[med.worker == "normal"].copy()
+    if normal.workers.nunique() < 2:
+        return None
+    base = normal.loc[normal.groupby(["graph", "scheduler", "server"]).workers.idxmin()]
+    base = base.set_index(["graph", "scheduler", "server"]).makespan_s.rename("base_s")
+    normal = normal.join(base, on=["graph", "scheduler", "server"]).assign(speedup=lambda d: d.base_s / d.makespan_s)
+    return _lines(normal, "workers", "speedup", ["graph", "scheduler"])
+
+
+def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
+    med = medians(results)
+    speed = random_vs_ws(med)
+    table = geometric_means(speed)
+    table.to_csv(out / "speedups.csv", index=False)
+    rows = "".join(f"<tr><td>{r.workers}</td><td>{r.worker}</td><td>{r.server}</td>"
+                   f"<td>{r.geometric_mean_speedup:.3f}</td><td>{r.graphs}</td></tr>" for r in table.itertuples())
+    counts = results.status.value_counts().to_dict()
+    sections = [
+        section("Random vs work-stealing", "Speedup of the random scheduler over ws per graph: median makespan "
+                "under ws / median makespan under random (dimensionless; above 1, random is faster).",
+                (f := speedup_figure(speed)) and layout(f, "graph", "speedup of random over ws")),
+        f"<section><h2>Geometric mean speedup of random over ws (as the paper's Table II)</h2><table><tr>"
+        f"<th>workers</th><th>worker</th><th>server</th><th>geometric mean speedup</th><th>graphs</th></tr>"
+        f"{rows}</table></section>",
+        section("AOT against task count (zero worker)", "Average overhead per task, AOT = median makespan / "
+                "tasks, in seconds per task, against the graph's task count (log scale), zero worker only.",
+                (f := aot_vs_tasks(med)) and layout(f, "tasks", "AOT (s / task)")),
+        section("AOT against worker count (zero worker)", "AOT = median makespan / tasks, seconds per task, "
+                "against the number of workers, per graph and scheduler, zero worker only.",
+                (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)")),
+        section("Strong scaling", "Speedup against the fewest workers run: median makespan there / median "
+                "makespan, per graph and scheduler, normal worker only (dimensionless).",
+                (f := strong_scaling(med)) and layout(f, "workers", "speedup")),
+    ]
+    subtitle = f"{len(results)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    (out / "bench.html").write_text(page_html("daskprobe bench", subtitle, sections))
+    return table

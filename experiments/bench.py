@@ -1,0 +1,161 @@
+"""`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server,
+one `daskprobe run` per point, into one results table.
+
+    DIR/<graph>-w<W>-<scheduler>-<worker>-<server>-r<R>/   the run directory of each run
+    DIR/results.csv, DIR/results.parquet                 one row per run, rewritten after each
+    DIR/bench.html, DIR/speedups.csv                      the comparison figures
+
+A row's makespan_s is the workload's own clock: the client's wall time from
+compute() to the result in hand, the same with or without probes. Resuming
+(the same command again) skips every point already in results.csv, whatever
+its status; a point interrupted half-way has no row and is run again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
+
+KILL_GRACE_S = 60  # after SIGTERM at the timeout, daskprobe gets this long to tear down
+COLUMNS = ["graph", "workers", "scheduler", "worker", "server", "repeat", "status", "makespan_s", "tasks", "aot_s",
+           "traced_makespan_s", *[f"critical_path_s.{c}" for c in (*CATEGORIES, UNCATEGORIZED)],
+           "check", "error", "exit_code", "elapsed_s", "run_dir"]
+
+
+@dataclass(frozen=True)
+class Point:
+    graph: str
+    workers: int
+    scheduler: str
+    worker: str
+    server: str  # "dask" or a scheduler command with {host} and {port}
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        server = "dask" if self.server == "dask" else "cmd" + re.sub(r"\W+", "", self.server)[:12]
+        return f"{self.graph}-w{self.workers}-{self.scheduler}-{self.worker}-{server}-r{self.repeat}"
+
+
+def plan(graphs, workers, schedulers, worker_modes, servers, repeat) -> list[Point]:
+    """Every combination, a whole sweep per repeat, so drift spreads over all points alike.
+    A custom server brings its own policy, so only `ws` (meaning: as the server does) runs on it."""
+    return [Point(g, w, s, m, srv, r)
+            for r, g, w, s, m, srv in itertools.product(range(repeat), graphs, workers, schedulers, worker_modes, servers)
+            if srv == "dask" or s == "ws"]
+
+
+def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, extra: list[str]) -> dict:
+    run_dir = out / p.name
+    shutil.rmtree(run_dir, ignore_errors=True)  # what an interrupted bench left of this point
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", str(p.workers),
+           "--scheduler", p.scheduler, "--worker", p.worker, "--probes", probes, "--python", python,
+           "--out", str(run_dir), *extra, *([] if p.server == "dask" else ["--server-cmd", p.server]),
+           "--", python, "-m", "daskprobe.experiments.workloads", p.graph]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    status = None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        status = "timeout"
+        stdout, stderr = _terminate(proc)
+    row = asdict(p) | {"status": status, "elapsed_s": time.monotonic() - started, "run_dir": str(run_dir),
+                       "exit_code": proc.returncode, "error": None}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench.log").write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    return row | _outcome(row, stdout, stderr, run_dir)
+
+
+def _terminate(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM: daskprobe stops the workload and the cluster and keeps what it captured."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()
+
+
+def _outcome(row: dict, stdout: str, stderr: str, run_dir: Path) -> dict:
+    result = _last_json(stdout)
+    if row["status"] == "timeout":
+        out = {"error": "timed out; the run directory keeps what was captured"}
+    elif row["exit_code"] != 0 or result is None:
+        tail = [line for line in stderr.splitlines() if line.strip()][-3:]
+        out = {"status": "failed", "error": " | ".join(tail) or f"exit code {row['exit_code']}"}
+    else:
+        out = {"status": "ok", "makespan_s": result["makespan_s"], "tasks": result["tasks"],
+               "aot_s": result["makespan_s"] / result["tasks"], "check": result.get("check")}
+    return out | _traced(run_dir)
+
+
+def _last_json(stdout: str) -> dict | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def _traced(run_dir: Path) -> dict:
+    """The proxy's makespan and the critical-path split, when probes ran."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    path = summary.get("critical_path_s") or {}
+    return {"traced_makespan_s": summary.get("makespan_s"),
+            **{f"critical_path_s.{c}": path.get(c) for c in (*CATEGORIES, UNCATEGORIZED)}}
+
+
+def load_results(out: Path) -> pd.DataFrame:
+    path = out / "results.csv"
+    return pd.read_csv(path).reindex(columns=COLUMNS) if path.exists() else pd.DataFrame(columns=COLUMNS)
+
+
+def save_results(df: pd.DataFrame, out: Path) -> None:
+    # Written whole after every run, through a temporary file: a kill leaves the previous table.
+    for name, write in (("results.csv", lambda p: df.to_csv(p, index=False)),
+                        ("results.parquet", lambda p: df.to_parquet(p, index=False))):
+        tmp = out / f".{name}.tmp"
+        write(tmp)
+        tmp.replace(out / name)
+
+
+def bench(points: list[Point], out: Path, probes: str, timeout: float, python: str,
+          extra: list[str] = ()) -> pd.DataFrame:
+    out.mkdir(parents=True, exist_ok=True)
+    results = load_results(out)
+    done = set(results.run_dir.map(lambda d: Path(d).name))
+    todo = [p for p in points if p.name not in done]
+    if done:
+        print(f"daskprobe bench: resuming in {out}: {len(points) - len(todo)} of {len(points)} runs already done",
+              file=sys.stderr)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, transient=False) as progress:
+        bar = progress.add_task("bench", total=len(todo))
+        for p in todo:
+            progress.update(bar, description=p.name)
+            row = run_point(p, out, probes, timeout, python, list(extra))
+            results = pd.concat([results, pd.DataFrame([row], columns=COLUMNS)], ignore_index=True).infer_objects()
+            save_results(results, out)
+            if row["status"] != "ok":
+                progress.console.print(f"[red]{p.name}: {row['status']}[/]: {row['error']}")
+            progress.advance(bar)
+    return results
