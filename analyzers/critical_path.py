@@ -18,6 +18,8 @@ contiguous and sum to the makespan exactly.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 import pandas as pd
 
@@ -31,10 +33,11 @@ class _Lookup:
         self.index = {}
         for g, part in df.dropna(subset=[time]).groupby(group):
             part = part.sort_values(time)
-            self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("int64"), part.key.to_numpy())
+            # float64 like the times searched for: a mixed-type searchsorted converts the whole array
+            self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("float64"), part.key.to_numpy())
 
     def latest(self, group, before: float, after: float = -np.inf, exclude=None):
-        times, keys = self.index.get(group, (np.empty(0, "int64"), np.empty(0)))
+        times, keys = self.index.get(group, (np.empty(0), np.empty(0)))
         i = np.searchsorted(times, before, side="right") - 1
         while i >= 0 and times[i] > after:
             if keys[i] != exclude:
@@ -62,18 +65,21 @@ def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple
     """Segments (start_ns, end_ns, kind, part, key). kind is a category, or
     'scheduler' / 'worker' for time in those processes, split later by samples."""
     start, end = window
-    t = tasks.set_index("key")
+    # Plain dicts of row tuples: the walk visits a task per step, pandas row access costs 100x more.
+    t = dict(zip(tasks.key.to_numpy(object), _rows(tasks)))
+    done = tasks.dropna(subset=["finished_recv_ns"])
+    done = dict(zip(done.key.to_numpy(object), done.finished_recv_ns.to_numpy("int64")))
     same_worker = _Lookup(tasks, ["worker"], "finished_recv_ns")
     same_thread = _Lookup(tasks, ["worker", "thread"], "compute_stop_ns")
-    graphs = np.sort(np.asarray(graph_arrivals, dtype="int64"))
+    graphs = np.sort(np.asarray(graph_arrivals, dtype="float64"))
     w = _Walk(start, end)
-    r = t.loc[end_key]
+    r = t[end_key]
     w.back_to(r.in_memory_sent_ns, "network", "key-in-memory to the client", end_key)
     w.back_to(r.finished_recv_ns, "scheduler", "task-finished to key-in-memory", end_key)
     key, entered_at_finish, seen = end_key, True, set()
     while w.cursor > start and (key, entered_at_finish) not in seen:
         seen.add((key, entered_at_finish))
-        r = t.loc[key]
+        r = t[key]
         if entered_at_finish:
             w.back_to(r.finished_sent_ns, "network", "task-finished", key)
             w.back_to(r.finished_built_ns, "network", "batching delay (worker)", key)
@@ -90,7 +96,7 @@ def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple
         w.back_to(r.compute_recv_ns, "worker", "before compute", key)
         w.back_to(r.compute_sent_ns, "network", "compute-task", key)
         w.back_to(r.dispatch_built_ns, "network", "batching delay (scheduler)", key)
-        trigger, at = _trigger(t, r, key, graphs, same_worker)
+        trigger, at = _trigger(done, r, key, graphs, same_worker)
         if trigger is None:
             w.back_to(at, "scheduler", "graph to dispatch", key)
             break
@@ -100,14 +106,22 @@ def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple
     return pd.DataFrame(w.rows[::-1], columns=COLUMNS)
 
 
-def _trigger(t: pd.DataFrame, r, key, graphs: np.ndarray, same_worker: _Lookup):
+def _rows(df: pd.DataFrame) -> list:
+    """Row tuples over plain numpy columns (nullable ints as float with NaN): iterating
+    arrow strings and masked arrays row by row is what made large runs slow."""
+    Row = namedtuple("Row", df.columns)
+    cols = [df[c].to_numpy("float64", na_value=np.nan) if str(df[c].dtype) == "Int64" else df[c].to_numpy(object)
+            for c in df.columns]
+    return [Row(*vals) for vals in zip(*cols)]
+
+
+def _trigger(done: dict, r, key, graphs: np.ndarray, same_worker: _Lookup):
     """(task, time) the task waited for; (None, graph arrival) for the graph itself."""
     built = r.dispatch_built_ns if pd.notna(r.dispatch_built_ns) else r.compute_sent_ns
-    deps = [d for d in (r.deps if isinstance(r.deps, (list, np.ndarray)) else []) if d in t.index]
-    if len(deps):
-        done = t.loc[deps, "finished_recv_ns"].dropna()
-        if not done.empty:
-            return done.idxmax(), done.max()
+    deps = [d for d in (r.deps if isinstance(r.deps, (list, np.ndarray)) else []) if d in done]
+    if deps:
+        last = max(deps, key=done.__getitem__)
+        return last, done[last]
     i = np.searchsorted(graphs, built, side="right") - 1
     graph = graphs[i] if i >= 0 else None
     freed, at = same_worker.latest(r.worker, built, after=graph if graph is not None else -np.inf, exclude=key)

@@ -53,20 +53,20 @@ def task_overhead(tasks: pd.DataFrame, msgs: pd.DataFrame) -> dict:
 
 
 def task_overheads(tasks: pd.DataFrame, msgs: pd.DataFrame) -> np.ndarray:
-    """Per task, seconds: (task-finished reaching the scheduler - ready) - compute span."""
-    t = tasks.dropna(subset=["finished_recv_ns", "compute_start_ns", "compute_stop_ns"]).set_index("key")
+    """Per task, seconds: (task-finished reaching the scheduler - ready) - compute span.
+    Ready is the last dependency's task-finished reaching the scheduler, or for a task
+    without dependencies the client's last graph before its dispatch."""
+    t = tasks.dropna(subset=["finished_recv_ns", "compute_start_ns", "compute_stop_ns"])
     if t.empty:
         return np.empty(0)
-    done = t.finished_recv_ns.to_dict()
-    graphs = np.sort(msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")].t_last_ns.to_numpy())
-    def ready(r) -> float:
-        deps = [done[d] for d in (r.deps if r.deps is not None else []) if d in done]
-        if deps:
-            return max(deps)
-        i = np.searchsorted(graphs, r.compute_sent_ns, side="right") - 1
-        return graphs[i] if i >= 0 else np.nan
-    ready_ns = np.array([ready(r) for r in t.itertuples()], dtype="float64")
-    over = ((t.finished_recv_ns.to_numpy("float64") - ready_ns)
+    done = t.set_index("key").finished_recv_ns.astype("float64")
+    deps = t[["key", "deps"]].explode("deps")
+    ready = deps.deps.map(done).groupby(deps.key, sort=False).max().reindex(t.key).to_numpy("float64")
+    graphs = np.sort(msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")].t_last_ns.to_numpy("float64"))
+    i = np.searchsorted(graphs, t.compute_sent_ns.to_numpy("float64", na_value=np.nan), side="right") - 1
+    graph = np.where(i >= 0, graphs[np.clip(i, 0, None)] if len(graphs) else np.nan, np.nan)
+    ready = np.where(np.isnan(ready), graph, ready)
+    over = ((t.finished_recv_ns.to_numpy("float64") - ready)
             - (t.compute_stop_ns - t.compute_start_ns).to_numpy("float64")) / 1e9
     return over[~np.isnan(over)]
 

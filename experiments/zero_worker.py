@@ -9,6 +9,7 @@ only the runtime's own overhead remains in the makespan.
 Loaded by path with `--preload` (`daskprobe run --worker zero`).
 """
 
+import threading
 from time import time
 
 from distributed.worker import Worker
@@ -19,6 +20,7 @@ PLACEHOLDER = 0
 
 async def _complete_at_once(self, key, *, stimulus_id):
     now = time()
+    self.threads[key] = threading.get_ident()  # "ran" on the event loop: task-finished names it
     return ExecuteSuccessEvent(key=key, run_id=self.state.tasks[key].run_id, value=PLACEHOLDER,
                                start=now, stop=now, nbytes=28, type=int,
                                stimulus_id=f"task-finished-{now}")

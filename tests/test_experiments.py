@@ -71,7 +71,8 @@ def test_zero_worker_keeps_bookkeeping_and_drops_compute(tmp_path):
     assert "skipped (zero worker" in p.stdout
     tasks = run.table("tasks")
     assert len(tasks) == 9 and (tasks.compute_stop_ns == tasks.compute_start_ns).all()
-    assert run.meta()["cluster"]["worker"] == "zero"
+    assert run.meta()["cluster"]["worker"] == "zero" and run.meta()["finalize_errors"] == {}
+    assert tasks.thread.notna().all()
     ops = run.table("messages").op.value_counts()
     assert ops["compute-task"] == 9 and ops["task-finished"] == 9
     merge = tasks[tasks.prefix == "merge"].iloc[0]

@@ -114,7 +114,7 @@ def test_bytes_forwarded_unchanged_and_framing_recorded(proxied):
     to_upstream = cap.messages[cap.messages.direction == 0]
     assert to_upstream.msg_bytes.sum() == len(payload)
     header = msgpack.packb({"serializer": "pickle"})
-    assert to_upstream.frame_bytes.iloc[-1] == [len(msgpack.packb({"op": "big"})), len(header), len(big)]
+    assert cap.frame_lens(to_upstream["at"].iloc[-1]) == [len(msgpack.packb({"op": "big"})), len(header), len(big)]
     kept = [cap.kept[i] for i in to_upstream.index]
     assert msgpack.unpackb(kept[3][0]) == {"op": "compute-task", "key": "k3"}
     assert set(kept[-1]) == {0, 1}, "frame 0 and the msgpack sub-header kept, the payload only sized"

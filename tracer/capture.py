@@ -7,9 +7,10 @@ torn last record: it is counted and dropped, everything before it is kept.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 OPEN, PEER, MESSAGE, CLOSE, MALFORMED = 1, 2, 3, 4, 5
@@ -18,96 +19,107 @@ FRAMINGS = {1: "current", 2: "legacy"}
 
 @dataclass
 class Capture:
-    messages: pd.DataFrame
+    messages: pd.DataFrame  # one row per message; `at` is where its record's frame lengths start
     connections: pd.DataFrame
     malformed: pd.DataFrame
     torn_bytes: int = 0
-    # frame index -> bytes, per message row (frame 0, 2.x payload, msgpack sub-headers)
-    kept: list[dict[int, bytes]] = field(default_factory=list)
+    data: bytes = b""
+
+    def frames(self, at: int) -> dict[int, bytes]:
+        """Frame index -> kept bytes (frame 0, 2.x payload, msgpack sub-headers), read when
+        needed: holding them for millions of messages would cost more than the tables."""
+        data = self.data
+        (n,) = _U32.unpack_from(data, at - 4)
+        pos = at + 8 * n
+        (k,) = _U32.unpack_from(data, pos)
+        pos += 4
+        frames = {}
+        for _ in range(k):
+            idx, size = _II.unpack_from(data, pos)
+            frames[idx] = data[pos + 8:pos + 8 + size]
+            pos += 8 + size
+        return frames
+
+    def frame_lens(self, at: int) -> list[int]:
+        (n,) = _U32.unpack_from(self.data, at - 4)
+        return list(_lens(n).unpack_from(self.data, at))
+
+    @property
+    def kept(self) -> list[dict[int, bytes]]:
+        return [self.frames(at) for at in self.messages["at"]]
 
 
-class _Reader:
-    def __init__(self, buf: memoryview, pos: int, end: int):
-        self.buf, self.pos, self.end = buf, pos, end
+_HEAD = struct.Struct("<IB")
+_MSG = struct.Struct("<IBBBQQI")
+_U32, _II, _IQ, _Ii, _IBQQ, _H = (struct.Struct(f) for f in ("<I", "<II", "<IQ", "<Ii", "<IBQQ", "<H"))
+_LENS: dict[int, struct.Struct] = {}
+MESSAGE_COLUMNS = ["conn", "direction", "framing", "truncated", "t_first_ns", "t_last_ns", "nframes",
+                   "msg_bytes", "at"]
 
-    def more(self) -> bool:
-        return self.pos < self.end
 
-    def take(self, fmt: str):
-        vals = struct.unpack_from("<" + fmt, self.buf, self.pos)
-        self.pos += struct.calcsize("<" + fmt)
-        return vals if len(vals) > 1 else vals[0]
+def _lens(n: int) -> struct.Struct:
+    return _LENS.get(n) or _LENS.setdefault(n, struct.Struct(f"<{n}Q"))
 
-    def str(self) -> str:
-        n = self.take("H")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", "replace")
-        self.pos += n
-        return s
 
-    def raw(self, n: int) -> bytes:
-        b = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return b
+def _strs(data: bytes, pos: int, end: int) -> list[str]:
+    out = []
+    while pos < end:
+        (n,) = _H.unpack_from(data, pos)
+        out.append(data[pos + 2:pos + 2 + n].decode("utf-8", "replace"))
+        pos += 2 + n
+    return out
 
 
 def read_capture(path: Path) -> Capture:
-    data = memoryview(path.read_bytes()) if path.exists() else memoryview(b"")
-    msgs, kept, conns, bad = [], [], {}, []
-    pos = 0
-    while pos + 5 <= len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
-        if pos + 4 + length > len(data):
+    data = path.read_bytes() if path.exists() else b""
+    msgs, conns, bad = [], {}, []
+    pos, size = 0, len(data)
+    # The hot loop: millions of records in a large run, so one unpack per field group.
+    while pos + 5 <= size:
+        length, kind = _HEAD.unpack_from(data, pos)
+        body, pos = pos + 5, pos + 4 + length
+        if pos > size:
+            pos = body - 5
             break
-        kind = data[pos + 4]
-        r = _Reader(data, pos + 5, pos + 4 + length)
-        pos += 4 + length
         if kind == MESSAGE:
-            row, frames = _message(r)
-            msgs.append(row)
-            kept.append(frames)
+            msgs.append(_message(data, body))
         elif kind == OPEN:
-            conn, t = r.take("IQ")
-            label, listen, peer, upstream = r.str(), r.str(), r.str(), r.str()
-            up_local = r.str() if r.more() else None  # added in 0.1: older captures lack it
+            conn, t = _IQ.unpack_from(data, body)
+            label, listen, peer, upstream, *rest = _strs(data, body + 12, pos)
             conns[conn] = {"conn": conn, "label": label, "listen": listen, "peer_addr": peer,
-                           "upstream": upstream, "upstream_local": up_local, "opened_ns": t, "peer_pid": -1,
-                           "closed_ns": None, "bytes_to_upstream": 0, "bytes_from_upstream": 0}
+                           "upstream": upstream, "upstream_local": rest[0] if rest else None,  # added in 0.1
+                           "opened_ns": t, "peer_pid": -1, "closed_ns": None,
+                           "bytes_to_upstream": 0, "bytes_from_upstream": 0}
         elif kind == PEER:
-            conn, pid = r.take("Ii")
+            conn, pid = _Ii.unpack_from(data, body)
             conns.setdefault(conn, {"conn": conn})["peer_pid"] = pid
         elif kind == CLOSE:
-            conn, d, t, nbytes = r.take("IBQQ")
+            conn, d, t, nbytes = _IBQQ.unpack_from(data, body)
             c = conns.setdefault(conn, {"conn": conn})
             c["bytes_to_upstream" if d == 0 else "bytes_from_upstream"] = nbytes
             c["closed_ns"] = max(t, c.get("closed_ns") or 0)
         elif kind == MALFORMED:
-            conn, d, t, offset = r.take("IBQQ")
-            bad.append({"conn": conn, "direction": d, "t_ns": t, "offset": offset, "reason": r.str()})
+            conn, d, t, offset = _IBQQ.unpack_from(data, body)
+            bad.append({"conn": conn, "direction": d, "t_ns": t, "offset": offset,
+                        "reason": _strs(data, body + 21, pos)[0]})
+    messages = pd.DataFrame(msgs, columns=MESSAGE_COLUMNS)
     # Each direction has its own thread, so records arrive in thread order: a
     # quick reply can be written before its request. Order by first byte.
-    order = sorted(range(len(msgs)), key=lambda i: msgs[i]["t_first_ns"])
-    msgs = [dict(msgs[i], msg_id=n) for n, i in enumerate(order)]
-    kept = [kept[i] for i in order]
+    order = np.argsort(messages.t_first_ns.to_numpy(), kind="stable")
+    messages = messages.iloc[order].reset_index(drop=True)
+    messages.insert(0, "msg_id", np.arange(len(messages)))
     return Capture(
-        messages=pd.DataFrame(msgs, columns=["msg_id", "conn", "direction", "framing", "truncated",
-                                             "t_first_ns", "t_last_ns", "nframes", "frame_bytes", "msg_bytes"]),
+        messages=messages,
         connections=pd.DataFrame(list(conns.values())),
         malformed=pd.DataFrame(bad, columns=["conn", "direction", "t_ns", "offset", "reason"]),
-        torn_bytes=len(data) - pos,
-        kept=kept,
+        torn_bytes=size - pos,
+        data=data,
     )
 
 
-def _message(r: _Reader) -> tuple[dict, dict[int, bytes]]:
-    conn, d, framing, truncated, t0, t1, n = r.take("IBBBQQI")
-    lens = r.take(f"{n}Q") if n else ()
-    lens = (lens,) if n == 1 else tuple(lens)
-    frames = {}
-    for _ in range(r.take("I")):
-        idx, size = r.take("II")
-        frames[idx] = r.raw(size)
+def _message(data: bytes, pos: int) -> tuple:
+    conn, d, framing, truncated, t0, t1, n = _MSG.unpack_from(data, pos)
+    at = pos + _MSG.size
     prelude = 8 * (n + (2 if framing == 1 else 1))
-    row = {"conn": conn, "direction": d, "framing": FRAMINGS.get(framing, "?"), "truncated": bool(truncated),
-           "t_first_ns": t0, "t_last_ns": t1, "nframes": n, "frame_bytes": list(lens),
-           "msg_bytes": prelude + sum(lens)}
-    return row, frames
+    return (conn, d, FRAMINGS.get(framing, "?"), bool(truncated), t0, t1, n,
+            prelude + sum(_lens(n).unpack_from(data, at)), at)

@@ -21,6 +21,7 @@ MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst
                    "t_last_ns", "op", "key", "n_keys", "msg_bytes", "nframes", "batch_index", "batch_size",
                    "stimulus_id", "reply_to", "error"]
 TASK_OPS = {"compute-task", "task-finished", "task-erred", "key-in-memory", "update-graph"}
+SPAN_COLUMNS = ["compute_start_ns", "compute_stop_ns", "transfer_start_ns", "transfer_stop_ns"]
 CLOCK_OPS = {"heartbeat_worker", "register-worker"}
 
 
@@ -32,8 +33,9 @@ def build(run: RunDir) -> dict:
     conns = connections_table(cap, procs)
     run.write_table("connections", conns)
     msgs, events = messages_table(cap, conns)
+    cap.data = b""  # the raw capture: no longer needed, and as large as the file
     run.write_table("messages", msgs)
-    tasks = tasks_table(events, meta["clock_anchor"])
+    tasks = tasks_table(events, msgs, meta["clock_anchor"])
     run.write_table("tasks", tasks)
     probe_tables(run, procs, conns)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "tasks": len(tasks),
@@ -98,107 +100,153 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     return c.drop(columns="label")
 
 
-def messages_table(cap: Capture, conns: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
-    """One row per op (batches expanded), plus the task-lifecycle events."""
-    ends = {r.conn: ((r.peer, r.peer_role), (r.upstream_name, r.upstream_role)) for r in conns.itertuples()}
+class _Events:
+    """Task-lifecycle facts as row tuples, filled by the decode loop."""
+
+    def __init__(self):
+        self.compute = []    # key, message, built_s, deps
+        self.finished = []   # key, message, built_s, nbytes, thread, compute start/stop, transfer start/stop
+        self.in_memory = []  # key, message
+        self.graphs = []     # message, requested keys
+        self.erred = []
+        self.clock = []      # worker's message, its now, reply message, scheduler's time
+
+    def add(self, op: str, item: dict, key, msg: int) -> None:
+        if op == "compute-task":
+            who_has = item.get("who_has")
+            self.compute.append((key, msg, wire.stimulus_time(item.get("stimulus_id")),
+                                 [wire.key_str(k) for k in who_has] if isinstance(who_has, dict) else []))
+        elif op == "task-finished":
+            self.finished.append((key, msg, wire.stimulus_time(item.get("stimulus_id")), item.get("nbytes"),
+                                  item.get("thread"), *_spans(item.get("startstops") or ())))
+        elif op == "key-in-memory":
+            self.in_memory.append((key, msg))
+        elif op == "update-graph":
+            self.graphs.append((msg, [wire.key_str(k) for k in wire.keys_of(item)]))
+        elif op == "task-erred":
+            self.erred.append(key)
+
+
+def _columns(rows: list[tuple], n: int) -> list:
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(n)]
+
+
+def _spans(startstops) -> tuple:
+    """(compute start, stop, transfer start, stop), wall seconds, each the union of its kind."""
+    out = [None, None, None, None]
+    for s in startstops:
+        action = s.get("action") if isinstance(s, dict) else None
+        if action in ("compute", "transfer"):
+            i = 0 if action == "compute" else 2
+            start, stop = s.get("start"), s.get("stop")
+            out[i] = start if out[i] is None else min(out[i], start)
+            out[i + 1] = stop if out[i + 1] is None else max(out[i + 1], stop)
+    return tuple(out)
+
+
+def messages_table(cap: Capture, conns: pd.DataFrame) -> tuple[pd.DataFrame, _Events]:
+    """One row per op (batches expanded), plus the task-lifecycle events.
+    The loop touches each op once; message-level columns are joined after."""
     pending = defaultdict(deque)  # (conn, direction) -> requests awaiting a reply
     greeted = set()
-    rows, events = [], []
-    clock_requests = {}  # msg_id -> (worker, its "now") for heartbeat / register-worker
-    for m, frames in zip(cap.messages.itertuples(index=False), cap.kept):
-        peer, up = ends.get(m.conn, (("?", "?"), ("?", "?")))
-        src, dst = (peer, up) if m.direction == 0 else (up, peer)
-        base = (m.msg_id, m.conn, m.direction, *src, *dst, m.t_first_ns, m.t_last_ns)
-        tail = (m.msg_bytes, m.nframes)
+    ops = []  # message, op, key, n_keys, batch index, size, stimulus, reply_to, error
+    ev = _Events()
+    clock_requests = {}
+    m = cap.messages
+    for i, (at, framing, conn, d) in enumerate(zip(*(m[c].tolist() for c in ("at", "framing", "conn", "direction")))):
         try:
-            msg = wire.decode(frames, m.framing)
+            msg = wire.decode(cap.frames(at), framing)
         except wire.Undecodable as e:
-            rows.append((*base, "undecodable", None, 0, *tail, 0, 1, None, None, str(e)))
+            ops.append((i, "undecodable", None, 0, 0, 1, None, None, str(e)))
             continue
-        if wire.is_handshake(msg) and (m.conn, m.direction) not in greeted:
-            greeted.add((m.conn, m.direction))
-            rows.append((*base, "handshake", None, 0, *tail, 0, 1, None, None, None))
+        if wire.is_handshake(msg) and (conn, d) not in greeted:
+            greeted.add((conn, d))
+            ops.append((i, "handshake", None, 0, 0, 1, None, None, None))
             continue
-        items = wire.ops(msg)
-        for i, item in enumerate(items):
-            op, key, n_keys, stim, reply_to = _describe(item, m, pending, batched=len(items) > 1 or msg is not item)
-            rows.append((*base, op, key, n_keys, *tail, i, len(items), stim, reply_to, None))
+        items = msg if isinstance(msg, (list, tuple)) else (msg,)
+        batched = isinstance(msg, (list, tuple))
+        for j, item in enumerate(items):
+            if not isinstance(item, dict) or "op" not in item:
+                waiting = pending[(conn, 1 - d)]
+                reply_to = waiting.popleft() if waiting and not batched else None
+                ops.append((i, "reply" if reply_to is not None else "value", None, 0, j, len(items), None,
+                            reply_to, None))
+                if reply_to in clock_requests and isinstance(item, dict) and isinstance(item.get("time"), float):
+                    ev.clock.append((*clock_requests.pop(reply_to), i, item["time"]))
+                continue
+            op = str(item["op"])
+            key = wire.key_str(item["key"]) if "key" in item else None
+            if not batched:
+                pending[(conn, d)].append(i)
+            stim = item.get("stimulus_id")
+            ops.append((i, op, key, len(wire.keys_of(item)) or int(key is not None), j, len(items),
+                        stim if isinstance(stim, str) else None, None, None))
             if op in TASK_OPS:
-                events.append(_task_event(op, key, item, m, src[0], dst[0]))
+                ev.add(op, item, key, i)
             elif op in CLOCK_OPS and isinstance(item.get("now"), float):
-                clock_requests[m.msg_id] = (src[0], item["now"])
-            elif reply_to in clock_requests and isinstance(item, dict) and isinstance(item.get("time"), float):
-                worker, now = clock_requests.pop(reply_to)
-                events.append({"op": "clock", "src": worker, "t_last_ns": m.t_last_ns,
-                               "now": now, "time": item["time"]})
-    return pd.DataFrame(rows, columns=MESSAGE_COLUMNS), events
+                clock_requests[i] = (i, item["now"])
+    return _ops_frame(m, conns, _columns(ops, 9)), ev
 
 
-def _describe(item, m, pending, batched: bool):
-    """op, key, number of keys, stimulus_id and the request answered, for one op.
-    Pooled RPC connections carry request/reply pairs without ids: a message
-    with no op answers the oldest unanswered request from the other side."""
-    if not isinstance(item, dict) or "op" not in item:
-        waiting = pending[(m.conn, 1 - m.direction)]
-        if waiting and not batched:
-            return "reply", None, 0, None, waiting.popleft()
-        return "value", None, 0, None, None
-    op = str(item["op"])
-    key = wire.key_str(item["key"]) if "key" in item else None
-    n_keys = len(wire.keys_of(item)) or int(key is not None)
-    if not batched:
-        pending[(m.conn, m.direction)].append(m.msg_id)
-    stim = item.get("stimulus_id")
-    return op, key, n_keys, stim if isinstance(stim, str) else None, None
+def _ops_frame(m: pd.DataFrame, conns: pd.DataFrame, ops) -> pd.DataFrame:
+    msg = np.asarray(ops[0], dtype="int64")
+    per_msg = m.iloc[msg].reset_index(drop=True)
+    ends = conns.set_index("conn") if not conns.empty else pd.DataFrame(
+        columns=["peer", "peer_role", "upstream_name", "upstream_role"])
+    out = {"msg_id": per_msg.msg_id, "conn": per_msg.conn, "direction": per_msg.direction}
+    to_up = per_msg.direction.to_numpy() == 0  # peer -> upstream; 1 is upstream -> peer
+    end = {c: per_msg.conn.map(ends[c]).fillna("?").to_numpy() for c in
+           ("peer", "peer_role", "upstream_name", "upstream_role")}
+    out |= {"src": np.where(to_up, end["peer"], end["upstream_name"]),
+            "src_role": np.where(to_up, end["peer_role"], end["upstream_role"]),
+            "dst": np.where(to_up, end["upstream_name"], end["peer"]),
+            "dst_role": np.where(to_up, end["upstream_role"], end["peer_role"])}
+    out |= {"t_first_ns": per_msg.t_first_ns, "t_last_ns": per_msg.t_last_ns, "op": ops[1], "key": ops[2],
+            "n_keys": ops[3], "msg_bytes": per_msg.msg_bytes, "nframes": per_msg.nframes, "batch_index": ops[4],
+            "batch_size": ops[5], "stimulus_id": ops[6],
+            "reply_to": pd.array(ops[7], dtype="Int64"), "error": ops[8]}
+    return pd.DataFrame(out, columns=MESSAGE_COLUMNS)
 
 
-def _task_event(op: str, key, item: dict, m, src: str, dst: str) -> dict:
-    ev = {"op": op, "key": key, "t_first_ns": m.t_first_ns, "t_last_ns": m.t_last_ns, "src": src, "dst": dst,
-          "built_s": wire.stimulus_time(item.get("stimulus_id"))}
-    if op == "compute-task":
-        who_has = item.get("who_has")
-        ev["deps"] = [wire.key_str(k) for k in who_has] if isinstance(who_has, dict) else []
-    if op == "update-graph":
-        ev["keys"] = [wire.key_str(k) for k in wire.keys_of(item)]
-    if op == "task-finished":
-        ev["nbytes"] = item.get("nbytes")
-        ev["thread"] = item.get("thread")
-        ev["startstops"] = item.get("startstops") or ()
-    return ev
-
-
-def tasks_table(events: list[dict], anchor: dict) -> pd.DataFrame:
+def tasks_table(ev: _Events, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
     """One row per task key, joined from its compute-task, task-finished and
     key-in-memory messages; startstops (wall seconds) mapped to the run's clock."""
-    ev = pd.DataFrame(events, columns=["op", "key", "t_first_ns", "t_last_ns", "src", "dst",
-                                       "nbytes", "thread", "startstops", "now", "time", "keys", "deps",
-                                       "built_s"])
-    ev["t_first_ns"] = ev.t_first_ns.astype("Int64")
-    ev["t_last_ns"] = ev.t_last_ns.astype("Int64")
+    first = msgs.drop_duplicates("msg_id").set_index("msg_id")
     offset_s = (anchor["wall_ns"] - anchor["monotonic_ns"]) / 1e9
-    ev["built_ns"] = ((ev.built_s - offset_s) * 1e9).round().astype("Int64")
-    ct = ev[ev.op == "compute-task"].groupby("key")
-    tasks = pd.DataFrame({"compute_sent_ns": ct.t_first_ns.last(), "compute_recv_ns": ct.t_last_ns.last(),
-                          "dispatch_built_ns": ct.built_ns.last(), "worker": ct.dst.last(),
-                          "attempts": ct.size(), "deps": ct.deps.last()})
-    tf = ev[ev.op == "task-finished"].groupby("key").last()
-    tasks = tasks.join(pd.DataFrame({"finished_built_ns": tf.built_ns, "finished_sent_ns": tf.t_first_ns,
-                                     "finished_recv_ns": tf.t_last_ns, "nbytes": tf.nbytes,
-                                     "thread": tf.thread}), how="outer")
-    tasks = tasks.join(_startstops(tf.startstops, anchor), how="left")
-    kim = ev[ev.op == "key-in-memory"].groupby("key")
-    kim = pd.DataFrame({"in_memory_sent_ns": kim.t_first_ns.first(), "in_memory_ns": kim.t_last_ns.first()})
-    erred = set(ev[ev.op == "task-erred"].key)
-    tasks = tasks.join(kim, how="left").reset_index(names="key")
-    tasks = _undo_scheduler_delay(tasks, ev[ev.op == "clock"], anchor)
-    tasks["status"] = np.where(tasks.key.isin(erred), "erred",
+    to_ns = lambda wall: ((pd.Series(wall, dtype="float64") - offset_s) * 1e9).round().astype("Int64")
+    key, msg, built, deps = _columns(ev.compute, 4)
+    ct = pd.DataFrame({"key": key, "compute_sent_ns": first.t_first_ns.reindex(msg).to_numpy(),
+                       "compute_recv_ns": first.t_last_ns.reindex(msg).to_numpy(), "dispatch_built_ns": to_ns(built),
+                       "worker": first.dst.reindex(msg).to_numpy(), "deps": deps})
+    g = ct.groupby("key", sort=False)
+    tasks = g.last().assign(attempts=g.size())
+    key, msg, built, nbytes, thread, *spans = _columns(ev.finished, 9)
+    tf = pd.DataFrame({"key": key, "finished_built_ns": to_ns(built),
+                       "finished_sent_ns": first.t_first_ns.reindex(msg).to_numpy(),
+                       "finished_recv_ns": first.t_last_ns.reindex(msg).to_numpy(),
+                       "nbytes": pd.array(nbytes, dtype="Int64"), "thread": pd.array(thread, dtype="Int64"),
+                       **{c: to_ns(v) for c, v in zip(SPAN_COLUMNS, spans)}}).groupby("key", sort=False).last()
+    tasks = tasks.join(tf, how="outer")
+    key, msg = _columns(ev.in_memory, 2)
+    kim = pd.DataFrame({"key": key, "in_memory_sent_ns": first.t_first_ns.reindex(msg).to_numpy(),
+                        "in_memory_ns": first.t_last_ns.reindex(msg).to_numpy()}).groupby("key", sort=False).first()
+    tasks = tasks.join(kim, how="left").rename_axis("key").reset_index()
+    for col in ("compute_sent_ns", "compute_recv_ns", "finished_sent_ns", "finished_recv_ns", "in_memory_sent_ns",
+                "in_memory_ns", *SPAN_COLUMNS):
+        tasks[col] = tasks[col].astype("Int64")
+    tasks = _undo_scheduler_delay(tasks, _clock(ev, first), anchor)
+    tasks["status"] = np.where(tasks.key.isin(set(ev.erred)), "erred",
                                np.where(tasks.finished_recv_ns.notna(), "finished", "unfinished"))
     tasks["prefix"] = tasks.key.map(key_split)
-    requested = {k for keys in ev[ev.op == "update-graph"]["keys"] for k in keys}
-    tasks["requested"] = tasks.key.isin(requested)
-    for col in ("nbytes", "thread"):
-        tasks[col] = tasks[col].astype("Int64")
-    return _with_submitted(tasks, ev[ev.op == "update-graph"].t_first_ns)
+    graph_msgs, graph_keys = _columns(ev.graphs, 2)
+    tasks["requested"] = tasks.key.isin({k for keys in graph_keys for k in keys})
+    return _with_submitted(tasks, first.t_first_ns.reindex(graph_msgs))
+
+
+def _clock(ev: _Events, first: pd.DataFrame) -> pd.DataFrame:
+    """Heartbeats: the worker's `now` in its request, the scheduler's `time` in the reply."""
+    rows = [(first.src.get(req), first.t_last_ns.get(rep), now, t) for req, now, rep, t in ev.clock]
+    return pd.DataFrame(rows, columns=["src", "t_last_ns", "now", "time"])
 
 
 def _undo_scheduler_delay(tasks: pd.DataFrame, clock: pd.DataFrame, anchor: dict) -> pd.DataFrame:
@@ -236,22 +284,6 @@ def _undo_scheduler_delay(tasks: pd.DataFrame, clock: pd.DataFrame, anchor: dict
         tasks[col] = tasks[col] - delay
     tasks["scheduler_delay_ns"] = delay
     return tasks
-
-
-def _startstops(startstops: pd.Series, anchor: dict) -> pd.DataFrame:
-    offset = anchor["wall_ns"] - anchor["monotonic_ns"]
-    rows = {}
-    for key, spans in startstops.items():
-        row = {}
-        for s in spans:
-            kind = {"compute": "compute", "transfer": "transfer"}.get(s.get("action"))
-            if kind:
-                start, stop = int(s["start"] * 1e9) - offset, int(s["stop"] * 1e9) - offset
-                row[f"{kind}_start_ns"] = min(row.get(f"{kind}_start_ns", start), start)
-                row[f"{kind}_stop_ns"] = max(row.get(f"{kind}_stop_ns", stop), stop)
-        rows[key] = row
-    cols = ["compute_start_ns", "compute_stop_ns", "transfer_start_ns", "transfer_stop_ns"]
-    return pd.DataFrame.from_dict(rows, orient="index", columns=cols).astype("Int64")
 
 
 def _with_submitted(tasks: pd.DataFrame, graphs: pd.Series) -> pd.DataFrame:

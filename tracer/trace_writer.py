@@ -148,9 +148,10 @@ def _compute_slices(tasks, tracks, proc_track) -> pd.DataFrame:
     t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
     if t.empty:
         return _slices([], [], [], [])
-    thread_no = t.groupby("worker").thread.rank(method="dense").astype(int) - 1
+    thread = t.thread.fillna(-1)  # a task-finished may not name its thread
+    thread_no = thread.groupby(t.worker).rank(method="dense").astype(int) - 1
     track = [tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
-             for w, th, k in zip(t.worker, t.thread.fillna(-1), thread_no)]
+             for w, th, k in zip(t.worker, thread, thread_no)]
     args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
     return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, args=args)
 
