@@ -57,9 +57,10 @@ def load_rules(paths: list[Path]) -> list[Rule]:
 
 
 def default_rules(meta: dict) -> list[Path]:
-    """Our rules for the run's server: RSDS's for a --server-cmd naming rsds, else Dask's."""
+    """Our rules for the run's server: Dask's, after RSDS's for a --server-cmd naming rsds
+    (its workers and client are still Dask's Python)."""
     rsds = "rsds" in str(meta.get("cluster", {}).get("server_cmd") or "")
-    return [RULES_DIR / ("rsds.toml" if rsds else "dask.toml")]
+    return [RULES_DIR / "rsds.toml"] * rsds + [RULES_DIR / "dask.toml"]
 
 
 def classify_stacks(stacks: pd.DataFrame, frames: pd.DataFrame, rules: list[Rule]) -> pd.Series:

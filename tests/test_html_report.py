@@ -1,6 +1,7 @@
 """report.html in a real browser: headless Chromium loads it offline, no
 JavaScript error, every figure drawn (checked in the DOM); a screenshot is kept."""
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -75,3 +76,22 @@ def test_compare_runs_by_worker_count(tmp_path):
     assert abs(sp.loc[2, "geometric_mean_speedup"] - expected) < 1e-9
     body = drawn(tmp_path, out / "compare.html")
     assert "data-errors" not in body and 'data-figures="3"' in body, body
+
+
+def test_large_run_report_stays_small_and_draws(tmp_path):
+    """A synthetic 50K-task run: figures are binned or sampled, the page stays small and draws."""
+    from conftest import daskprobe
+    from daskprobe.experiments.synthetic import write_run
+    run = tmp_path / "big"
+    write_run(run, 50_000, 4)
+    p = daskprobe("build", "--no-trace", str(run))
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["tasks"] == 50_000 + 500 + 1  # leaves, sums of 100, the total
+    assert abs(sum(summary["critical_path_s"].values()) - summary["makespan_s"]) < 0.01 * summary["makespan_s"]
+    page = run / "report.html"
+    assert page.stat().st_size < 15e6
+    body = drawn(tmp_path, page)
+    empty = page.read_text().count("class='empty'")
+    assert "data-errors" not in body and f'data-figures="{len(FIGURES) - empty}"' in body, body
+    assert empty <= 3, "without samples: scheduler CPU, GIL and top functions have nothing to show"

@@ -35,9 +35,11 @@ def report(run: RunDir, rules=(), html: bool = False) -> bool:
     return ok and (not html or _stage(run, "html", lambda r: _html(r, rules)) is None)
 
 
-def finalize(run: RunDir) -> bool:
+def finalize(run: RunDir, trace: bool = True) -> bool:
     from daskprobe.tracer import tables, trace_writer
-    stages = (("tables", tables.build), ("trace", trace_writer.write), ("report", _summary), ("html", _html))
+    stages = (("tables", tables.build), ("trace", trace_writer.write) if trace else None,
+              ("report", _summary), ("html", _html))
+    stages = [s for s in stages if s]
     errors = {name: err for name, fn in stages if (err := _stage(run, name, fn))}
     run.update_meta(finalize_errors=errors)
     return not errors

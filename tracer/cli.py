@@ -36,6 +36,7 @@ EXAMPLES = {
 """,
     "build": """examples:
   daskprobe build runs/20261121-231500-python-my_flow.py   # re-decode captures into tables/ and trace.pftrace
+  daskprobe build --no-trace runs/big-run                    # tables, summary.json and report.html only
 """,
 }
 
@@ -124,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="decode a run directory's captures into tables and a trace",
                        epilog=EXAMPLES["build"], formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("run_dir")
+    b.add_argument("--no-trace", action="store_true",
+                   help="tables, summary and report.html only: the trace of a million-task run takes minutes")
     return p
 
 
@@ -187,7 +190,7 @@ def _run_dir(path: str):
 
 def cmd_build(args) -> int:
     from daskprobe.tracer.build import finalize
-    return 0 if finalize(_run_dir(args.run_dir)) else 1
+    return 0 if finalize(_run_dir(args.run_dir), trace=not args.no_trace) else 1
 
 
 def cmd_report(args) -> int:

@@ -237,10 +237,18 @@ def tasks_table(ev: _Events, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
     tasks = _undo_scheduler_delay(tasks, _clock(ev, first), anchor)
     tasks["status"] = np.where(tasks.key.isin(set(ev.erred)), "erred",
                                np.where(tasks.finished_recv_ns.notna(), "finished", "unfinished"))
-    tasks["prefix"] = tasks.key.map(key_split)
+    tasks["prefix"] = _prefixes(tasks.key)
     graph_msgs, graph_keys = _columns(ev.graphs, 2)
     tasks["requested"] = tasks.key.isin({k for keys in graph_keys for k in keys})
     return _with_submitted(tasks, first.t_first_ns.reindex(graph_msgs))
+
+
+def _prefixes(keys: pd.Series) -> pd.Series:
+    """dask's key_split per key. A trailing -<digits> never changes it (key_split stops at the
+    first word that is not alphabetic), so it runs once per stem, not once per key."""
+    stems = keys.astype("str").str.replace(r"-\d+$", "", regex=True)
+    unique = stems.unique()
+    return stems.map(dict(zip(unique, map(key_split, unique))))
 
 
 def _clock(ev: _Events, first: pd.DataFrame) -> pd.DataFrame:
@@ -272,10 +280,10 @@ def _undo_scheduler_delay(tasks: pd.DataFrame, clock: pd.DataFrame, anchor: dict
     t = pd.merge_asof(t, steps[["worker", "finished_sent_ns", "delay_ns", "epoch"]], on="finished_sent_ns",
                       by="worker", direction="backward")
     t["delay_ns"], t["epoch"] = t.delay_ns.fillna(0), t.epoch.fillna(-1)
-    g = t.groupby(["worker", "epoch"])
-    lo = g.apply(lambda e: (e.compute_stop_ns - e.finished_sent_ns).max(), include_groups=False)
-    hi = g.apply(lambda e: (e.compute_start_ns - e.compute_recv_ns).min(), include_groups=False)
-    wire = g.delay_ns.first()
+    by = [t.worker, t.epoch]
+    lo = (t.compute_stop_ns - t.finished_sent_ns).groupby(by).max()
+    hi = (t.compute_start_ns - t.compute_recv_ns).groupby(by).min()
+    wire = t.delay_ns.groupby(by).first()
     chosen = np.where(lo <= hi, np.clip(wire, lo, hi), lo).astype("int64")
     t["delay_ns"] = pd.Series(chosen, index=wire.index).reindex(
         pd.MultiIndex.from_frame(t[["worker", "epoch"]])).to_numpy()

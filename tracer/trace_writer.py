@@ -255,6 +255,11 @@ def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
     """On-CPU samples (py-spy and eBPF) with their stacks, root first, on thread tracks."""
     s = run.table("samples")
     s = s[s.active.astype(bool) & s.process.isin(list(threads.proc_track))]
+    # py-spy falls back to the pthread id where it cannot read the native one (older Pythons):
+    # no thread track can carry it, so those samples stay in the tables only, and are counted.
+    native = s.tid.between(0, 2**31 - 1)
+    run.update_meta(trace={"samples_without_native_tid": int((~native).sum())})
+    s = s[native]
     frames = run.table("frames").set_index("frame_id")
     label = (frames.function + " (" + frames.filename.map(_short) + ")").to_dict()
     stacks = {r.stack_id: [(label[i], frames.filename[i]) for i in reversed(r.frame_ids)]
