@@ -20,16 +20,23 @@ from daskprobe.analyzers.critical_path import critical_path
 
 
 def overlap_ns(starts, ends, iv_starts, iv_ends) -> np.ndarray:
-    """Per segment, ns covered by the intervals (each set disjoint within itself)."""
+    """Per segment, ns covered by the intervals (each set disjoint within itself):
+    covered(b) - covered(a), where covered(t) is the intervals' length before t."""
     order = np.argsort(iv_starts)
-    s, e = np.asarray(iv_starts)[order], np.asarray(iv_ends)[order]
-    e_max = np.maximum.accumulate(e) if len(e) else e
-    out = np.zeros(len(starts), dtype="int64")
-    for i, (a, b) in enumerate(zip(starts, ends)):
-        lo, hi = np.searchsorted(e_max, a, side="right"), np.searchsorted(s, b, side="left")
-        if hi > lo:
-            out[i] = np.clip(np.minimum(e[lo:hi], b) - np.maximum(s[lo:hi], a), 0, None).sum()
-    return out
+    s = np.asarray(iv_starts, dtype="float64")[order]
+    e = np.asarray(iv_ends, dtype="float64")[order]
+    if not len(s):
+        return np.zeros(len(starts), dtype="int64")
+    before = np.concatenate([[0.0], np.cumsum(e - s)])  # length of the first k intervals
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+        last = np.clip(k - 1, 0, None)
+        inside_last = np.clip(np.minimum(t, e[last]) - s[last], 0, None)
+        return np.where(k > 0, before[last] + inside_last, 0.0)
+
+    t0, t1 = np.asarray(starts, dtype="float64"), np.asarray(ends, dtype="float64")
+    return np.round(covered(t1) - covered(t0)).astype("int64")
 
 
 def inside(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

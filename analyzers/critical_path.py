@@ -18,6 +18,7 @@ contiguous and sum to the makespan exactly.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import namedtuple
 
 import numpy as np
@@ -33,12 +34,13 @@ class _Lookup:
         self.index = {}
         for g, part in df.dropna(subset=[time]).groupby(group):
             part = part.sort_values(time)
-            # float64 like the times searched for: a mixed-type searchsorted converts the whole array
-            self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("float64"), part.key.to_numpy())
+            self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("float64").tolist(),
+                                                         part.key.tolist())
 
     def latest(self, group, before: float, after: float = -np.inf, exclude=None):
-        times, keys = self.index.get(group, (np.empty(0), np.empty(0)))
-        i = np.searchsorted(times, before, side="right") - 1
+        # bisect on lists: a scalar lookup per walk step, where numpy's call overhead dominates
+        times, keys = self.index.get(group, ((), ()))
+        i = bisect_right(times, before) - 1
         while i >= 0 and times[i] > after:
             if keys[i] != exclude:
                 return keys[i], times[i]
@@ -52,7 +54,7 @@ class _Walk:
 
     def back_to(self, t, kind: str, part: str, key) -> None:
         """Attribute [t, cursor] to kind, then move the cursor to t."""
-        if t is None or pd.isna(t):
+        if t is None or t != t:  # None or NaN: that step was not observed
             return
         t = max(min(int(t), self.cursor), self.start)
         if t < self.cursor:
@@ -65,8 +67,7 @@ def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple
     """Segments (start_ns, end_ns, kind, part, key). kind is a category, or
     'scheduler' / 'worker' for time in those processes, split later by samples."""
     start, end = window
-    # Plain dicts of row tuples: the walk visits a task per step, pandas row access costs 100x more.
-    t = dict(zip(tasks.key.to_numpy(object), _rows(tasks)))
+    t = _Rows(tasks)
     done = tasks.dropna(subset=["finished_recv_ns"])
     done = dict(zip(done.key.to_numpy(object), done.finished_recv_ns.to_numpy("int64")))
     same_worker = _Lookup(tasks, ["worker"], "finished_recv_ns")
@@ -106,13 +107,20 @@ def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple
     return pd.DataFrame(w.rows[::-1], columns=COLUMNS)
 
 
-def _rows(df: pd.DataFrame) -> list:
-    """Row tuples over plain numpy columns (nullable ints as float with NaN): iterating
-    arrow strings and masked arrays row by row is what made large runs slow."""
-    Row = namedtuple("Row", df.columns)
-    cols = [df[c].to_numpy("float64", na_value=np.nan) if str(df[c].dtype) == "Int64" else df[c].to_numpy(object)
-            for c in df.columns]
-    return [Row(*vals) for vals in zip(*cols)]
+class _Rows:
+    """task key -> row, as a tuple over plain Python columns (nullable ints as float with NaN),
+    made when the walk first visits it: pandas row access, or a tuple for each of a
+    million tasks up front, is what made large runs slow."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.Row = namedtuple("Row", df.columns)
+        self.cols = [df[c].to_numpy("float64", na_value=np.nan).tolist() if str(df[c].dtype) == "Int64"
+                     else df[c].to_numpy(object).tolist() for c in df.columns]
+        self.index = dict(zip(self.cols[df.columns.get_loc("key")], range(len(df))))
+
+    def __getitem__(self, key):
+        i = self.index[key]
+        return self.Row(*(c[i] for c in self.cols))
 
 
 def _trigger(done: dict, r, key, graphs: np.ndarray, same_worker: _Lookup):

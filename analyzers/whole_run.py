@@ -30,17 +30,16 @@ def cpu_by_category(tables: dict, window: tuple[int, int], meta: dict, category:
 
 
 def worker_idle(tasks: pd.DataFrame, window: tuple[int, int]) -> dict:
+    """Per worker, seconds in the window holding no task (from compute-task reaching it
+    to its task-finished leaving): the window minus the union of those spans."""
     out = {}
     for worker, t in tasks.dropna(subset=["compute_recv_ns", "finished_sent_ns"]).groupby("worker"):
         iv = t[["compute_recv_ns", "finished_sent_ns"]].astype("int64").clip(*window).sort_values("compute_recv_ns")
-        busy, cur_s, cur_e = 0, None, None
-        for a, b in iv.itertuples(index=False):
-            if cur_e is None or a > cur_e:
-                busy += 0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        busy += 0 if cur_e is None else cur_e - cur_s
+        s, e = iv.compute_recv_ns.to_numpy(), iv.finished_sent_ns.to_numpy()
+        reach = np.maximum.accumulate(e)  # the union's end so far
+        first = np.r_[True, s[1:] > reach[:-1]]  # a span that starts a new piece of the union
+        last = np.r_[first[1:], True]
+        busy = int((reach[last] - s[first]).sum())
         out[worker] = (window[1] - window[0] - busy) / 1e9
     return out
 

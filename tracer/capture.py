@@ -54,7 +54,7 @@ _MSG = struct.Struct("<IBBBQQI")
 _U32, _II, _IQ, _Ii, _IBQQ, _H = (struct.Struct(f) for f in ("<I", "<II", "<IQ", "<Ii", "<IBQQ", "<H"))
 _LENS: dict[int, struct.Struct] = {}
 MESSAGE_COLUMNS = ["conn", "direction", "framing", "truncated", "t_first_ns", "t_last_ns", "nframes",
-                   "msg_bytes", "at"]
+                   "msg_bytes", "at", "frame0_at", "frame0_len"]
 
 
 def _lens(n: int) -> struct.Struct:
@@ -121,5 +121,10 @@ def _message(data: bytes, pos: int) -> tuple:
     conn, d, framing, truncated, t0, t1, n = _MSG.unpack_from(data, pos)
     at = pos + _MSG.size
     prelude = 8 * (n + (2 if framing == 1 else 1))
+    # Where frame 0 is kept, its place: decoding then needs one slice, not the frames map.
+    kept = at + 8 * n
+    (k,) = _U32.unpack_from(data, kept)
+    idx, size = _II.unpack_from(data, kept + 4) if k else (-1, 0)
+    f0 = kept + 12 if idx == 0 else -1
     return (conn, d, FRAMINGS.get(framing, "?"), bool(truncated), t0, t1, n,
-            prelude + sum(_lens(n).unpack_from(data, at)), at)
+            prelude + sum(_lens(n).unpack_from(data, at)), at, f0, size)

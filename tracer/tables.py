@@ -153,9 +153,14 @@ def messages_table(cap: Capture, conns: pd.DataFrame) -> tuple[pd.DataFrame, _Ev
     ev = _Events()
     clock_requests = {}
     m = cap.messages
-    for i, (at, framing, conn, d) in enumerate(zip(*(m[c].tolist() for c in ("at", "framing", "conn", "direction")))):
+    data = cap.data
+    columns = ("frame0_at", "frame0_len", "at", "framing", "conn", "direction")
+    for i, (f0, f0_len, at, framing, conn, d) in enumerate(zip(*(m[c].tolist() for c in columns))):
         try:
-            msg = wire.decode(cap.frames(at), framing)
+            if framing == "current" and f0 >= 0:
+                msg = wire.decode_frame0(data[f0:f0 + f0_len])
+            else:
+                msg = wire.decode(cap.frames(at), framing)
         except wire.Undecodable as e:
             ops.append((i, "undecodable", None, 0, 0, 1, None, None, str(e)))
             continue
@@ -179,7 +184,8 @@ def messages_table(cap: Capture, conns: pd.DataFrame) -> tuple[pd.DataFrame, _Ev
             if not batched:
                 pending[(conn, d)].append(i)
             stim = item.get("stimulus_id")
-            ops.append((i, op, key, len(wire.keys_of(item)) or int(key is not None), j, len(items),
+            n_keys = len(wire.keys_of(item)) if "keys" in item else 0
+            ops.append((i, op, key, n_keys or int(key is not None), j, len(items),
                         stim if isinstance(stim, str) else None, None, None))
             if op in TASK_OPS:
                 ev.add(op, item, key, i)

@@ -30,6 +30,14 @@ def decode(frames: dict[int, bytes], framing: str):
         raise Undecodable(f"{type(e).__name__}: {e}") from None
 
 
+def decode_frame0(raw: bytes):
+    """The message object of a current-framing message from its frame 0 alone."""
+    try:
+        return _unpack(raw)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise Undecodable(f"{type(e).__name__}: {e}") from None
+
+
 def key_str(key) -> str:
     """Dask keys are str, bytes or (nested) tuples; render them as dask does with str()."""
     if isinstance(key, bytes):
