@@ -77,3 +77,20 @@ def test_stdout_passes_through_untouched(pinned_run):
     _, p, n = pinned_run
     assert p.stdout == f"result {sum(range(1, n + 1))}\n"
     assert "run directory:" in p.stderr.strip().splitlines()[-1]
+
+
+def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
+    """Large captures are decoded by connection in worker processes: same tables as one loop."""
+    from daskprobe.tracer import tables
+    from daskprobe.tracer.capture import read_capture
+    run, _, _ = pinned_run
+    meta = run.meta()
+    cap = read_capture(run.proxy_capture)
+    conns = tables.connections_table(cap, tables.processes_table(meta))
+    serial, ev1 = tables.messages_table(cap, conns, jobs=1)
+    monkeypatch.setattr(tables, "PARALLEL_FROM", 0)
+    parallel, ev2 = tables.messages_table(cap, conns, jobs=3)
+    assert conns.conn.nunique() >= 3 and len(serial) > 100
+    pd.testing.assert_frame_equal(serial, parallel)
+    pd.testing.assert_frame_equal(tables.tasks_table(ev1, serial, meta["clock_anchor"]),
+                                  tables.tasks_table(ev2, parallel, meta["clock_anchor"]))

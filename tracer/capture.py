@@ -24,6 +24,7 @@ class Capture:
     malformed: pd.DataFrame
     torn_bytes: int = 0
     data: bytes = b""
+    path: Path | None = None  # the file: parallel decoders read it themselves
 
     def frames(self, at: int) -> dict[int, bytes]:
         """Frame index -> kept bytes (frame 0, 2.x payload, msgpack sub-headers), read when
@@ -114,6 +115,7 @@ def read_capture(path: Path) -> Capture:
         malformed=pd.DataFrame(bad, columns=["conn", "direction", "t_ns", "offset", "reason"]),
         torn_bytes=size - pos,
         data=data,
+        path=path,
     )
 
 
