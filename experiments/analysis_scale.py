@@ -6,7 +6,8 @@
 For each size, a synthetic run directory (experiments/synthetic.py) is made
 once, then `daskprobe build --no-trace` (decode into tables, summary.json,
 report.html) runs in a fresh process, --repeat times; reported are the median
-wall time, the peak RSS of that process, and the size of report.html. With
+wall time (and the fastest and slowest), the largest peak RSS of that
+process, and the size of report.html. With
 --trace, the trace stage is timed too (separately: it is not analysis).
 With --browser, headless Chromium opens report.html and the figures drawn
 are counted. Prints a table; writes results.csv in --out.
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
         build = [sys.executable, "-m", "daskprobe.tracer.cli", "build", "--no-trace", str(run)]
         runs = [_measured(build) for _ in range(args.repeat)]
         row = {"tasks": size, "analysis_s": statistics.median(r[0] for r in runs),
+               "min_s": min(r[0] for r in runs), "max_s": max(r[0] for r in runs),
                "peak_rss_gb": max(r[1] for r in runs) / 1e9,
                "report_mb": (run / "report.html").stat().st_size / 1e6}
         if args.trace:
