@@ -171,6 +171,8 @@ def _spans(startstops) -> tuple:
         if action in ("compute", "transfer"):
             i = 0 if action == "compute" else 2
             start, stop = s.get("start"), s.get("stop")
+            if not (isinstance(start, (int, float)) and isinstance(stop, (int, float))):
+                continue
             out[i] = start if out[i] is None else min(out[i], start)
             out[i + 1] = stop if out[i + 1] is None else max(out[i + 1], stop)
     return tuple(out)
