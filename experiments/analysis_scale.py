@@ -6,8 +6,9 @@
 For each size, a synthetic run directory (experiments/synthetic.py) is made
 once, then `daskprobe build --no-trace` (decode into tables, summary.json,
 report.html) runs in a fresh process, --repeat times; reported are the median
-wall time (and the fastest and slowest), the largest peak RSS of that
-process, and the size of report.html. With
+wall time (and the fastest and slowest), the median time of each stage (from
+run.json's finalize_seconds), the largest peak RSS of that process, and the
+size of report.html. With
 --trace, the trace stage is timed too (separately: it is not analysis).
 With --browser, headless Chromium opens report.html and the figures drawn
 are counted. Prints a table; writes results.csv in --out.
@@ -16,9 +17,8 @@ are counted. Prints a table; writes results.csv in --out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,19 +30,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from daskprobe.dashboards import browser
 from daskprobe.experiments.synthetic import write_run
 from daskprobe.experiments.workloads import count
-
-
-def browser_figures(page: Path, tmp: Path) -> str:
-    exe = shutil.which("chromium")
-    if exe is None:
-        return "no chromium"
-    out = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=60000",
-                          f"--user-data-dir={tmp / 'profile'}", "--dump-dom", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=600).stdout
-    body = re.search(r"<body[^>]*>", out)
-    return body.group(0) if body else "no DOM"
 
 
 def main(argv=None) -> int:
@@ -61,17 +51,21 @@ def main(argv=None) -> int:
             console.log(f"writing a synthetic run of {size} leaf tasks to {run}")
             write_run(run, count(size), args.workers)
         build = [sys.executable, "-m", "daskprobe.tracer.cli", "build", "--no-trace", str(run)]
-        runs = [_measured(build) for _ in range(args.repeat)]
+        runs, stages = [], []
+        for _ in range(args.repeat):
+            runs.append(_measured(build))
+            stages.append(json.loads((run / "run.json").read_text())["finalize_seconds"])
         row = {"tasks": size, "analysis_s": statistics.median(r[0] for r in runs),
                "min_s": min(r[0] for r in runs), "max_s": max(r[0] for r in runs),
                "peak_rss_gb": max(r[1] for r in runs) / 1e9,
                "report_mb": (run / "report.html").stat().st_size / 1e6}
+        row |= {f"{stage}_s": statistics.median(s[stage] for s in stages) for stage in stages[0]}
         if args.trace:
             row["trace_s"] = _measured([sys.executable, "-c", "import sys; from daskprobe.tracer import trace_writer;"
                                         " from daskprobe.tracer.rundir import RunDir;"
                                         " trace_writer.write(RunDir(sys.argv[1]))", str(run)])[0]
         if args.browser:
-            row["browser"] = browser_figures(run / "report.html", out)
+            row["browser"] = browser.body(run / "report.html", out / "profile") if browser.available() else "no chromium"
         rows.append(row)
         console.log(row)
     df = pd.DataFrame(rows)

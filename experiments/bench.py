@@ -13,14 +13,13 @@ its status; a point interrupted half-way has no row and is run again.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
-import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
+from daskprobe.tracer.procs import stop
 
 KILL_GRACE_S = 60  # after SIGTERM at the timeout, daskprobe gets this long to tear down
 COLUMNS = ["graph", "workers", "scheduler", "worker", "server", "repeat", "status", "makespan_s", "tasks", "aot_s",
@@ -47,7 +47,8 @@ class Point:
 
     @property
     def name(self) -> str:
-        server = "dask" if self.server == "dask" else "cmd" + re.sub(r"\W+", "", self.server)[:12]
+        # a digest, not a prefix: two commands that start alike must not share run directories
+        server = "dask" if self.server == "dask" else "cmd" + hashlib.sha1(self.server.encode()).hexdigest()[:8]
         return f"{self.graph}-w{self.workers}-{self.scheduler}-{self.worker}-{server}-r{self.repeat}"
 
 
@@ -66,14 +67,17 @@ def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, ext
            "--scheduler", p.scheduler, "--worker", p.worker, "--probes", probes, "--python", python,
            "--out", str(run_dir), *extra, *([] if p.server == "dask" else ["--server-cmd", p.server]),
            "--", python, "-m", "daskprobe.experiments.workloads", p.graph]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    status = None
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        status = "timeout"
-        stdout, stderr = _terminate(proc)
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        # Files, not pipes: a run that fills a pipe while being stopped would hang the bench.
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, text=True, start_new_session=True)
+        status = None
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            stop([proc], grace=KILL_GRACE_S)  # SIGTERM: daskprobe tears down and keeps what it captured
+        stdout, stderr = (_read(f) for f in (out_f, err_f))
     row = asdict(p) | {"status": status, "elapsed_s": time.monotonic() - started, "run_dir": str(run_dir),
                        "exit_code": proc.returncode, "error": None}
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -81,14 +85,9 @@ def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, ext
     return row | _outcome(row, stdout, stderr, run_dir)
 
 
-def _terminate(proc: subprocess.Popen) -> tuple[str, str]:
-    """SIGTERM: daskprobe stops the workload and the cluster and keeps what it captured."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        return proc.communicate(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.communicate()
+def _read(f) -> str:
+    f.seek(0)
+    return f.read()
 
 
 def _outcome(row: dict, stdout: str, stderr: str, run_dir: Path) -> dict:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from daskprobe.dashboards import browser
 from daskprobe.tracer.rundir import RunDir
 
 DATA = Path(__file__).parent / "data"
-CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--disable-sync", "--virtual-time-budget=20000"]
 
 
 def daskprobe(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
@@ -24,17 +21,16 @@ def daskprobe(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedPro
 
 
 def chromium(tmp: Path, *args: str) -> str:
-    exe = shutil.which("chromium")
-    if exe is None:
+    if not browser.available():
         pytest.skip("no chromium (./setup.sh installs Debian's as root)")
-    p = subprocess.run([exe, *CHROMIUM, f"--user-data-dir={tmp / 'profile'}", *args],
-                       capture_output=True, text=True, timeout=120)
-    return p.stdout
+    return browser.run(tmp / "profile", *args)
 
 
 def drawn(tmp: Path, page: Path) -> str:
     """The <body> tag of `page` after Chromium loaded it: READY_SCRIPT's data-figures and data-errors."""
-    return re.search(r"<body[^>]*>", chromium(tmp, "--dump-dom", page.as_uri())).group(0)
+    if not browser.available():
+        pytest.skip("no chromium (./setup.sh installs Debian's as root)")
+    return browser.body(page, tmp / "profile")
 
 
 def write_flow(path: Path, code: str) -> Path:

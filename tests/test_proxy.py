@@ -115,7 +115,7 @@ def test_bytes_forwarded_unchanged_and_framing_recorded(proxied):
     assert to_upstream.msg_bytes.sum() == len(payload)
     header = msgpack.packb({"serializer": "pickle"})
     assert cap.frame_lens(to_upstream["at"].iloc[-1]) == [len(msgpack.packb({"op": "big"})), len(header), len(big)]
-    kept = [cap.kept[i] for i in to_upstream.index]
+    kept = [cap.frames(at) for at in to_upstream["at"]]
     assert msgpack.unpackb(kept[3][0]) == {"op": "compute-task", "key": "k3"}
     assert set(kept[-1]) == {0, 1}, "frame 0 and the msgpack sub-header kept, the payload only sized"
 

@@ -3,6 +3,7 @@ Each stage reads what the previous one wrote, so each can be re-run alone."""
 
 from __future__ import annotations
 
+import time
 import traceback
 
 from daskprobe.tracer.rundir import RunDir
@@ -40,6 +41,11 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     stages = (("tables", tables.build), ("trace", trace_writer.write) if trace else None,
               ("report", _summary), ("html", _html))
     stages = [s for s in stages if s]
-    errors = {name: err for name, fn in stages if (err := _stage(run, name, fn))}
-    run.update_meta(finalize_errors=errors)
+    errors, seconds = {}, {}
+    for name, fn in stages:
+        start = time.perf_counter()
+        if err := _stage(run, name, fn):
+            errors[name] = err
+        seconds[name] = round(time.perf_counter() - start, 3)
+    run.update_meta(finalize_errors=errors, finalize_seconds=seconds)
     return not errors

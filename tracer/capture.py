@@ -27,27 +27,11 @@ class Capture:
     path: Path | None = None  # the file: parallel decoders read it themselves
 
     def frames(self, at: int) -> dict[int, bytes]:
-        """Frame index -> kept bytes (frame 0, 2.x payload, msgpack sub-headers), read when
-        needed: holding them for millions of messages would cost more than the tables."""
-        data = self.data
-        (n,) = _U32.unpack_from(data, at - 4)
-        pos = at + 8 * n
-        (k,) = _U32.unpack_from(data, pos)
-        pos += 4
-        frames = {}
-        for _ in range(k):
-            idx, size = _II.unpack_from(data, pos)
-            frames[idx] = data[pos + 8:pos + 8 + size]
-            pos += 8 + size
-        return frames
+        return frames_at(self.data, at)
 
     def frame_lens(self, at: int) -> list[int]:
         (n,) = _U32.unpack_from(self.data, at - 4)
         return list(_lens(n).unpack_from(self.data, at))
-
-    @property
-    def kept(self) -> list[dict[int, bytes]]:
-        return [self.frames(at) for at in self.messages["at"]]
 
 
 _HEAD = struct.Struct("<IB")
@@ -69,6 +53,22 @@ def _strs(data: bytes, pos: int, end: int) -> list[str]:
         out.append(data[pos + 2:pos + 2 + n].decode("utf-8", "replace"))
         pos += 2 + n
     return out
+
+
+def frames_at(data: bytes, at: int) -> dict[int, bytes]:
+    """Frame index -> kept bytes (frame 0, 2.x payload, msgpack sub-headers) of the message
+    record whose frame lengths start at `at`: read when needed, because holding them for
+    millions of messages would cost more than the tables."""
+    (n,) = _U32.unpack_from(data, at - 4)
+    pos = at + 8 * n
+    (k,) = _U32.unpack_from(data, pos)
+    pos += 4
+    frames = {}
+    for _ in range(k):
+        idx, size = _II.unpack_from(data, pos)
+        frames[idx] = data[pos + 8:pos + 8 + size]
+        pos += 8 + size
+    return frames
 
 
 def read_capture(path: Path) -> Capture:

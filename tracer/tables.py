@@ -19,7 +19,7 @@ from dask.utils import key_split
 
 from daskprobe.probes import ebpf_tables, procfs, pyspy
 from daskprobe.tracer import wire
-from daskprobe.tracer.capture import Capture, read_capture
+from daskprobe.tracer.capture import Capture, frames_at, read_capture
 from daskprobe.tracer.rundir import RunDir
 
 MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns",
@@ -227,14 +227,13 @@ def _decode(data: bytes, index: np.ndarray, cols: dict) -> dict:
     ops = []  # message, op, key, n_keys, batch index, size, stimulus, reply_to, error
     ev = _Events()
     clock_requests = {}
-    frames = Capture(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), data=data).frames
     rows = zip(index.tolist(), *(cols[c].tolist() for c in DECODE_COLUMNS))
     for i, f0, f0_len, at, framing, conn, d in rows:
         try:
             if framing == "current" and f0 >= 0:
                 msg = wire.decode_frame0(data[f0:f0 + f0_len])
             else:
-                msg = wire.decode(frames(at), framing)
+                msg = wire.decode(frames_at(data, at), framing)
         except wire.Undecodable as e:
             ops.append((i, "undecodable", None, 0, 0, 1, None, None, str(e)))
             continue
