@@ -3,15 +3,23 @@
     /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil] [--offcpu] [--tcp PORT,...]
 
 Reads "PID python|native NAME" lines on stdin: processes (tgids) to watch,
-added at any time; GIL waits are probed in the python ones. Prints "ready" once the BPF programs are loaded. Writes, tab-separated
-and flushed every 200 ms, into DIR:
-    ebpf_cpu.tsv   t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined)
-    gil.tsv        pid tid start_ns end_ns                      (take_gil waits >= GIL_MIN_NS)
-    offcpu.tsv     pid tid out_ns wakeup_ns in_ns prev_state    (off-CPU >= OFFCPU_MIN_NS; wakeup 0 = none seen)
-    tcp.tsv        t_ns local_port remote_port data_len skb_len (segments received, tcp:tcp_probe;
-                   data_len is 16 bits, skb_len from net:netif_receive_skb, 0 if unseen)
-    ebpf_small.tsv kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
-    ebpf_status.tsv  A|E pid what                               (attached / could not, and why)
+added at any time; GIL waits are probed in the python ones. Prints "ready"
+once the BPF programs are loaded. Every POLL_S it drains the ring buffer (BPF
+never wakes it: a wake-up per event would cost more than the event) and
+appends to DIR:
+    ebpf_events.bin  the records of struct event below, as BPF wrote them,
+                     64 bytes each; symbolizing is the only per-event work
+                     done here, and only CPU samples need it:
+        kind 2 GIL wait:  pid tid t0=start t1=end                 (take_gil waits >= GIL_MIN_NS)
+        kind 3 off-CPU:   pid tid t0=out t1=wakeup t2=in v1=prev_state
+                          (off-CPU >= OFFCPU_MIN_NS; wakeup 0 = none seen)
+        kind 4 TCP:       t0 v1=local_port<<16|remote_port v2=data_len t1=skb_len
+                          (segments received, tcp:tcp_probe; data_len is 16 bits,
+                          skb_len from net:netif_receive_skb, 0 if unseen)
+    ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined)
+    ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
+    ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
+                     pid -1: the whole agent, e.g. events lost to a full ring buffer)
 All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
 """
 
@@ -28,6 +36,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
+POLL_S = 0.1
 
 PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
@@ -36,10 +45,16 @@ PROGRAM = r"""
 struct event { u32 kind; u32 pid; u32 tid; u32 cpu; u64 t0; u64 t1; u64 t2; s64 v1; s64 v2; };
 struct agg { u64 ns; u64 n; };
 
+// 4 MiB: 58K events, over half a second of the busiest runs seen between two polls
 BPF_RINGBUF_OUTPUT(events, 1 << 10);
+BPF_ARRAY(lost, u64, 1);
 BPF_HASH(watched, u32, u8, 4096);
 BPF_HASH(small, u64, struct agg, 65536);  // key: kind << 32 | tid, and tid -> tgid below
 BPF_HASH(tgid_of, u32, u32, 65536);
+
+static inline void emit(struct event *e) {
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) != 0) lost.increment(0);
+}
 
 static inline void add_small(u32 kind, u32 tgid, u32 tid, u64 ns) {
     u64 key = ((u64)kind << 32) | tid;
@@ -60,7 +75,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     e.t0 = bpf_ktime_get_ns();
     e.v1 = stacks.get_stackid(ctx, BPF_F_USER_STACK);
     e.v2 = stacks.get_stackid(ctx, 0);
-    events.ringbuf_output(&e, sizeof(e), 0);
+    emit(&e);
     return 0;
 }
 #endif
@@ -84,7 +99,7 @@ int gil_exit(struct pt_regs *ctx) {
     if (wait >= GIL_MIN_NS) {
         struct event e = {};
         e.kind = 2; e.pid = tgid; e.tid = tid; e.t0 = *start; e.t1 = now;
-        events.ringbuf_output(&e, sizeof(e), 0);
+        emit(&e);
     } else {
         add_small(2, tgid, tid, wait);
     }
@@ -110,7 +125,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         if (d >= OFFCPU_MIN_NS) {
             struct event e = {};
             e.kind = 3; e.pid = o->tgid; e.tid = next; e.t0 = o->out; e.t1 = o->wake; e.t2 = now; e.v1 = o->state;
-            events.ringbuf_output(&e, sizeof(e), 0);
+            emit(&e);
         } else {
             add_small(3, o->tgid, next, d);
         }
@@ -145,7 +160,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     struct event e = {};
     e.kind = 4; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
     e.t1 = len ? *len : 0;
-    events.ringbuf_output(&e, sizeof(e), 0);
+    emit(&e);
     return 0;
 }
 #endif
@@ -179,7 +194,7 @@ def take_gil_symbol(path: str) -> str | None:
 
 class Agent:
     def __init__(self, args):
-        self.args, self.files, self.stacks_cache, self.gil_libs = args, {}, {}, {}
+        self.args, self.files, self.stacks_cache, self.gil_libs, self.pending = args, {}, {}, {}, []
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
         cflags += ["-DWITH_TCP"] * bool(args.tcp)
@@ -192,9 +207,9 @@ class Agent:
                 self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
         self.b["events"].open_ring_buffer(self.on_event)
 
-    def out(self, name: str):
+    def out(self, name: str, mode: str = "a"):
         if name not in self.files:
-            self.files[name] = open(os.path.join(self.args.out, name), "a")
+            self.files[name] = open(os.path.join(self.args.out, name), mode)
         return self.files[name]
 
     def watch(self, pid: int, name: str, python: bool) -> None:
@@ -233,23 +248,24 @@ class Agent:
         return self.stacks_cache[key]
 
     def on_event(self, ctx, data, size):
-        e = ctypes.cast(data, ctypes.POINTER(Event)).contents
-        if e.kind == 1:
-            user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
-            self.out("ebpf_cpu.tsv").write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
-        elif e.kind == 2:
-            self.out("gil.tsv").write(f"{e.pid}\t{e.tid}\t{e.t0}\t{e.t1}\n")
-        elif e.kind == 3:
-            self.out("offcpu.tsv").write(f"{e.pid}\t{e.tid}\t{e.t0}\t{e.t1}\t{e.t2}\t{e.v1}\n")
-        elif e.kind == 4:
-            self.out("tcp.tsv").write(f"{e.t0}\t{e.v1 >> 16}\t{e.v1 & 0xffff}\t{e.v2}\t{e.t1}\n")
+        raw = ctypes.string_at(data, size)
+        if raw[0] != 1:  # kind is the first field; only CPU samples are decoded here
+            self.pending.append(raw)
+            return
+        e = Event.from_buffer_copy(raw)
+        user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
+        self.out("ebpf_cpu.tsv").write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
 
-    def flush(self) -> None:
+    def drain(self) -> None:
+        self.b.ring_buffer_consume()
+        if self.pending:
+            self.out("ebpf_events.bin", "ab").write(b"".join(self.pending))
+            self.pending.clear()
         for f in self.files.values():
             f.flush()
 
     def finish(self) -> None:
-        self.b.ring_buffer_consume()
+        self.drain()
         small, tgid_of = self.b["small"], self.b["tgid_of"]
         out = self.out("ebpf_small.tsv")
         for k, v in small.items():
@@ -257,7 +273,10 @@ class Agent:
             tgid = tgid_of.get(ctypes.c_uint32(tid))
             kind = {2: "gil", 3: "offcpu"}[k.value >> 32]
             out.write(f"{kind}\t{tgid.value if tgid else -1}\t{tid}\t{v.ns}\t{v.n}\n")
-        self.flush()
+        lost = self.b["lost"][ctypes.c_int(0)].value
+        if lost:
+            self.out("ebpf_status.tsv").write(f"E\t-1\t{lost} events lost: the ring buffer was full\n")
+        self.drain()
 
 
 def main() -> int:
@@ -272,19 +291,21 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     print("ready", flush=True)
-    last_flush, stdin_open, pending = time.monotonic(), True, b""
+    next_drain, stdin_open, pending = time.monotonic() + POLL_S, True, b""
     while not stopping:
-        agent.b.ring_buffer_poll(50)
-        if stdin_open and select.select([0], [], [], 0)[0]:
+        wait = max(0.0, next_drain - time.monotonic())
+        if stdin_open and select.select([0], [], [], wait)[0]:
             chunk = os.read(0, 65536)
             stdin_open = bool(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
             for line in filter(None, (ln.decode().strip() for ln in lines)):
                 pid, python, name = line.split(" ", 2)
                 agent.watch(int(pid), name, python == "python")
-        if time.monotonic() - last_flush > 0.2:
-            agent.flush()
-            last_flush = time.monotonic()
+        elif not stdin_open:
+            time.sleep(wait)
+        if time.monotonic() >= next_drain:
+            agent.drain()
+            next_drain = time.monotonic() + POLL_S
     agent.finish()
     return 0
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from daskprobe.probes.base import capture_lines
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
+EVENTS = "ebpf_events.bin"
+# struct event of ebpf_agent.py, as BPF wrote it
+EVENT = np.dtype([("kind", "<u4"), ("pid", "<u4"), ("tid", "<u4"), ("cpu", "<u4"), ("t0", "<i8"),
+                  ("t1", "<i8"), ("t2", "<i8"), ("v1", "<i8"), ("v2", "<i8")])
+GIL, OFFCPU, TCP = 2, 3, 4
 
 
 def _rows(path: Path, fields: int) -> list[list[str]]:
@@ -37,17 +43,27 @@ def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame
     return s, st, fr
 
 
-def read_gil(path: Path) -> pd.DataFrame:
-    df = pd.DataFrame(_rows(path, 4), columns=["pid", "tid", "start_ns", "end_ns"]).astype("int64")
+def read_events(path: Path) -> pd.DataFrame:
+    """The agent's binary events; a record torn by a kill is dropped."""
+    raw = path.read_bytes() if path.exists() else b""
+    return pd.DataFrame(np.frombuffer(raw, EVENT, count=len(raw) // EVENT.itemsize))
+
+
+def _of_kind(events: pd.DataFrame, kind: int, columns: dict[str, str]) -> pd.DataFrame:
+    return events.loc[events.kind == kind, list(columns)].rename(columns=columns).astype("int64").reset_index(drop=True)
+
+
+def read_gil(events: pd.DataFrame) -> pd.DataFrame:
+    df = _of_kind(events, GIL, {"pid": "pid", "tid": "tid", "t0": "start_ns", "t1": "end_ns"})
     df["wait_ns"] = df.end_ns - df.start_ns
     return df
 
 
-def read_offcpu(path: Path) -> pd.DataFrame:
+def read_offcpu(events: pd.DataFrame) -> pd.DataFrame:
     """Off-CPU intervals. prev_state 0: preempted, runnable the whole time;
     else blocked until the wakeup, then runnable until back on a CPU."""
-    cols = ["pid", "tid", "out_ns", "wakeup_ns", "in_ns", "prev_state"]
-    df = pd.DataFrame(_rows(path, 6), columns=cols).astype("int64")
+    df = _of_kind(events, OFFCPU, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns",
+                                   "t2": "in_ns", "v1": "prev_state"})
     woken = (df.prev_state != 0) & (df.wakeup_ns > 0)
     ready = df.wakeup_ns.where(woken, df.out_ns)
     df["blocked_ns"] = (ready - df.out_ns).where(df.prev_state != 0, 0)
@@ -63,13 +79,15 @@ def read_small(path: Path) -> pd.DataFrame:
 HEADERS = 52  # IPv4 + TCP with timestamps; the correction below tolerates ±32 KiB
 
 
-def read_tcp(path: Path, connections: pd.DataFrame) -> pd.DataFrame:
+def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     """Segments received, joined to the proxy's connections by port pair.
     hop 'peer': between the connecting process and the proxy; 'upstream':
     between the proxy and the process it fronts. direction as in messages.
     bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length."""
-    cols = ["t_ns", "local_port", "remote_port", "data_len", "skb_len"]
-    df = pd.DataFrame(_rows(path, 5), columns=cols).astype("int64")
+    df = _of_kind(events, TCP, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"})
+    ports = df.pop("ports").to_numpy()
+    df.insert(1, "local_port", ports >> 16)
+    df.insert(2, "remote_port", ports & 0xFFFF)
     wraps = ((df.skb_len - HEADERS - df.data_len) / 65536).round().clip(lower=0)
     df["bytes"] = df.data_len + 65536 * wraps.where(df.skb_len > 0, 0).astype("int64")
     keys = {}  # (receiving port, sending port) -> (conn, direction, hop)

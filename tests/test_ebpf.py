@@ -38,7 +38,7 @@ def test_gil_waits_of_spinning_threads(tmp_path):
     cap = s.run / "captures"
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
     assert (status.what.str.contains("take_gil")).any(), status
-    waits = ebpf_tables.read_gil(cap / "gil.tsv")
+    waits = ebpf_tables.read_gil(ebpf_tables.read_events(cap / ebpf_tables.EVENTS))
     small = ebpf_tables.read_small(cap / "ebpf_small.tsv")
     total = (waits[waits.pid == target.pid].wait_ns.sum()
              + small[(small.kind == "gil") & (small.pid == target.pid)].total_ns.sum()) / 1e9
@@ -87,9 +87,10 @@ def test_native_program_hot_functions_are_found(tmp_path):
 SLEEPER = """
 import sys, time
 sys.stdin.readline()
+start = time.monotonic_ns()
 for _ in range(10):
     time.sleep(0.05)
-print("done")
+print(start)
 """
 
 BUSY = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n"
@@ -100,16 +101,16 @@ def test_offcpu_blocked_and_runnable(tmp_path):
         sleeper = started([sys.executable, str(write_flow(tmp_path / "sleep.py", SLEEPER))])
         s.watch(sleeper.pid, "sleeper")
         time.sleep(1.0)
-        sleeper.communicate("go\n", timeout=30)
+        start = int(sleeper.communicate("go\n", timeout=30)[0])
         # three CPU-bound processes on two cores: about 1.5 s of waiting for a CPU between them
         busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(3)]
         for b in busy:
             s.watch(b.pid, "busy")
         for b in busy:
             b.wait(30)
-    off = ebpf_tables.read_offcpu(s.run / "captures" / "offcpu.tsv")
-    blocked = off[off.pid == sleeper.pid].blocked_ns.sum() / 1e9
-    assert 0.45 <= blocked <= 0.8, blocked  # 10 x 50 ms (its wait on stdin began before it was watched)
+    off = ebpf_tables.read_offcpu(ebpf_tables.read_events(s.run / "captures" / ebpf_tables.EVENTS))
+    blocked = off[(off.pid == sleeper.pid) & (off.out_ns >= start)].blocked_ns.sum() / 1e9
+    assert 0.45 <= blocked <= 0.6, blocked  # 10 x 50 ms
     runnable = off[off.pid.isin([b.pid for b in busy])].runnable_ns.sum() / 1e9
     assert runnable >= 0.5, runnable
     assert (off[off.pid.isin([b.pid for b in busy])].prev_state == 0).mean() > 0.5, "mostly preempted"

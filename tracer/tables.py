@@ -59,11 +59,12 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
     samples["source"], frames["kind"] = "pyspy", "python"
     native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=len(frames), stack_base=len(stacks))
     samples, stacks, frames = (pd.concat([a, b], ignore_index=True) for a, b in zip((samples, stacks, frames), native))
+    events = ebpf_tables.read_events(cap / ebpf_tables.EVENTS)
     tables = {"samples": samples, "stacks": stacks, "frames": frames,
-              "gil_waits": ebpf_tables.read_gil(cap / "gil.tsv"),
-              "offcpu": ebpf_tables.read_offcpu(cap / "offcpu.tsv"),
+              "gil_waits": ebpf_tables.read_gil(events),
+              "offcpu": ebpf_tables.read_offcpu(events),
               "short_waits": ebpf_tables.read_small(cap / "ebpf_small.tsv"),
-              "tcp": ebpf_tables.read_tcp(cap / "tcp.tsv", conns),
+              "tcp": ebpf_tables.read_tcp(events, conns),
               "proc": procfs.read_proc(cap / procfs.CAPTURE)}
     names = procs.dropna(subset=["pid"]).set_index("pid").name
     for name, df in tables.items():
