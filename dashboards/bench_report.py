@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from daskprobe.dashboards.compare import speedups
 from daskprobe.dashboards.html_report import layout, page_html, section
 
 POINT = ["graph", "workers", "scheduler", "worker", "server"]
@@ -25,19 +25,11 @@ def medians(results: pd.DataFrame) -> pd.DataFrame:
                                                  runs=("makespan_s", "size"))
 
 
-def random_vs_ws(med: pd.DataFrame) -> pd.DataFrame:
-    """Per graph, workers, worker mode and server: median makespan under ws / under random
-    (above 1: random is faster)."""
-    wide = med.pivot_table(index=["graph", "workers", "worker", "server"], columns="scheduler", values="makespan_s")
-    if not {"ws", "random"} <= set(wide.columns):
-        return pd.DataFrame(columns=["graph", "workers", "worker", "server", "speedup"])
-    return (wide.ws / wide.random).dropna().rename("speedup").reset_index()
-
-
-def geometric_means(speed: pd.DataFrame) -> pd.DataFrame:
-    """The paper's Table II: geometric mean over graphs of random's speedup over ws."""
-    return (speed.groupby(["workers", "worker", "server"]).speedup
-            .agg(geometric_mean_speedup=lambda s: float(np.exp(np.log(s).mean())), graphs="size").reset_index())
+def random_vs_ws(med: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Speedup of random over ws per graph, workers, worker mode and server (above 1: random
+    is faster), and its geometric mean over graphs: the paper's Table II."""
+    per_graph, geo = speedups(med, "scheduler", "ws", within=("workers", "worker", "server"))
+    return tuple(d[d.scheduler == "random"].drop(columns="scheduler") for d in (per_graph, geo))
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, by: list[str]) -> go.Figure | None:
@@ -80,8 +72,7 @@ def strong_scaling(med: pd.DataFrame) -> go.Figure | None:
 
 def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
     med = medians(results)
-    speed = random_vs_ws(med)
-    table = geometric_means(speed)
+    speed, table = random_vs_ws(med)
     table.to_csv(out / "speedups.csv", index=False)
     rows = "".join(f"<tr><td>{r.workers}</td><td>{r.worker}</td><td>{r.server}</td>"
                    f"<td>{r.geometric_mean_speedup:.3f}</td><td>{r.graphs}</td></tr>" for r in table.itertuples())

@@ -41,13 +41,20 @@ def _policy(config: dict) -> str:
     return "ws" if str(config.get("distributed.scheduler.work-stealing", "True")) != "False" else "no-stealing"
 
 
-def speedups(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:
-    """Per graph and value of `by`: median makespan of the baseline / median makespan; then geometric means."""
-    med = df.groupby(["graph", by]).makespan_s.median().unstack(by)
-    ratio = med.div(med[baseline], axis=0)
-    speed = 1 / ratio
-    geo = np.exp(np.log(speed).mean()).rename("geometric_mean_speedup")
-    return pd.concat([geo, speed.count().rename("graphs")], axis=1).reset_index()
+def speedups(makespans: pd.DataFrame, by: str, baseline, within: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per graph (and group of `within`) and value of `by`: median makespan with `by` = baseline
+    / median makespan (above 1: faster than the baseline); then per value of `by` (and group of
+    `within`) the geometric mean of that over graphs. Returns (per graph, geometric means)."""
+    keys = ["graph", *within]
+    med = makespans.groupby([*keys, by]).makespan_s.median().unstack(by)
+    if baseline not in med:
+        return (pd.DataFrame(columns=[*keys, by, "speedup"]),
+                pd.DataFrame(columns=[*within, by, "geometric_mean_speedup", "graphs"]))
+    speed = med.rdiv(med[baseline], axis=0).reset_index()
+    per_graph = speed.melt(id_vars=keys, var_name=by, value_name="speedup").dropna()
+    geo = per_graph.groupby([*within, by]).speedup.agg(
+        geometric_mean_speedup=lambda s: float(np.exp(np.log(s).mean())), graphs="size").reset_index()
+    return per_graph, geo
 
 
 def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> pd.DataFrame:
@@ -55,7 +62,7 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> pd.DataFr
     baseline = df[by].iloc[0] if baseline is None else type(df[by].iloc[0])(baseline)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "compare.csv", index=False)
-    table = speedups(df, by, baseline)
+    table = speedups(df, by, baseline)[1]
     table.to_csv(out / "speedups.csv", index=False)
     x = df[by].astype(str)
     aot = go.Figure(go.Scatter(x=x, y=df.aot_s, mode="markers", text=df.graph))

@@ -6,10 +6,12 @@
 For each graph (default merge-10K and 1,000 tasks of 10 ms, on 2 workers x 1
 thread with worker-saturation=inf) the two --probes settings A:B run in
 alternating ABBA order so drift hits both alike; reported is the median of
-the per-pair ratios B/A. When B captures /proc, each probe's own CPU use is
-reported too (median CPU seconds per run of daskprobe, proxy, sampler, agent).
---wire adds: round-trip time of a small Dask-framed message and throughput
-of one 256 MiB frame, through the proxy and over a direct loopback socket.
+the per-pair ratios B/A, with a bootstrap 90% interval of that median. When
+B captures /proc, each probe's own CPU use is reported too (median CPU
+seconds per run of daskprobe, proxy, sampler, agent). --sample-rate sets
+py-spy's rate in both settings. --wire adds: round-trip time of a small
+Dask-framed message and throughput of one 256 MiB frame, through the proxy
+and over a direct loopback socket.
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -40,9 +42,9 @@ from daskprobe.tracer.procs import stop
 SATURATION = "distributed.scheduler.worker-saturation=inf"
 
 
-def run_once(graph: str, probes: str, out: Path) -> dict:
+def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
-           "--config", SATURATION, "--probes", probes, "--out", str(out), "--",
+           "--config", SATURATION, "--probes", probes, *run_args, "--out", str(out), "--",
            sys.executable, "-m", "daskprobe.experiments.workloads", graph]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -55,12 +57,13 @@ def run_once(graph: str, probes: str, out: Path) -> dict:
     return row
 
 
-def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console) -> pd.DataFrame:
+def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console,
+              run_args: list[str]) -> pd.DataFrame:
     rows = []
     for graph in graphs:
         for rep in range(repeat):
             for probes in (pair if rep % 2 == 0 else pair[::-1]):
-                row = run_once(graph, probes, out / f"{graph}-{probes.replace(',', '+')}-{rep}")
+                row = run_once(graph, probes, out / f"{graph}-{probes.replace(',', '+')}-{rep}", run_args)
                 rows.append({"graph": graph, "rep": rep, "probes": probes} | row)
                 console.log(f"{graph} rep {rep} --probes {probes}: {row['makespan_s']:.3f} s")
     return pd.DataFrame(rows)
@@ -160,12 +163,23 @@ def wire(tmp: Path, n_rtt: int, big: int, reps: int) -> dict:
 
 
 def summarize(df: pd.DataFrame, pair: tuple[str, str]) -> pd.DataFrame:
+    """Per graph: median makespans, and the median, range and a bootstrap 90% interval of the
+    per-pair ratios B/A (the interval says how far the median could move on this machine)."""
     a, b = pair
     wide = df.pivot_table(index=["graph", "rep"], columns="probes", values="makespan_s").reset_index()
     wide["ratio"] = wide[b] / wide[a]
-    return wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
-                                     ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
-                                     ratio_max=("ratio", "max"), pairs=("ratio", "size")).reset_index()
+    table = wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
+                                      ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
+                                      ratio_max=("ratio", "max"), pairs=("ratio", "size"))
+    ci = wide.groupby("graph").ratio.apply(_bootstrap_median_ci)
+    table["ratio_ci90_low"], table["ratio_ci90_high"] = ci.str[0], ci.str[1]
+    return table.reset_index()
+
+
+def _bootstrap_median_ci(ratios: pd.Series, draws: int = 10_000) -> tuple[float, float]:
+    r = ratios.to_numpy()
+    medians = np.median(np.random.default_rng(0).choice(r, (draws, len(r))), axis=1)
+    return float(np.percentile(medians, 5)), float(np.percentile(medians, 95))
 
 
 def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
@@ -195,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wire", action="store_true", help="also the proxy's latency and big-frame throughput")
     ap.add_argument("--round-trips", type=int, default=5000)
     ap.add_argument("--big-frame-mib", type=int, default=256)
+    ap.add_argument("--sample-rate", type=float, help="py-spy's rate in both settings (default: daskprobe's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     a, _, b = args.compare.partition(":")
@@ -204,11 +219,12 @@ def main(argv=None) -> int:
     out = args.out or Path("runs") / f"bench-overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    results = {"compare": f"{b} / {a}"}
+    results = {"compare": f"{b} / {a}", "sample_rate": args.sample_rate}
     if args.wire:
         with tempfile.TemporaryDirectory() as tmp:
             results["wire"] = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
-    raw = makespans(args.graphs.split(","), pair, args.repeat, out, console)
+    run_args = ["--sample-rate", str(args.sample_rate)] if args.sample_rate else []
+    raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
     summary, cpu = summarize(raw, pair), probe_cpu(raw)
     raw.to_csv(out / "results.csv", index=False)
     results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -17,15 +18,21 @@ from daskprobe.tracer.rundir import RunDir
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
-_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def _experiment_file(module: str) -> Path:
+    """A preload among the experiments, as a file: the cluster's interpreter (--python)
+    may not have daskprobe installed, so Dask is given the path, not the module name."""
+    return Path(importlib.util.find_spec(f"daskprobe.experiments.{module}").origin)
+
 
 # The paper's variants, as preload files and the config they need.
 SCHEDULERS = {
     "ws": ([], {}),
-    "random": ([_EXPERIMENTS / "random_scheduler.py"],
+    "random": ([_experiment_file("random_scheduler")],
                {"distributed.scheduler.work-stealing": "False", "distributed.scheduler.worker-saturation": "inf"}),
 }
-WORKER_MODES = {"normal": [], "zero": [_EXPERIMENTS / "zero_worker.py"]}
+WORKER_MODES = {"normal": [], "zero": [_experiment_file("zero_worker")]}
 
 
 @dataclass
