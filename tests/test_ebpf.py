@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 from conftest import probe_session, write_flow
 from daskprobe.probes import ebpf_tables
 from daskprobe.probes.ebpf import Ebpf
@@ -114,3 +116,13 @@ def test_offcpu_blocked_and_runnable(tmp_path):
     runnable = off[off.pid.isin([b.pid for b in busy])].runnable_ns.sum() / 1e9
     assert runnable >= 0.5, runnable
     assert (off[off.pid.isin([b.pid for b in busy])].prev_state == 0).mean() > 0.5, "mostly preempted"
+
+
+def test_events_torn_by_a_kill_leave_the_whole_records(tmp_path):
+    records = np.zeros(3, ebpf_tables.EVENT)
+    records["kind"], records["pid"], records["t0"], records["t1"] = [2, 3, 2], 7, [10, 20, 30], [15, 26, 39]
+    path = tmp_path / ebpf_tables.EVENTS
+    path.write_bytes(records.tobytes() + records[:1].tobytes()[:21])  # the agent killed mid-write
+    waits = ebpf_tables.read_gil(ebpf_tables.read_events(path))
+    assert waits.wait_ns.tolist() == [5, 9]
+    assert len(ebpf_tables.read_offcpu(ebpf_tables.read_events(path))) == 1
