@@ -11,7 +11,8 @@ B captures /proc, each probe's own CPU use is reported too (median CPU
 seconds per run of daskprobe, proxy, sampler, agent). --sample-rate sets
 py-spy's rate in both settings. --wire adds: round-trip time of a small
 Dask-framed message and throughput of one 256 MiB frame, through the proxy
-and over a direct loopback socket.
+and over a direct loopback socket. --pool DIR... runs nothing and
+summarizes the pairs of earlier runs together.
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -182,6 +183,12 @@ def _bootstrap_median_ci(ratios: pd.Series, draws: int = 10_000) -> tuple[float,
     return float(np.percentile(medians, 5)), float(np.percentile(medians, 95))
 
 
+def pooled(dirs: list[Path]) -> pd.DataFrame:
+    """The results of several runs of this benchmark, their pairs numbered apart."""
+    sets = [pd.read_csv(d / "results.csv") for d in dirs]
+    return pd.concat([df.assign(rep=df.rep + 10_000 * i) for i, df in enumerate(sets)], ignore_index=True)
+
+
 def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
     """Median CPU seconds per run of each measuring process, per graph and setting."""
     cols = [c for c in df.columns if c.startswith("cpu_s[")]
@@ -211,11 +218,16 @@ def main(argv=None) -> int:
     ap.add_argument("--big-frame-mib", type=int, default=256)
     ap.add_argument("--sample-rate", type=float, help="py-spy's rate in both settings (default: daskprobe's)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
+                    help="run nothing: summarize the pairs of earlier runs' --out directories together")
     args = ap.parse_args(argv)
     a, _, b = args.compare.partition(":")
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
     pair = (a, b)
+    if args.pool:
+        print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(pooled(args.pool), pair))
+        return 0
     out = args.out or Path("runs") / f"bench-overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
