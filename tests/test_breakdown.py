@@ -43,12 +43,17 @@ def dask_setup(scheduler):
 """
 
 GIL_HOG = """
+import ctypes
 import threading
 
+# A C call made through PyDLL keeps the GIL: the hog holds it while asleep,
+# so it adds GIL waits to the event loop without competing for a CPU (a
+# spinning hog would also slow the worker and the proxy on a 2-core machine).
+usleep = ctypes.PyDLL(None).usleep
+
 def hog():
-    x = 0
-    while True:  # pure Python: holds the GIL but for the switch interval
-        x += 1
+    while True:
+        usleep(30_000)
 
 def dask_setup(scheduler):
     threading.Thread(target=hog, daemon=True, name="gil-hog").start()
@@ -98,7 +103,7 @@ def test_gil_hog_in_the_scheduler_goes_to_gil_contention(tmp_path):
     from daskprobe.probes.ebpf import environment_problem
     if why := environment_problem():
         pytest.skip(why)
-    flow = CHAIN.format(n=60, pause=0)  # long enough that the added time dwarfs run-to-run noise
+    flow = CHAIN.format(n=40, pause=0)  # long enough that the added time dwarfs run-to-run noise
     base = summary(tmp_path, "base", flow, "--probes", "proxy,pyspy,gil")
     pert = summary(tmp_path, "hog", flow, "--probes", "proxy,pyspy,gil", *preload(tmp_path, "hog", GIL_HOG))
     gil, more = added(base, pert, "gil_contention")
