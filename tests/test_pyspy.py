@@ -5,11 +5,13 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import write_flow
+from daskprobe.probes.base import native_binary
 from daskprobe.probes.pyspy import PySpy, read_samples
 from daskprobe.tracer.rundir import RunDir
 
@@ -85,3 +87,86 @@ def test_a_garbled_frame_name_does_not_lose_its_frame(tmp_path):
     samples, stacks, frames = read_samples(capture)
     assert list(frames.frame_id) == [0, 1]
     assert stacks.frame_ids.iloc[0] == [0, 1] and len(samples) == 1
+
+
+PARKED = """
+import asyncio, sys, threading
+
+def leaf_wait(ev):
+    ev.wait()
+
+def middle(ev):
+    leaf_wait(ev)
+
+class Holder:
+    def method(self, ev):
+        middle(ev)
+
+def in_generator(ev):  # a generator's frame lives in the generator, not on the thread's frame stack
+    middle(ev)
+    yield
+
+async def in_coroutine(ev):
+    middle(ev)
+
+def spinner():
+    x = 0
+    while True:
+        x += 1
+
+ev = threading.Event()
+threading.Thread(target=Holder().method, args=(ev,), name="method", daemon=True).start()
+threading.Thread(target=lambda: next(in_generator(ev)), name="generator", daemon=True).start()
+threading.Thread(target=lambda: in_coroutine(ev).send(None), name="coroutine", daemon=True).start()
+threading.Thread(target=lambda: asyncio.run(asyncio.sleep(60)), name="event-loop", daemon=True).start()
+threading.Thread(target=spinner, name="spinner", daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _sample_with(reader: str, pid: int, out: Path, seconds: float) -> tuple:
+    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out), "--reader", reader],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.stdin.write(f"{pid} parked\n")
+        p.stdin.flush()
+        time.sleep(seconds)
+    finally:
+        p.terminate()
+        p.wait()
+    attached = [line.split("\t") for line in out.read_text().splitlines() if line.startswith("A\t")]
+    samples, stacks, frames = read_samples(out)
+    names = frames.set_index("frame_id")[["function", "filename", "line"]].apply(tuple, axis=1)
+    samples["frames"] = samples.stack_id.map(stacks.set_index("stack_id").frame_ids.map(
+        lambda ids: tuple(names[i] for i in ids)))
+    return attached[0][4], samples
+
+
+def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path):
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("our reader is for CPython 3.11; other versions are read by py-spy")
+    if why := PySpy().available():
+        pytest.skip(why)
+    script = write_flow(tmp_path / "parked.py", PARKED)
+    target = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # every thread reaches its wait
+        ours, a = _sample_with("auto", target.pid, tmp_path / "auto.tsv", 1.0)
+        theirs, b = _sample_with("pyspy", target.pid, tmp_path / "pyspy.tsv", 1.0)
+    finally:
+        target.kill()
+        target.wait()
+    assert (ours, theirs) == ("cpython311", "py-spy")
+    for name in ("method", "generator", "coroutine", "event-loop", "MainThread"):
+        # parked: one stack each, the same from both readers, down to file and line
+        assert set(a[a.thread_name == name].frames) == set(b[b.thread_name == name].frames), name
+        assert len(set(a[a.thread_name == name].frames)) == 1, name
+        assert not a[a.thread_name == name].active.any()
+    assert [f[0] for f in a[a.thread_name == "coroutine"].frames.iloc[0][:5]] == \
+        ["Condition.wait", "Event.wait", "leaf_wait", "middle", "in_coroutine"]
+    spin = a[a.thread_name == "spinner"]
+    assert len(spin) > 50 and (spin.frames.map(lambda s: s[0][0]) == "spinner").all()
+    assert spin.active.mean() > 0.9 and spin.owns_gil.mean() > 0.5

@@ -1,21 +1,29 @@
-//! daskprobe-sampler: py-spy's stack reader in a loop over many processes,
-//! each sample stamped on the run's clock (CLOCK_MONOTONIC).
+//! daskprobe-sampler: samples the Python stacks of many processes, each
+//! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.11 is read
+//! by our own reader (cpython311.rs); other versions, and --native, by py-spy.
 //!
-//! usage: daskprobe-sampler --out FILE [--rate HZ] [--native]
+//! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy]
 //! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
 //!
 //! Output, one record per line, tab-separated, append-only, flushed per round:
 //!   F  frame_id  function  filename  line              (first time a frame is seen)
 //!   S  t_ns  pid  tid  active  owns_gil  thread_name  frame_ids (leaf first, comma-separated)
-//!   A  t_ns  pid  name                                  (attached)
+//!   A  t_ns  pid  name  reader                          (attached)
 //!   E  t_ns  pid  message                               (attach failed or process gone)
 //!   L  t_ns  pid  read_ns                               (sample dropped: the read took > 2 ms)
 //! t_ns is the midpoint of the read of that process's stacks, so it is within
 //! read_ns / 2 <= 1 ms of every stack it reports.
 
+mod cpython311;
+mod frames;
+mod procstat;
+mod remote;
+
+use cpython311::{Reader, ThreadSample};
 use daskprobe_clock::now_ns;
+use frames::{clean, Frames};
 use py_spy::config::LockingStrategy;
-use py_spy::{Config, Frame, PythonSpy};
+use py_spy::{Config, PythonSpy};
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufWriter, Write};
@@ -24,26 +32,26 @@ use std::time::{Duration, Instant};
 
 const MAX_READ_NS: u64 = 2_000_000;
 
-/// One field of a tab-separated line: no tabs, newlines or other control characters
-/// (a non-blocking read can catch a frame mid-update and return garbage).
-fn clean(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
-}
-
 struct Args {
     out: String,
     rate: f64,
     native: bool,
+    pyspy_only: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { out: String::new(), rate: 100.0, native: false };
+    let mut a = Args { out: String::new(), rate: 100.0, native: false, pyspy_only: false };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
             "--out" => a.out = it.next().ok_or("--out needs a value")?,
             "--rate" => a.rate = it.next().ok_or("--rate needs a value")?.parse().map_err(|e| format!("{e}"))?,
             "--native" => a.native = true,
+            "--reader" => match it.next().as_deref() {
+                Some("auto") => a.pyspy_only = false,
+                Some("pyspy") => a.pyspy_only = true,
+                other => return Err(format!("--reader must be auto or pyspy, not {other:?}")),
+            },
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -66,57 +74,92 @@ fn read_pids() -> Receiver<(i32, String)> {
     rx
 }
 
+/// One sampled process: py-spy attached to it (it finds the interpreter and
+/// names threads), and our reader when the interpreter is one it knows.
+struct Target {
+    pid: i32,
+    spy: PythonSpy,
+    fast: Option<Reader>,
+    names: HashMap<u64, String>,
+}
+
+impl Target {
+    fn attach(pid: i32, config: &Config, pyspy_only: bool) -> Result<Target, String> {
+        let spy = PythonSpy::retry_new(pid as py_spy::Pid, config, 20).map_err(|e| format!("{e}"))?;
+        let ours = !pyspy_only && !config.native && cfg!(target_arch = "x86_64")
+            && spy.version.major == 3 && spy.version.minor == 11;
+        let fast = ours.then(|| Reader::new(pid, spy.addresses.interpreter_address, spy.addresses.threadstate_address));
+        Ok(Target { pid, spy, fast, names: HashMap::new() })
+    }
+
+    fn reader(&self) -> &'static str {
+        if self.fast.is_some() { "cpython311" } else { "py-spy" }
+    }
+
+    fn read(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<Vec<ThreadSample>> {
+        if let Some(r) = self.fast.as_mut() {
+            // Memory read while the target runs can be torn into any bytes; a bug
+            // that lets them through costs one sample (logged), not the run's sampling.
+            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.sample(frames, out))).ok().flatten();
+        }
+        let traces = self.spy.get_stack_traces().ok()?;
+        Some(traces.into_iter().map(|tr| {
+            let ids: Vec<String> = tr.frames.iter()
+                .map(|f| frames.id(out, &f.name, &f.filename, f.line).to_string()).collect();
+            let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
+            self.names.insert(tid, tr.thread_name.unwrap_or_default());
+            ThreadSample { tid, active: tr.active, owns_gil: tr.owns_gil, frame_ids: ids.join(",") }
+        }).collect())
+    }
+
+    /// Thread names come from py-spy (it reads threading's table): asked again
+    /// only when a thread we have not named appears.
+    fn name_threads(&mut self, samples: &[ThreadSample]) {
+        if samples.iter().all(|s| self.names.contains_key(&s.tid)) {
+            return;
+        }
+        for tr in self.spy.get_stack_traces().unwrap_or_default() {
+            self.names.insert(tr.os_thread_id.unwrap_or(tr.thread_id), tr.thread_name.unwrap_or_default());
+        }
+        for s in samples {
+            self.names.entry(s.tid).or_default();
+        }
+    }
+}
+
 struct Sampler<W: Write> {
     out: W,
-    frames: HashMap<Frame, u64>,
+    frames: Frames,
 }
 
 impl<W: Write> Sampler<W> {
-    fn frame_ids(&mut self, frames: &[Frame]) -> String {
-        let mut ids = Vec::with_capacity(frames.len());
-        for f in frames {
-            // Look up before cloning: most frames were seen before, and this runs per sample.
-            let id = match self.frames.get(f) {
-                Some(&id) => id,
-                None => {
-                    let id = self.frames.len() as u64;
-                    self.frames.insert(f.clone(), id);
-                    let _ = writeln!(self.out, "F\t{id}\t{}\t{}\t{}", clean(&f.name), clean(&f.filename), f.line);
-                    id
-                }
-            };
-            ids.push(id.to_string());
-        }
-        ids.join(",")
-    }
-
     /// One read of one process; false when the process is gone.
-    fn sample(&mut self, pid: i32, spy: &mut PythonSpy) -> bool {
+    fn sample(&mut self, t: &mut Target) -> bool {
         let t0 = now_ns();
-        let traces = spy.get_stack_traces();
+        let samples = t.read(&mut self.frames, &mut self.out);
         let took = now_ns() - t0;
-        let t = t0 + took / 2;
-        match traces {
+        let at = t0 + took / 2;
+        let pid = t.pid;
+        match samples {
             // A read that took longer than 2 ms cannot be placed within 1 ms: drop it.
-            Ok(_) if took > MAX_READ_NS => {
-                let _ = writeln!(self.out, "L\t{t}\t{pid}\t{took}");
+            Some(_) if took > MAX_READ_NS => {
+                let _ = writeln!(self.out, "L\t{at}\t{pid}\t{took}");
                 true
             }
-            Ok(traces) => {
-                for tr in traces {
-                    let ids = self.frame_ids(&tr.frames);
-                    let name = clean(tr.thread_name.as_deref().unwrap_or(""));
-                    let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
-                    let _ = writeln!(self.out, "S\t{t}\t{pid}\t{tid}\t{}\t{}\t{name}\t{ids}",
-                                     tr.active as u8, tr.owns_gil as u8);
+            Some(samples) => {
+                t.name_threads(&samples);
+                for s in samples {
+                    let name = clean(&t.names[&s.tid]);
+                    let _ = writeln!(self.out, "S\t{at}\t{pid}\t{}\t{}\t{}\t{name}\t{}",
+                                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids);
                 }
                 true
             }
-            Err(_) => {
+            None => {
                 // a failed read of a live process is a lost sample, not the end
                 let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
                 if !alive {
-                    let _ = writeln!(self.out, "E\t{t}\t{pid}\tprocess exited");
+                    let _ = writeln!(self.out, "E\t{at}\t{pid}\tprocess exited");
                 }
                 alive
             }
@@ -135,25 +178,25 @@ fn main() {
     // native stacks are wanted (they need the pause).
     config.blocking = if args.native { LockingStrategy::Lock } else { LockingStrategy::NonBlocking };
     let file = OpenOptions::new().create(true).append(true).open(&args.out).expect("cannot open --out");
-    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: HashMap::new() };
+    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default() };
     let new_pids = read_pids();
-    let mut spies: Vec<(i32, PythonSpy)> = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
     let period = Duration::from_secs_f64(1.0 / args.rate);
     let mut next = Instant::now();
     println!("ready");
     loop {
         while let Ok((pid, name)) = new_pids.try_recv() {
-            match PythonSpy::retry_new(pid as py_spy::Pid, &config, 20) {
-                Ok(spy) => {
-                    let _ = writeln!(s.out, "A\t{}\t{pid}\t{}", now_ns(), clean(&name));
-                    spies.push((pid, spy));
+            match Target::attach(pid, &config, args.pyspy_only) {
+                Ok(t) => {
+                    let _ = writeln!(s.out, "A\t{}\t{pid}\t{}\t{}", now_ns(), clean(&name), t.reader());
+                    targets.push(t);
                 }
                 Err(e) => {
                     let _ = writeln!(s.out, "E\t{}\t{pid}\t{}", now_ns(), clean(&format!("{name}: {e}")));
                 }
             }
         }
-        spies.retain_mut(|(pid, spy)| s.sample(*pid, spy));
+        targets.retain_mut(|t| s.sample(t));
         let _ = s.out.flush();
         next += period;
         let now = Instant::now();

@@ -1,0 +1,119 @@
+"""Benchmark: the Python sampler's own CPU, with daskprobe's CPython 3.11
+reader and with py-spy's, reading the same cluster at the same moments.
+
+    python -m daskprobe.experiments.sampler_ab --repeat 3
+
+Each repetition runs GRAPH (default merge-10K, 2 workers x 1 thread,
+worker-saturation=inf) under `daskprobe run --probes proxy` and attaches two
+daskprobe-sampler processes to its scheduler, workers and client: one with
+`--reader auto` (ours, for CPython 3.11) and one with `--reader pyspy`. Both
+see the same workload, so the difference is the readers'. Reported per
+reader, median over repetitions: CPU seconds (utime + stime of the sampler,
+from /proc/PID/stat), thread samples written, CPU microseconds per thread
+sample, and process reads dropped for taking over 2 ms.
+
+Writes results.csv in --out and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from daskprobe.experiments.overhead import SATURATION, print_table
+from daskprobe.probes.base import CLUSTER_ROLES, HELPER_NICE, native_binary
+from daskprobe.tracer.procs import spawn, stop
+from daskprobe.tracer.rundir import RunDir
+
+READERS = ("auto", "pyspy")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _targets(run: RunDir, cluster: subprocess.Popen, timeout: float = 120) -> list[dict]:
+    """The cluster's Python processes, once the client has started (run.json lists it then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and cluster.poll() is None:
+        procs = run.meta().get("processes", []) if (run / "run.json").exists() else []
+        if any(p["role"] == "client" for p in procs):
+            return [p for p in procs if p["role"] in CLUSTER_ROLES - {"proxy"} and p["pid"]]
+        time.sleep(0.05)
+    raise RuntimeError(f"the run in {run.path} ended or stalled before its client started")
+
+
+def _count(capture: Path) -> dict:
+    kinds = [line[:1] for line in capture.read_text(errors="replace").splitlines()]
+    return {"thread_samples": kinds.count("S"), "dropped_reads": kinds.count("L")}
+
+
+def run_once(graph: str, rate: float, out: Path) -> list[dict]:
+    sampler = native_binary("daskprobe-sampler")
+    run = RunDir(out / "run")
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
+           "--config", SATURATION, "--probes", "proxy", "--out", str(run.path), "--",
+           sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+    cluster = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out / "run.log", "wb"))
+    samplers = {}
+    try:
+        targets = _targets(run, cluster)
+        for reader in READERS:
+            p = spawn([sampler, "--out", str(out / f"{reader}.tsv"), "--rate", str(rate), "--reader", reader],
+                      out / f"{reader}.log", nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            p.stdout.readline()  # "ready"
+            p.stdin.write("".join(f"{t['pid']} {t['name']}\n" for t in targets).encode())
+            p.stdin.flush()
+            samplers[reader] = p
+        if cluster.wait(timeout=900) != 0:
+            raise RuntimeError(f"{graph} failed: see {out / 'run.log'}")
+        return [{"reader": r, "cpu_s": _cpu_s(p.pid)} | _count(out / f"{r}.tsv") for r, p in samplers.items()]
+    finally:
+        stop(list(samplers.values()))
+        if cluster.poll() is None:
+            cluster.terminate()
+            cluster.wait()
+
+
+def summarize(raw: pd.DataFrame) -> pd.DataFrame:
+    raw = raw.assign(cpu_us_per_thread_sample=raw.cpu_s / raw.thread_samples * 1e6)
+    cols = ["cpu_s", "thread_samples", "cpu_us_per_thread_sample", "dropped_reads"]
+    return raw.groupby(["graph", "reader"])[cols].median().reset_index()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graph", default="merge-10K")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=100.0, help="samples per second, both samplers")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if native_binary("daskprobe-sampler") is None:
+        ap.error("daskprobe-sampler is not built (run ./setup.sh)")
+    out = args.out or Path("runs") / f"bench-sampler-{time.strftime('%Y%m%d-%H%M%S')}"
+    console = Console(stderr=True)
+    rows = []
+    for rep in range(args.repeat):
+        d = out / f"{args.graph}-{rep}"
+        d.mkdir(parents=True, exist_ok=True)
+        for row in run_once(args.graph, args.rate, d):
+            rows.append({"graph": args.graph, "rep": rep} | row)
+            console.log(json.dumps(rows[-1]))
+    raw = pd.DataFrame(rows)
+    raw.to_csv(out / "results.csv", index=False)
+    print_table(f"sampler CPU per reader at {args.rate:g} Hz (median of {args.repeat})", summarize(raw))
+    console.log(f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
