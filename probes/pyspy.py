@@ -1,5 +1,6 @@
 """Python stacks of every cluster process, sampled by probes/sampler-core
-(py-spy's reader), each sample stamped with CLOCK_MONOTONIC by the sampler."""
+(our CPython 3.11 reader, py-spy's for other versions and --native), each
+sample stamped with CLOCK_MONOTONIC by the sampler."""
 
 from __future__ import annotations
 

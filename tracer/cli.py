@@ -65,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated probes: proxy, pyspy, proc, cpu, gil, offcpu, tcp; 'all' (default: "
                         "every probe, those this machine cannot run are skipped and recorded) or 'none' "
                         "for an untraced baseline")
-    r.add_argument("--sample-rate", type=float, default=100.0, help="py-spy samples per second (default 100)")
-    r.add_argument("--native", action="store_true", help="py-spy also unwinds native frames (pauses the process)")
+    r.add_argument("--sample-rate", type=float, default=100.0, help="Python stack samples per second and process (default 100)")
+    r.add_argument("--native", action="store_true", help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
     r.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
     r.add_argument("--delay-ms", type=float, default=0.0,
                    help="what-if: the proxy holds every message this long before passing it on (default 0)")
