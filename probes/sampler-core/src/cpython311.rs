@@ -182,6 +182,26 @@ impl Reader {
         Some(samples)
     }
 
+    /// Each thread's outermost function, by native thread id: a check of this
+    /// layout against py-spy's reading when attaching (a build whose
+    /// structures differ, such as a debug build, would not agree).
+    pub fn outermost_functions(&self) -> HashMap<u64, String> {
+        let mut found = HashMap::new();
+        let mut t = self.remote.read_u64(self.interp + INTERP_THREADS_HEAD).unwrap_or(0);
+        let mut ts = [0u8; TSTATE_HEAD];
+        while t != 0 && found.len() < MAX_THREADS && self.remote.read(t as usize, &mut ts) {
+            let mut fields = [0u8; CODE_FIELDS.1];
+            let code = self.walk(t as usize).and_then(|stack| stack.last().copied())
+                .filter(|&(c, _)| self.remote.read(c as usize + CODE_FIELDS.0, &mut fields))
+                .and_then(|_| self.load_code(&fields));
+            if let Some(code) = code {
+                found.insert(u64_at(&ts, TSTATE_NATIVE_TID), code.function);
+            }
+            t = u64_at(&ts, TSTATE_NEXT);
+        }
+        found
+    }
+
     fn thread(&mut self, tid: u64, addr: u64, frames: &mut Frames, out: &mut impl Write) -> Option<ThreadSample> {
         let pid = self.pid;
         let th = self.threads.entry(tid).or_insert_with(|| Thread { stat: ThreadStat::open(pid, tid), last: None, tstate: addr, stack: None });

@@ -80,20 +80,28 @@ struct Target {
     pid: i32,
     spy: PythonSpy,
     fast: Option<Reader>,
+    /// which reader reads it, and why, for the capture's `A` line
+    reader: &'static str,
     names: HashMap<u64, String>,
 }
 
 impl Target {
     fn attach(pid: i32, config: &Config, pyspy_only: bool) -> Result<Target, String> {
-        let spy = PythonSpy::retry_new(pid as py_spy::Pid, config, 20).map_err(|e| format!("{e}"))?;
+        let mut spy = PythonSpy::retry_new(pid as py_spy::Pid, config, 20).map_err(|e| format!("{e}"))?;
         let ours = !pyspy_only && !config.native && cfg!(target_arch = "x86_64")
             && spy.version.major == 3 && spy.version.minor == 11;
-        let fast = ours.then(|| Reader::new(pid, spy.addresses.interpreter_address, spy.addresses.threadstate_address));
-        Ok(Target { pid, spy, fast, names: HashMap::new() })
-    }
-
-    fn reader(&self) -> &'static str {
-        if self.fast.is_some() { "cpython311" } else { "py-spy" }
+        let mut fast = ours.then(|| Reader::new(pid, spy.addresses.interpreter_address, spy.addresses.threadstate_address));
+        // A thread starting or ending between the two reads can spoil one check.
+        let agreed = fast.as_ref().is_some_and(|r| (0..3).any(|_| agrees(r, &mut spy)));
+        let reader = match (ours, agreed) {
+            (true, true) => "cpython311",
+            (true, false) => "py-spy (our CPython 3.11 reader disagreed with it on this interpreter)",
+            _ => "py-spy",
+        };
+        if !agreed {
+            fast = None;
+        }
+        Ok(Target { pid, spy, fast, reader, names: HashMap::new() })
     }
 
     fn read(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<Vec<ThreadSample>> {
@@ -125,6 +133,23 @@ impl Target {
             self.names.entry(s.tid).or_default();
         }
     }
+}
+
+/// Our reader is used only where it reads what py-spy reads: the outermost
+/// function of every thread both see, and at least one such thread.
+fn agrees(r: &Reader, spy: &mut PythonSpy) -> bool {
+    let ours = r.outermost_functions();
+    let Ok(traces) = spy.get_stack_traces() else { return false };
+    let mut same = 0;
+    for tr in traces {
+        let (Some(tid), Some(outermost)) = (tr.os_thread_id, tr.frames.last()) else { continue };
+        match ours.get(&tid) {
+            Some(f) if *f == outermost.name => same += 1,
+            Some(_) => return false,
+            None => {}
+        }
+    }
+    same > 0
 }
 
 struct Sampler<W: Write> {
@@ -188,7 +213,7 @@ fn main() {
         while let Ok((pid, name)) = new_pids.try_recv() {
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
-                    let _ = writeln!(s.out, "A\t{}\t{pid}\t{}\t{}", now_ns(), clean(&name), t.reader());
+                    let _ = writeln!(s.out, "A\t{}\t{pid}\t{}\t{}", now_ns(), clean(&name), t.reader);
                     targets.push(t);
                 }
                 Err(e) => {
