@@ -83,6 +83,7 @@ struct Target {
     /// which reader reads it, and why, for the capture's `A` line
     reader: &'static str,
     names: HashMap<u64, String>,
+    named_at: Instant,
 }
 
 impl Target {
@@ -101,7 +102,7 @@ impl Target {
         if !agreed {
             fast = None;
         }
-        Ok(Target { pid, spy, fast, reader, names: HashMap::new() })
+        Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: Instant::now() })
     }
 
     fn read(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<Vec<ThreadSample>> {
@@ -121,11 +122,15 @@ impl Target {
     }
 
     /// Thread names come from py-spy (it reads threading's table): asked again
-    /// only when a thread we have not named appears.
+    /// when a thread we have not seen appears, and at most once a second while
+    /// one is unnamed (a thread can run before threading registers its name).
     fn name_threads(&mut self, samples: &[ThreadSample]) {
-        if samples.iter().all(|s| self.names.contains_key(&s.tid)) {
+        let new = samples.iter().any(|s| !self.names.contains_key(&s.tid));
+        let unnamed = samples.iter().any(|s| self.names.get(&s.tid).is_some_and(String::is_empty));
+        if !new && !(unnamed && self.named_at.elapsed() >= Duration::from_secs(1)) {
             return;
         }
+        self.named_at = Instant::now();
         for tr in self.spy.get_stack_traces().unwrap_or_default() {
             self.names.insert(tr.os_thread_id.unwrap_or(tr.thread_id), tr.thread_name.unwrap_or_default());
         }
