@@ -8,7 +8,9 @@ thread with worker-saturation=inf) the two --probes settings A:B run in
 alternating ABBA order so drift hits both alike; reported is the median of
 the per-pair ratios B/A, with a bootstrap 90% interval of that median. When
 B captures /proc, each probe's own CPU use is reported too (median CPU
-seconds per run of daskprobe, proxy, sampler, agent). --sample-rate sets
+seconds per run of daskprobe, proxy, sampler, agent). Each run also records
+the CPU time the hypervisor took meanwhile (steal, from /proc/stat), since
+on a shared VM that is noise no pairing removes. --sample-rate sets
 py-spy's rate in both settings. --wire adds: round-trip time of a small
 Dask-framed message and throughput of one 256 MiB frame, through the proxy
 and over a direct loopback socket. --pool DIR... runs nothing and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import struct
@@ -41,16 +44,24 @@ from daskprobe.tracer.cluster import free_port
 from daskprobe.tracer.procs import stop
 
 SATURATION = "distributed.scheduler.worker-saturation=inf"
+STEAL_TITLE = "CPU seconds the hypervisor took per run, all CPUs (steal in /proc/stat)"
+
+
+def steal_s() -> float:
+    """CPU seconds the hypervisor gave elsewhere since boot, summed over CPUs
+    (steal in /proc/stat): on a shared VM, the noise no repetition removes."""
+    return int(Path("/proc/stat").read_text().split(maxsplit=9)[8]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", probes, *run_args, "--out", str(out), "--",
            sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+    stolen = steal_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"{graph} with --probes {probes} failed:\n{p.stderr[-3000:]}")
-    row = {"makespan_s": json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"]}
+    row = {"makespan_s": json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"], "steal_s": steal_s() - stolen}
     proc = out / "tables" / "proc.parquet"
     if proc.exists():  # the last cumulative CPU reading of each measuring process
         cpu = pd.read_parquet(proc).dropna(subset=["process"]).groupby("process").cpu_s.max()
@@ -199,6 +210,13 @@ def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
     return long.groupby(["graph", "probes", "process"]).cpu_s.median().reset_index()
 
 
+def steal(df: pd.DataFrame) -> pd.DataFrame:
+    """Median and largest steal per run, per graph and setting (runs recorded before steal was: none)."""
+    if "steal_s" not in df:
+        return pd.DataFrame()
+    return df.dropna(subset=["steal_s"]).groupby(["graph", "probes"]).steal_s.agg(["median", "max"]).reset_index()
+
+
 def print_table(title: str, df: pd.DataFrame) -> None:
     table = Table(title=title)
     for col in df.columns:
@@ -226,7 +244,10 @@ def main(argv=None) -> int:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
     pair = (a, b)
     if args.pool:
-        print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(pooled(args.pool), pair))
+        raw = pooled(args.pool)
+        print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(raw, pair))
+        if not steal(raw).empty:
+            print_table(STEAL_TITLE, steal(raw))
         return 0
     out = args.out or Path("runs") / f"bench-overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -239,11 +260,14 @@ def main(argv=None) -> int:
     raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
     summary, cpu = summarize(raw, pair), probe_cpu(raw)
     raw.to_csv(out / "results.csv", index=False)
-    results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records")}
+    results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records"),
+                "steal_s": steal(raw).to_dict("records")}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print_table(f"makespan ratio {b} / {a} (median of ABBA pairs)", summary)
     if not cpu.empty:
         print_table("CPU seconds per run of each measuring process (median)", cpu)
+    if not steal(raw).empty:
+        print_table(STEAL_TITLE, steal(raw))
     if args.wire:
         Console().print_json(json.dumps(results["wire"]))
     console.log(f"results in {out}")
