@@ -63,7 +63,7 @@ def run_once(graph: str, rate: float, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", "proxy", "--out", str(run.path), "--",
            sys.executable, "-m", "daskprobe.experiments.workloads", graph]
-    cluster = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out / "run.log", "wb"))
+    cluster = spawn(cmd, out / "run.log")
     samplers = {}
     try:
         targets = _targets(run, cluster)
@@ -78,10 +78,7 @@ def run_once(graph: str, rate: float, out: Path) -> list[dict]:
             raise RuntimeError(f"{graph} failed: see {out / 'run.log'}")
         return [{"reader": r, "cpu_s": _cpu_s(p.pid)} | _count(out / f"{r}.tsv") for r, p in samplers.items()]
     finally:
-        stop(list(samplers.values()))
-        if cluster.poll() is None:
-            cluster.terminate()
-            cluster.wait()
+        stop([*samplers.values(), cluster])
 
 
 def summarize(raw: pd.DataFrame) -> pd.DataFrame:

@@ -27,7 +27,7 @@ impl ThreadStat {
     }
 
     /// None once the thread is gone. schedstat is read first, so a switch-in
-    /// after it shows at the next read (see Reader::can_reuse).
+    /// after it shows at the next read (see Reader::thread).
     pub fn read(&self) -> Option<State> {
         let mut buf = [0u8; 512];
         let switches = self.schedstat.as_ref().and_then(|f| {
