@@ -246,8 +246,8 @@ def main(argv=None) -> int:
     if args.pool:
         raw = pooled(args.pool)
         print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(raw, pair))
-        if not steal(raw).empty:
-            print_table(STEAL_TITLE, steal(raw))
+        if not (stolen := steal(raw)).empty:
+            print_table(STEAL_TITLE, stolen)
         return 0
     out = args.out or Path("runs") / f"bench-overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -258,16 +258,16 @@ def main(argv=None) -> int:
             results["wire"] = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
     run_args = ["--sample-rate", str(args.sample_rate)] if args.sample_rate else []
     raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
-    summary, cpu = summarize(raw, pair), probe_cpu(raw)
+    summary, cpu, stolen = summarize(raw, pair), probe_cpu(raw), steal(raw)
     raw.to_csv(out / "results.csv", index=False)
     results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records"),
-                "steal_s": steal(raw).to_dict("records")}
+                "steal_s": stolen.to_dict("records")}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print_table(f"makespan ratio {b} / {a} (median of ABBA pairs)", summary)
     if not cpu.empty:
         print_table("CPU seconds per run of each measuring process (median)", cpu)
-    if not steal(raw).empty:
-        print_table(STEAL_TITLE, steal(raw))
+    if not stolen.empty:
+        print_table(STEAL_TITLE, stolen)
     if args.wire:
         Console().print_json(json.dumps(results["wire"]))
     console.log(f"results in {out}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,15 +29,11 @@ from rich.console import Console
 
 from daskprobe.experiments.overhead import SATURATION, print_table
 from daskprobe.probes.base import CLUSTER_ROLES, HELPER_NICE, native_binary
+from daskprobe.probes.procfs import cpu_s
 from daskprobe.tracer.procs import spawn, stop
 from daskprobe.tracer.rundir import RunDir
 
 READERS = ("auto", "pyspy")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _targets(run: RunDir, cluster: subprocess.Popen, timeout: float = 120) -> list[dict]:
@@ -76,7 +71,7 @@ def run_once(graph: str, rate: float, out: Path) -> list[dict]:
             samplers[reader] = p
         if cluster.wait(timeout=900) != 0:
             raise RuntimeError(f"{graph} failed: see {out / 'run.log'}")
-        return [{"reader": r, "cpu_s": _cpu_s(p.pid)} | _count(out / f"{r}.tsv") for r, p in samplers.items()]
+        return [{"reader": r, "cpu_s": cpu_s(p.pid)} | _count(out / f"{r}.tsv") for r, p in samplers.items()]
     finally:
         stop([*samplers.values(), cluster])
 

@@ -22,6 +22,18 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name (which may hold spaces): [0] is the
+    state, [11] and [12] utime and stime in ticks, [21] RSS in pages."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 class ProcFS(Probe):
     name = "proc"
     roles = CLUSTER_ROLES | {"probe"}
@@ -50,10 +62,9 @@ class ProcFS(Probe):
             lines = []
             for pid in list(self.pids):
                 try:
-                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    fields = stat_fields(pid)
                 except (FileNotFoundError, ProcessLookupError):
                     continue
-                fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces
                 if fields[0] in "ZX" or fields[21] == "0":
                     continue  # exiting (its memory already gone) or exited: nothing left to measure
                 lines.append(f"{time.monotonic_ns()}\t{pid}\t{fields[11]}\t{fields[12]}\t{fields[21]}\n")

@@ -125,6 +125,9 @@ impl Target {
     /// when a thread we have not seen appears, and at most once a second while
     /// one is unnamed (a thread can run before threading registers its name).
     fn name_threads(&mut self, samples: &[ThreadSample]) {
+        if self.fast.is_none() {
+            return; // py-spy's own reads name the threads (Target::read)
+        }
         let new = samples.iter().any(|s| !self.names.contains_key(&s.tid));
         let unnamed = samples.iter().any(|s| self.names.get(&s.tid).is_some_and(String::is_empty));
         if !new && !(unnamed && self.named_at.elapsed() >= Duration::from_secs(1)) {
