@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
-from daskprobe.analyzers.critical_path import critical_path
+from .categories import CATEGORIES, UNCATEGORIZED
+from .critical_path import critical_path
 
 
 def overlap_ns(starts, ends, iv_starts, iv_ends) -> np.ndarray:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.analyzers.breakdown import breakdown
-from daskprobe.analyzers.categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
-from daskprobe.analyzers.whole_run import whole_run
-from daskprobe.tracer.rundir import RunDir
+from .breakdown import breakdown
+from .categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
+from .whole_run import whole_run
+from ..probes.rundir import RunDir
 
 SCHEMA = 1
 DEFINITIONS = {

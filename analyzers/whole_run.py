@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from daskprobe.analyzers.categories import UNCATEGORIZED
+from .categories import UNCATEGORIZED
 
 
 def whole_run(tables: dict, window: tuple[int, int], n_tasks: int, meta: dict, category: pd.Series) -> dict:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from daskprobe.dashboards.compare import speedups
-from daskprobe.dashboards.html_report import layout, page_html, section
+from .compare import speedups
+from .html_report import layout, page_html, section
 
 POINT = ["graph", "workers", "scheduler", "worker", "server"]
 

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
-from daskprobe.dashboards.html_report import layout, page_html, section
-from daskprobe.tracer.rundir import RunDir
+from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
+from .html_report import layout, page_html, section
+from ..probes.rundir import RunDir
 
 def run_row(run: RunDir) -> dict:
     meta, summary = run.meta(), json.loads((run / "summary.json").read_text())

@@ -12,9 +12,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from daskprobe.analyzers.categories import UNCATEGORIZED, classify_stacks, default_rules, load_rules
-from daskprobe.analyzers.whole_run import task_overheads
-from daskprobe.tracer.rundir import RunDir
+from ..analyzers.categories import UNCATEGORIZED, classify_stacks, default_rules, load_rules
+from ..analyzers.whole_run import task_overheads
+from ..probes.rundir import RunDir
 
 MAX_POINTS = 20_000  # per figure: larger runs are binned or sampled, and the caption says so
 BIN_NS = 100_000_000

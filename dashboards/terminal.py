@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from daskprobe.analyzers.summary import DEFINITIONS
+from ..analyzers.summary import DEFINITIONS
 
 ROWS = [("makespan_s", "s"), ("tasks", "tasks"), ("aot_s", "s/task"), ("compute_s", "s"),
         ("messages", "messages"), ("ops", "ops"), ("messages_per_task", "messages/task"),

@@ -30,9 +30,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from daskprobe.dashboards import browser
-from daskprobe.experiments.synthetic import write_run
-from daskprobe.experiments.workloads import count
+from ..dashboards import browser
+from .synthetic import write_run
+from .workloads import count
 
 
 def main(argv=None) -> int:
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         row |= {f"{stage}_s": statistics.median(s[stage] for s in stages) for stage in stages[0]}
         if args.trace:
             row["trace_s"] = _measured([sys.executable, "-c", "import sys; from daskprobe.tracer import trace_writer;"
-                                        " from daskprobe.tracer.rundir import RunDir;"
+                                        " from daskprobe.probes.rundir import RunDir;"
                                         " trace_writer.write(RunDir(sys.argv[1]))", str(run)])[0]
         if args.browser:
             row["browser"] = browser.body(run / "report.html", out / "profile") if browser.available() else "no chromium"

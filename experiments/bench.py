@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from daskprobe.analyzers.categories import CATEGORIES, UNCATEGORIZED
-from daskprobe.tracer.procs import stop
+from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
+from ..probes.procs import stop
 
 KILL_GRACE_S = 60  # after SIGTERM at the timeout, daskprobe gets this long to tear down
 COLUMNS = ["graph", "workers", "scheduler", "worker", "server", "repeat", "status", "makespan_s", "tasks", "aot_s",

@@ -39,9 +39,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from daskprobe.probes.proxy import Route, start_proxy
-from daskprobe.tracer.cluster import free_port
-from daskprobe.tracer.procs import stop
+from ..probes.proxy import Route, start_proxy
+from ..tracer.cluster import free_port
+from ..probes.procs import stop
 
 SATURATION = "distributed.scheduler.worker-saturation=inf"
 STEAL_TITLE = "CPU seconds the hypervisor took per run, all CPUs (steal in /proc/stat)"

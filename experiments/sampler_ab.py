@@ -27,11 +27,11 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from daskprobe.experiments.overhead import SATURATION, print_table
-from daskprobe.probes.base import CLUSTER_ROLES, HELPER_NICE, native_binary
-from daskprobe.probes.procfs import cpu_s
-from daskprobe.tracer.procs import spawn, stop
-from daskprobe.tracer.rundir import RunDir
+from .overhead import SATURATION, print_table
+from ..probes.base import CLUSTER_ROLES, HELPER_NICE, native_binary
+from ..probes.procfs import cpu_s
+from ..probes.procs import spawn, stop
+from ..probes.rundir import RunDir
 
 READERS = ("auto", "pyspy")
 

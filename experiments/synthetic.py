@@ -24,8 +24,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from daskprobe.experiments.workloads import count
-from daskprobe.tracer.capture import MESSAGE, OPEN, PEER
+from .workloads import count
+from ..probes.proxy_capture import MESSAGE, OPEN, PEER
 
 FAN_IN = 100
 PER_TASK_US = 250     # scheduler throughput of about 4,000 tasks/s

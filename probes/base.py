@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from daskprobe.tracer.rundir import RunDir
+from .rundir import RunDir
 
 
 CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})

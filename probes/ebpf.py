@@ -8,9 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from daskprobe.probes.base import HELPER_NICE, Probe, is_root
-from daskprobe.tracer.procs import spawn, stop
-from daskprobe.tracer.rundir import RunDir
+from .base import HELPER_NICE, Probe, is_root
+from .procs import spawn, stop
+from .rundir import RunDir
 
 AGENT = Path(__file__).with_name("ebpf_agent.py")
 # Debian's python3, which python3-bpfcc installs bcc for ($DASKPROBE_BCC_PYTHON to change)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from daskprobe.probes.base import capture_lines
+from .base import capture_lines
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS = "ebpf_events.bin"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import CLUSTER_ROLES, Probe, capture_lines
-from daskprobe.tracer.rundir import RunDir
+from .base import CLUSTER_ROLES, Probe, capture_lines
+from .rundir import RunDir
 
 CAPTURE = "proc.tsv"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -6,8 +6,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from daskprobe.probes.base import native_binary
-from daskprobe.tracer.procs import spawn
+from .base import native_binary
+from .procs import spawn
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from daskprobe.probes.base import CLUSTER_ROLES, HELPER_NICE, Probe, capture_lines, is_root, native_binary
-from daskprobe.tracer.procs import spawn, stop
-from daskprobe.tracer.rundir import RunDir
+from .base import CLUSTER_ROLES, HELPER_NICE, Probe, capture_lines, is_root, native_binary
+from .procs import spawn, stop
+from .rundir import RunDir
 
 CAPTURE = "pyspy.tsv"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from daskprobe.probes.base import Probe
-from daskprobe.probes.ebpf import KINDS as EBPF_KINDS, Ebpf
-from daskprobe.probes.procfs import ProcFS
-from daskprobe.probes.pyspy import PySpy
+from .base import Probe
+from .ebpf import KINDS as EBPF_KINDS, Ebpf
+from .procfs import ProcFS
+from .pyspy import PySpy
 
 DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
@@ -30,7 +30,7 @@ def make(names: list[str], sample_rate: float = 100.0, native: bool = False, cpu
 
 def doctor() -> list[tuple[str, str | None, str]]:
     """(probe, why it cannot run here or None, what it captures) for every probe."""
-    from daskprobe.probes.proxy import proxy_binary
+    from .proxy import proxy_binary
     rows = []
     for name, what in DESCRIPTIONS.items():
         if name == "proxy":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from daskprobe.dashboards import browser
-from daskprobe.tracer.rundir import RunDir
+from daskprobe.probes.rundir import RunDir
 
 DATA = Path(__file__).parent / "data"
 

@@ -3,7 +3,7 @@
 import shutil
 
 from conftest import DATA, daskprobe
-from daskprobe.tracer.rundir import RunDir
+from daskprobe.probes.rundir import RunDir
 
 
 def test_legacy_capture_decodes(tmp_path):

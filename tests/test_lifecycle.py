@@ -8,7 +8,7 @@ import sys
 import time
 
 from conftest import daskprobe, run_flow, write_flow
-from daskprobe.tracer.rundir import RunDir
+from daskprobe.probes.rundir import RunDir
 
 
 def alive(pid: int) -> bool:
@@ -115,12 +115,14 @@ def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
     assert json.loads((out / "run.json").read_text())["partial"] is True
 
 
-def test_help_shows_each_command_with_an_example():
+def test_help_lists_every_verb_and_each_verb_shows_its_own_examples():
     p = daskprobe("--help")
     assert p.returncode == 0
-    for cmd in ("run", "build", "report", "doctor", "open", "compare"):
+    for cmd in ("run", "build", "report", "doctor", "open", "compare", "bench"):
         assert cmd in p.stdout
-        assert f"daskprobe {cmd} " in p.stdout
+        own = daskprobe(cmd, "--help")
+        assert own.returncode == 0 and f"daskprobe {cmd}" in own.stdout.split("examples:")[-1]
+    assert p.stdout.count("examples:") <= 1
 
 
 def _start_sleeping_run(tmp_path, **popen):

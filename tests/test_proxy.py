@@ -18,9 +18,9 @@ import pytest
 
 from conftest import daskprobe
 from daskprobe.probes.proxy import Route, start_proxy
-from daskprobe.tracer.capture import read_capture
+from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.tracer.cluster import free_port
-from daskprobe.tracer.procs import stop
+from daskprobe.probes.procs import stop
 
 
 class Echo:

@@ -13,7 +13,7 @@ import pytest
 from conftest import write_flow
 from daskprobe.probes.base import native_binary
 from daskprobe.probes.pyspy import PySpy, read_samples
-from daskprobe.tracer.rundir import RunDir
+from daskprobe.probes.rundir import RunDir
 
 SWITCHER = """
 import json, sys, time

@@ -82,7 +82,7 @@ def test_stdout_passes_through_untouched(pinned_run):
 def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
     """Large captures are decoded by connection in worker processes: same tables as one loop."""
     from daskprobe.tracer import tables
-    from daskprobe.tracer.capture import read_capture
+    from daskprobe.probes.proxy_capture import read_capture
     run, _, _ = pinned_run
     meta = run.meta()
     cap = read_capture(run.proxy_capture)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 import traceback
 
-from daskprobe.tracer.rundir import RunDir
+from ..probes.rundir import RunDir
 
 
 def _stage(run: RunDir, name: str, fn) -> str | None:
-    from daskprobe.tracer.session import say
+    from .session import say
     try:
         fn(run)
         return None
@@ -21,13 +21,13 @@ def _stage(run: RunDir, name: str, fn) -> str | None:
 
 
 def _summary(run: RunDir, rules=()) -> None:
-    from daskprobe.analyzers.summary import write_summary
-    from daskprobe.dashboards.terminal import print_summary
+    from ..analyzers.summary import write_summary
+    from ..dashboards.terminal import print_summary
     print_summary(write_summary(run, rules))
 
 
 def _html(run: RunDir, rules=()) -> None:
-    from daskprobe.dashboards.html_report import write_html
+    from ..dashboards.html_report import write_html
     write_html(run, rules)
 
 
@@ -37,7 +37,7 @@ def report(run: RunDir, rules=(), html: bool = False) -> bool:
 
 
 def finalize(run: RunDir, trace: bool = True) -> bool:
-    from daskprobe.tracer import tables, trace_writer
+    from . import tables, trace_writer
     stages = (("tables", tables.build), ("trace", trace_writer.write) if trace else None,
               ("report", _summary), ("html", _html))
     stages = [s for s in stages if s]

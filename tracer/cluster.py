@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -12,27 +11,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daskprobe.probes.proxy import Route, start_proxy
-from daskprobe.tracer.procs import log_tail, spawn, stop
-from daskprobe.tracer.rundir import RunDir
+from ..probes.proxy import Route, start_proxy
+from ..probes.procs import log_tail, spawn, stop
+from ..probes.rundir import RunDir
+from .registry import experiments
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
-
-
-def _experiment_file(module: str) -> Path:
-    """A preload among the experiments, as a file: the cluster's interpreter (--python)
-    may not have daskprobe installed, so Dask is given the path, not the module name."""
-    return Path(importlib.util.find_spec(f"daskprobe.experiments.{module}").origin)
-
-
-# The paper's variants, as preload files and the config they need.
-SCHEDULERS = {
-    "ws": ([], {}),
-    "random": ([_experiment_file("random_scheduler")],
-               {"distributed.scheduler.work-stealing": "False", "distributed.scheduler.worker-saturation": "inf"}),
-}
-WORKER_MODES = {"normal": [], "zero": [_experiment_file("zero_worker")]}
 
 
 @dataclass
@@ -50,14 +35,14 @@ class ClusterSpec:
     worker: str = "normal"
 
     def __post_init__(self):
-        if self.scheduler not in SCHEDULERS or self.worker not in WORKER_MODES:
-            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)} and worker one of "
-                             f"{', '.join(WORKER_MODES)}")
+        x = experiments()
+        if self.scheduler not in x.SCHEDULERS or self.worker not in x.WORKERS:
+            raise ValueError(f"scheduler must be one of {', '.join(x.SCHEDULERS)} and worker one of "
+                             f"{', '.join(x.WORKERS)}")
         if self.server_cmd and self.scheduler != "ws":
             raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
                              "with --server-cmd, choose the policy in the server's own command instead")
-        # The variant's settings win over the user's: random with stealing on is not random.
-        self.config = {**self.config, **SCHEDULERS[self.scheduler][1]}
+        self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
 
 
 @dataclass
@@ -155,7 +140,7 @@ class Cluster:
         else:
             s.command = [self.spec.python, "-m", "distributed.cli.dask_scheduler",
                          "--host", host, "--port", port, "--no-dashboard",
-                         *_preloads(SCHEDULERS[self.spec.scheduler][0])]
+                         *_preloads(experiments().SCHEDULERS[self.spec.scheduler].preload_files())]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
         s.pid = s.proc.pid
         self._wait(s, lambda: _listening(int(port)))
@@ -165,7 +150,7 @@ class Cluster:
                      f"tcp://{self.scheduler.contact}", "--name", w.name,
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
                      "--nthreads", str(self.spec.threads), "--no-dashboard",
-                     *_preloads(WORKER_MODES[self.spec.worker])]
+                     *_preloads(experiments().WORKERS[self.spec.worker].preload_files())]
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 
-from daskprobe.probes.base import Probe
-from daskprobe.tracer.cluster import Cluster, ClusterSpec, StartError, interpreter_versions
-from daskprobe.tracer.procs import die_with_parent
-from daskprobe.tracer.rundir import RunDir
+from ..probes.base import Probe
+from .cluster import Cluster, ClusterSpec, StartError, interpreter_versions
+from ..probes.procs import die_with_parent
+from ..probes.rundir import RunDir
+from .registry import experiments
 
 class Interrupted(Exception):
     def __init__(self, signum: int):
@@ -155,4 +156,4 @@ def _own_version() -> str:
 
 def default_command() -> list[str]:
     """The built-in demo workload, run by this interpreter."""
-    return [sys.executable, "-m", "daskprobe.experiments.demo"]
+    return [sys.executable, "-m", experiments().DEMO_MODULE]

@@ -17,10 +17,10 @@ import pandas as pd
 import pyarrow as pa
 from dask.utils import key_split
 
-from daskprobe.probes import ebpf_tables, procfs, pyspy
-from daskprobe.tracer import wire
-from daskprobe.tracer.capture import Capture, frames_at, read_capture
-from daskprobe.tracer.rundir import RunDir
+from ..probes import ebpf_tables, procfs, pyspy
+from . import wire
+from ..probes.proxy_capture import Capture, frames_at, read_capture
+from ..probes.rundir import RunDir
 
 MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns",
                    "t_last_ns", "op", "key", "n_keys", "msg_bytes", "nframes", "batch_index", "batch_size",

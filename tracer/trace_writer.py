@@ -16,7 +16,7 @@ import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from daskprobe.tracer.rundir import RunDir
+from ..probes.rundir import RunDir
 
 SEQ = 1
 BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER

@@ -1,0 +1,11 @@
+"""daskprobe: where did the makespan of a Dask workflow go?
+
+The repository's root is the `daskprobe` package; its folders are the layers,
+each importing only from those before it:
+
+    probes       what captures, the formats it writes, the run directory
+    analyzers    tables in, results out (pure)
+    dashboards   read-only renderers of a run directory
+    tracer       cluster, session, decoding into tables, the trace, the CLI
+    experiments  the paper's variants and benchmarks (reached by name)
+"""

@@ -1,0 +1,68 @@
+"""`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server (see bench.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..tracer.commands import options
+from . import registry
+
+HELP = "sweep graphs x workers x scheduler x worker mode, one run each, into results.csv/.parquet and bench.html"
+EXAMPLES = """examples:
+  daskprobe bench --graphs merge-10K,tree-15 --workers 1,2,4,8 --scheduler ws,random --worker normal,zero --repeat 3
+  daskprobe bench --graphs merge-1K,merge-5K,merge-20K --workers 2 --worker zero --probes none --out runs/aot
+  daskprobe bench --graphs merge-10K --probes all --out runs/traced   # with the critical-path split per run
+  (the same command again resumes: runs already in DIR/results.csv are skipped)
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--graphs", required=True, type=options.comma_list,
+                   help="comma-separated graph names: merge-N, merge_slow-N-T, tree-N, numpy-N-P, groupby-D-F-P, "
+                        "join-D-F-P, bag-N-P, xarray-N (see README)")
+    p.add_argument("--workers", type=options.comma_list, default=["2"], help="comma-separated worker counts (default 2)")
+    p.add_argument("--scheduler", type=options.comma_list, default=["ws"], help="ws, random or both (default ws)")
+    p.add_argument("--worker", type=options.comma_list, default=["normal"], help="normal, zero or both (default normal)")
+    p.add_argument("--server", action="append", default=[], metavar="dask|CMD",
+                   help="'dask' or a scheduler command with {host} and {port}; repeatable (default dask)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per point (default 3)")
+    options.probes(p, "none")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped (default 300)")
+    options.cluster(p)
+    p.add_argument("--out", help="directory for the runs and results (default runs/bench-<time>)")
+
+
+def main(args, command: list[str]) -> int:
+    from ..dashboards.bench_report import write_bench_report
+    from .bench import bench, plan
+    from .workloads import check_name
+
+    for graph in args.graphs:
+        try:
+            check_name(graph)  # a typo must fail now, not after an hour of other runs
+        except ValueError as e:
+            raise SystemExit(f"daskprobe: {e}")
+    _choices("--scheduler", args.scheduler, registry.SCHEDULERS)
+    _choices("--worker", args.worker, registry.WORKERS)
+    options.parse_probes(args.probes)
+    options.parse_config(args.config)
+    workers = [int(w) for w in args.workers]
+    points = plan(args.graphs, workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)]]
+    results = bench(points, out, args.probes, args.timeout, args.python, extra)
+    table = write_bench_report(results, out)
+    if len(table):
+        print(table.to_string(index=False))
+    failed = int((results.status != "ok").sum())
+    print(f"daskprobe: {len(results)} runs ({failed} not ok) in {out}/results.csv; figures in {out}/bench.html",
+          file=sys.stderr)
+    return 0 if failed == 0 else 1
+
+
+def _choices(flag: str, values: list[str], known) -> None:
+    bad = sorted(set(values) - set(known))
+    if bad:
+        raise SystemExit(f"daskprobe: {flag} {','.join(bad)}: not one of {', '.join(known)}")

@@ -1,0 +1,42 @@
+"""What the experiments layer offers the CLI, found by name through the entry
+point group `daskprobe.experiments` (pyproject.toml), so that no layer below
+imports this one: the paper's variants of scheduler and worker, the built-in
+demo workload, and the `bench` verb.
+
+A variant is a preload file given to Dask by path (the cluster's interpreter,
+`--python`, may not have daskprobe installed) and the Dask config it needs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Variant:
+    help: str
+    preload: str | None = None  # module of this package, loaded by Dask from its file
+    config: dict = field(default_factory=dict)  # wins over the user's: random with stealing is not random
+
+    def preload_files(self) -> list[Path]:
+        if self.preload is None:
+            return []
+        return [Path(importlib.util.find_spec(f"daskprobe.experiments.{self.preload}").origin)]
+
+
+SCHEDULERS = {
+    "ws": Variant("Dask's own policy (work stealing, root-task queuing)"),
+    "random": Variant("each ready task to a uniformly random worker; work stealing and queuing off "
+                      "(the paper's random scheduler)", "random_scheduler",
+                      {"distributed.scheduler.work-stealing": "False",
+                       "distributed.scheduler.worker-saturation": "inf"}),
+}
+WORKERS = {
+    "normal": Variant("Dask's worker"),
+    "zero": Variant("every task completes at once with a placeholder result, so only runtime overhead "
+                    "remains (the paper's zero worker)", "zero_worker"),
+}
+DEMO_MODULE = "daskprobe.experiments.demo"  # run as `python -m`: 1,000 tasks and a sum
+VERBS = {"bench": "daskprobe.experiments.bench_verb"}

@@ -1,0 +1,35 @@
+"""`daskprobe compare`: runs side by side by one dimension."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import options
+
+HELP = "compare run directories by workers, scheduler, server or worker mode"
+EXAMPLES = """examples:
+  daskprobe compare runs/w1 runs/w2 runs/w4 --by workers   # AOT and scheduler CPU per task vs workers
+  daskprobe compare runs/bench-x/*-r0 --by worker-mode --baseline normal   # how much is runtime overhead
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--by", default="workers", choices=["workers", "scheduler", "server", "worker-mode"])
+    p.add_argument("--baseline", help="the value of --by that speedups are relative to (default: the smallest)")
+    p.add_argument("--out", help="where compare.html and the CSVs go (default runs/compare-<time>)")
+
+
+def main(args, command: list[str]) -> int:
+    from ...dashboards.compare import compare
+    runs = [options.existing_run(d) for d in args.run_dirs]
+    missing = [str(r.path) for r in runs if not (r / "summary.json").exists()]
+    if missing:
+        raise SystemExit(f"daskprobe: no summary.json in {', '.join(missing)}: run 'daskprobe report' on them")
+    out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    table = compare([str(r.path) for r in runs], args.by, out, args.baseline)
+    print(table.to_string(index=False))
+    print(f"daskprobe: comparison in {out}/compare.html", file=sys.stderr)
+    return 0

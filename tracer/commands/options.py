@@ -1,0 +1,65 @@
+"""Options that several verbs share, declared once, and their checks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ...probes.rundir import RunDir
+
+
+def cluster(p: argparse.ArgumentParser) -> None:
+    """What the cluster's processes run with (run and bench)."""
+    p.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter that runs the scheduler and workers (default: this one)")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="Dask config for every process (and the command), e.g. "
+                        "distributed.scheduler.worker-saturation=inf; repeatable")
+
+
+def probes(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--probes", default=default,
+                   help="comma-separated probes: proxy, pyspy, proc, cpu, gil, offcpu, tcp; 'all' (every probe; "
+                        "those this machine cannot run are skipped and recorded) or 'none' for an untraced "
+                        f"baseline (default {default})")
+
+
+def run_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory (daskprobe run --out, or runs/<time>-<command>)")
+
+
+def rules(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="extra function-to-category rules (TOML, see analyzers/rules/dask.toml); repeatable")
+
+
+def parse_probes(text: str) -> list[str]:
+    from ...probes.registry import NAMES
+    if text == "all":
+        return list(NAMES)
+    if text == "none":
+        return []
+    chosen = comma_list(text)
+    unknown = sorted(set(chosen) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"daskprobe: unknown probe(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    return chosen
+
+
+def parse_config(pairs: list[str]) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SystemExit(f"daskprobe: --config wants KEY=VALUE, got {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def comma_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def existing_run(path: str) -> RunDir:
+    run = RunDir(path)
+    if not (run / "run.json").exists():
+        raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
+    return run

@@ -1,0 +1,64 @@
+"""`daskprobe run`: start a cluster behind the probes, run a command against it, finalize."""
+
+from __future__ import annotations
+
+from . import options
+from ..registry import experiments
+
+HELP = "start a cluster behind the probes and run a command against it"
+EXAMPLES = """examples:
+  daskprobe run                                   # built-in demo on 2 workers
+  daskprobe run --workers 2 --threads 1 -- python my_flow.py
+  daskprobe run --workers 4 --config distributed.scheduler.worker-saturation=inf -- python my_flow.py
+  daskprobe run --probes none -- python my_flow.py          # same cluster, no capture (baseline)
+  daskprobe run --server-cmd 'rsds-scheduler --port {port}' --python /path/to/old-env/bin/python -- python flow.py
+"""
+
+
+def add_arguments(p) -> None:
+    x = experiments()
+    p.usage = "daskprobe run [options] [-- COMMAND ...]"
+    p.add_argument("--workers", type=int, default=2, help="number of worker processes (default 2)")
+    options.cluster(p)
+    p.add_argument("--nanny", action="store_true", default=False,
+                   help="start workers under a nanny (default: no nanny)")
+    p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
+    options.probes(p, "all")
+    p.add_argument("--sample-rate", type=float, default=100.0,
+                   help="Python stack samples per second and process (default 100)")
+    p.add_argument("--native", action="store_true",
+                   help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
+    p.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="what-if: the proxy holds every message this long before passing it on (default 0)")
+    p.add_argument("--scheduler", default="ws", choices=list(x.SCHEDULERS),
+                   help="; ".join(f"{k}: {v.help}" for k, v in x.SCHEDULERS.items()) + " (default ws)")
+    p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
+                   help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
+    p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
+    p.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
+
+
+def main(args, command: list[str]) -> int:
+    from ...probes import registry
+    from ..build import finalize
+    from ..session import default_command, run, say
+
+    probes = options.parse_probes(args.probes)
+    code, run_dir = run(_spec(args, probes), command or default_command(), args.out, probes,
+                        registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
+                        sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
+    finalize(run_dir)
+    say(f"run directory: {run_dir.path}")
+    return code
+
+
+def _spec(args, probes: list[str]):
+    from ..cluster import ClusterSpec
+    try:
+        return ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
+                           server_cmd=args.server_cmd, config=options.parse_config(args.config),
+                           proxy="proxy" in probes, proxy_delay_us=round(args.delay_ms * 1000),
+                           start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker)
+    except ValueError as e:
+        raise SystemExit(f"daskprobe: {e}")
