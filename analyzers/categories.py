@@ -1,4 +1,5 @@
-"""Function-to-category rules (data files under analyzers/rules/), applied to CPU samples."""
+"""The categories of time, and the function-to-category rules (data files
+under analyzers/rules/) that classify CPU samples."""
 
 from __future__ import annotations
 
@@ -10,24 +11,34 @@ from pathlib import Path
 import pandas as pd
 
 RULES_DIR = Path(__file__).with_name("rules")
-CATEGORIES = ("scheduler_decisions", "runtime_bookkeeping", "gil_contention", "network", "compute", "idle")
+CATEGORIES = ("scheduler_decisions", "runtime_bookkeeping", "gil_contention", "cpu_starvation", "network",
+              "compute", "queueing", "idle", "client")
 UNCATEGORIZED = "uncategorized"
 DEFINITIONS = {
-    "scheduler_decisions": "critical-path time inside the scheduler whose CPU samples fall in worker choice, "
-                           "work stealing, occupancy and duration estimates (rules/dask.toml, rules/rsds.toml)",
-    "runtime_bookkeeping": "critical-path time inside the scheduler whose samples fall in task transitions, "
-                           "stream handlers, comm, msgpack and serialization, graph materialization, the event "
-                           "loop; plus critical-path time inside a worker outside compute (before and after "
-                           "compute, waiting for a thread), less its GIL waits",
-    "gil_contention": "critical-path time in which the event-loop thread of the process the path is in "
-                      "(scheduler or worker) waited in take_gil (eBPF uprobes), including while a message "
-                      "waited in that process's send batch",
-    "network": "critical-path time of messages between their first byte reaching the proxy and their last byte "
-               "delivered; their batching delay (from the sender building the message, per the timestamp in "
-               "its stimulus_id, to its first byte); input fetches between workers; the client's graph upload",
-    "compute": "the workers' compute spans (startstops) of the tasks on the critical path",
-    "idle": "critical-path time inside the scheduler whose samples show its event-loop thread not running",
-    UNCATEGORIZED: "critical-path time inside the scheduler whose samples match no rule, or that had no samples",
+    "scheduler_decisions": "time the scheduler spent choosing workers, stealing work and estimating occupancy and "
+                           "durations: on-CPU time of its event loop (or of a thread it waited on) whose samples fall "
+                           "in those functions (rules/dask.toml, rules/rsds.toml); plus each steal on the path, from "
+                           "the scheduler's steal-request to its compute-task to the thief",
+    "runtime_bookkeeping": "time Dask's runtime spent on everything else it does for a task: on-CPU time of the "
+                           "scheduler's or a worker's event loop (or of a thread it waited on) in task transitions, "
+                           "message handling, comm, serialization, graph materialization, the event loop; plus "
+                           "'batching': a message held by the batched-send interval (scheduler to worker 5 ms, "
+                           "worker to scheduler 2 ms, scheduler to client 2 ms) while the loop was blocked",
+    "gil_contention": "time the event-loop thread of the process the path was in waited to take the GIL "
+                      "(eBPF uprobes on take_gil)",
+    "cpu_starvation": "time the event-loop thread of the process the path was in was runnable but had no CPU "
+                      "(eBPF sched_switch / sched_wakeup): the machine had more work than cores",
+    "network": "time messages on the path were on the wire: from their first byte reaching the proxy to their "
+               "last byte leaving it (any --delay-ms hold included), for task messages, graph uploads and the "
+               "get_data requests and replies between workers",
+    "compute": "the workers' compute spans (startstops) of the tasks on the path",
+    "queueing": "time a task on the path waited on a worker it was then stolen from (worker-side queueing)",
+    "idle": "time the event-loop thread of the process the path was in was blocked with no message held for "
+            "sending and no Dask work on its other threads: it waited for something the path does not show",
+    "client": "time no job was in the cluster (before the first, between jobs, after the last), and time within a "
+              "job from a result reaching the client to the client's next submission: the client working, "
+              "thinking or waiting on its own",
+    UNCATEGORIZED: "time inside a process whose samples match no rule, or for which there were no samples",
 }
 
 

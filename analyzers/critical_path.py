@@ -1,19 +1,29 @@
-"""The critical path of a run, walked backwards from the last requested output
-reaching the client, through tasks and messages, to the client's first graph.
+"""The critical path of each job, walked backwards from the last result the
+job's submitter was told of (its end) to the job's first byte (its start).
 
-Per task, backwards: task-finished on the wire (network) <- its wait in the
-worker's send batch (network: batching delay) <- worker work after compute
-<- compute <- worker work before compute, with input fetches from other
-workers (network) <- compute-task on the wire (network) <- its wait in the
-scheduler's send batch (network: batching delay) <- scheduler work since the
-task's trigger. A batching delay is measured from the stimulus timestamp the
-sender puts in the message (when it built it) to its first byte at the proxy. The trigger is what
-the task waited for: the dependency whose task-finished reached the scheduler
-last; for a task without dependencies, the latest of the graph's arrival and
-the last task-finished from the same worker (which freed the slot a queued
-root task waited for). A task that waited for a worker thread follows the task
-that held the thread. Every step moves one cursor back, so the segments are
-contiguous and sum to the makespan exactly.
+Each step moves one cursor back and gives the stretch it passed over to one
+kind of time, so the segments are contiguous and sum to the job's makespan:
+
+- network: a message between its first byte and its last byte at the proxy
+  (key-in-memory, task-finished, compute-task, the graph's upload, get_data
+  requests and replies between workers);
+- compute: a task's compute span on the critical path;
+- scheduler / worker: time inside that process, split later by what its
+  event-loop thread was doing (attribution.py). A segment that ends with a
+  message leaving the process records that stream's batched-send interval;
+- queueing: a task waiting on a worker it was then stolen from;
+- scheduler_decisions: the steal itself, from the scheduler's steal-request
+  to its compute-task to the thief;
+- client: the submitter working between a result and its next submission.
+
+Per task, backwards: task-finished on the wire <- the worker after compute <-
+compute <- (a task that held the thread it waited for) <- the worker before
+compute, with its input fetches <- compute-task on the wire <- (earlier
+attempts moved off other workers) <- the scheduler since the task's trigger.
+The trigger is what `tasks.ready_by` names: the dependency that finished
+last, or the task's graph; a task without dependencies that waited for a
+queue slot follows the task that freed it. Behind a graph: its upload, and,
+unless it is the job's first, the client's time since the result before it.
 """
 
 from __future__ import annotations
@@ -24,113 +34,220 @@ from collections import namedtuple
 import numpy as np
 import pandas as pd
 
-COLUMNS = ["start_ns", "end_ns", "kind", "part", "key"]
+from .jobs import asks
+
+COLUMNS = ["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]
+# distributed's batched-send intervals (BatchedSend), by sender and receiver
+BATCH_NS = {("scheduler", "worker"): 5_000_000, ("scheduler", "client"): 2_000_000,
+            ("worker", "scheduler"): 2_000_000, ("client", "scheduler"): 10_000_000}
 
 
 class _Lookup:
     """Sorted times per group, for 'the latest event of this group before t'."""
 
-    def __init__(self, df: pd.DataFrame, group: list[str], time: str):
+    def __init__(self, df: pd.DataFrame, group: list[str], time: str, value: str = "key"):
         self.index = {}
-        for g, part in df.dropna(subset=[time]).groupby(group):
+        for g, part in df.dropna(subset=[time, *group]).groupby(group):
             part = part.sort_values(time)
             self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("float64").tolist(),
-                                                         part.key.tolist())
+                                                         part[value].tolist())
 
     def latest(self, group, before: float, after: float = -np.inf, exclude=None):
         # bisect on lists: a scalar lookup per walk step, where numpy's call overhead dominates
-        times, keys = self.index.get(group, ((), ()))
+        times, values = self.index.get(group, ((), ()))
         i = bisect_right(times, before) - 1
         while i >= 0 and times[i] > after:
-            if keys[i] != exclude:
-                return keys[i], times[i]
+            if values[i] != exclude:
+                return values[i], times[i]
             i -= 1
         return None, None
 
 
-class _Walk:
-    def __init__(self, start: int, end: int):
-        self.start, self.cursor, self.rows = start, end, []
+class _Rows:
+    """Row lookup by an index key, as tuples over plain Python columns (nullable ints
+    as float with NaN), made on first visit: per-row pandas access is what makes
+    large runs slow."""
 
-    def back_to(self, t, kind: str, part: str, key) -> None:
-        """Attribute [t, cursor] to kind, then move the cursor to t."""
+    def __init__(self, df: pd.DataFrame, index: list[str]):
+        self.Row = namedtuple("Row", df.columns)
+        self.cols = [df[c].to_numpy("float64", na_value=np.nan).tolist() if str(df[c].dtype) in ("Int64", "int64")
+                     else df[c].to_numpy(object).tolist() for c in df.columns]
+        keys = zip(*(self.cols[df.columns.get_loc(c)] for c in index)) if len(index) > 1 else \
+            self.cols[df.columns.get_loc(index[0])]
+        self.index = dict(zip(keys, range(len(df))))
+
+    def get(self, key):
+        i = self.index.get(key)
+        return None if i is None else self.Row(*(c[i] for c in self.cols))
+
+
+class _Walk:
+    def __init__(self, job: int, start: int, end: int):
+        self.job, self.start, self.cursor, self.rows = job, start, end, []
+
+    def back_to(self, t, kind: str, part: str, key=None, process=None, batch_ns: int = 0) -> None:
+        """Give [t, cursor] to kind, then move the cursor to t."""
         if t is None or t != t:  # None or NaN: that step was not observed
             return
         t = max(min(int(t), self.cursor), self.start)
         if t < self.cursor:
-            self.rows.append((t, self.cursor, kind, part, key))
+            self.rows.append((self.job, t, self.cursor, kind, part, key, process, batch_ns))
         self.cursor = t
 
 
-def critical_path(tasks: pd.DataFrame, graph_arrivals: np.ndarray, window: tuple[int, int],
-                  end_key: str) -> pd.DataFrame:
-    """Segments (start_ns, end_ns, kind, part, key). kind is a category, or
-    'scheduler' / 'worker' for time in those processes, split later by samples."""
-    start, end = window
-    t = _Rows(tasks)
-    done = tasks.dropna(subset=["finished_recv_ns"])
-    done = dict(zip(done.key.to_numpy(object), done.finished_recv_ns.to_numpy("int64")))
-    same_worker = _Lookup(tasks, ["worker"], "finished_recv_ns")
-    same_thread = _Lookup(tasks, ["worker", "thread"], "compute_stop_ns")
-    graphs = np.sort(np.asarray(graph_arrivals, dtype="float64"))
-    w = _Walk(start, end)
-    r = t[end_key]
-    w.back_to(r.in_memory_sent_ns, "network", "key-in-memory to the client", end_key)
-    w.back_to(r.finished_recv_ns, "scheduler", "task-finished to key-in-memory", end_key)
-    key, entered_at_finish, seen = end_key, True, set()
-    while w.cursor > start and (key, entered_at_finish) not in seen:
-        seen.add((key, entered_at_finish))
-        r = t[key]
-        if entered_at_finish:
-            w.back_to(r.finished_sent_ns, "network", "task-finished", key)
-            w.back_to(r.finished_built_ns, "network", "batching delay (worker)", key)
-            w.back_to(r.compute_stop_ns, "worker", "after compute", key)
-        w.back_to(r.compute_start_ns, "compute", "compute", key)
-        held, stop = same_thread.latest((r.worker, r.thread), r.compute_start_ns, r.compute_recv_ns, exclude=key)
-        if held is not None:
-            w.back_to(stop, "worker", "waiting for a thread", key)
-            key, entered_at_finish = held, False
+class _Index:
+    """Everything the walk looks up, built once for all jobs."""
+
+    def __init__(self, tasks, attempts, graphs, told, exchanges):
+        self.tasks = _Rows(tasks, ["job", "key"])
+        done = attempts[attempts.outcome == "finished"]
+        self.finished = _Rows(done.sort_values("finished_recv_ns").drop_duplicates("key", keep="last"), ["key"])
+        self.same_thread = _Lookup(done.assign(ref=list(zip(done.job, done.key))), ["worker", "thread"],
+                                   "compute_stop_ns", "ref")
+        self.same_worker = _Lookup(done.assign(ref=list(zip(done.job, done.key))), ["worker"], "finished_recv_ns", "ref")
+        moved = attempts[~attempts.outcome.isin(["finished", "erred", "unfinished"])].sort_values("compute_sent_ns")
+        self.moved = {k: list(g.itertuples(index=False)) for k, g in moved.groupby(["job", "key"])}
+        self.graphs = _Rows(graphs, ["graph_id"])
+        self.first_graph = graphs.sort_values("t_first_ns").groupby("job").graph_id.first().to_dict()
+        self.last_graph = graphs.sort_values("done_ns").groupby("job").graph_id.last().to_dict()
+        self.asks = _Lookup(asks(graphs), ["job", "key"], "t_last_ns", "graph_id")
+        self.told = _Rows(told, ["told_id"])
+        self.told_to = _Lookup(told, ["dst"], "t_last_ns", "told_id")
+        self.exchanges = _Lookup(exchanges.assign(ref=np.arange(len(exchanges))), ["src"], "req_first", "ref")
+        self.exchange = exchanges.reset_index(drop=True)
+
+
+def critical_paths(jobs: pd.DataFrame, tasks: pd.DataFrame, attempts: pd.DataFrame, graphs: pd.DataFrame,
+                   told: pd.DataFrame, exchanges: pd.DataFrame) -> pd.DataFrame:
+    """Segments of every job's critical path (COLUMNS)."""
+    ix = _Index(tasks, attempts, graphs, told, exchanges)
+    rows = []
+    for j in jobs.itertuples():
+        w = _Walk(j.job, int(j.start_ns), int(j.end_ns))
+        _walk(w, ix, j)
+        w.back_to(w.start, "client", "client: submitting")  # only if a step was not observed
+        rows += w.rows[::-1]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _walk(w: _Walk, ix: _Index, job) -> None:
+    """Step back from the job's end until its start; each step returns the next."""
+    step = ("told", job.end_told) if pd.notna(job.end_told) else ("graph", ix.last_graph[job.job])
+    seen = set()
+    while step is not None and w.cursor > w.start and step not in seen:
+        seen.add(step)
+        kind, ref = step
+        step = {"told": _at_told, "finish": _at_finish, "compute": _at_compute, "graph": _at_graph}[kind](w, ix, ref)
+
+
+def _at_told(w: _Walk, ix: _Index, told_id):
+    m = ix.told.get(told_id)
+    w.back_to(m.t_first_ns, "network", f"{m.op} to the client", m.key)
+    r = ix.tasks.get((w.job, m.key))
+    if r is None or r.outcome != "finished":  # known before the job: told once its graph arrived
+        graph, at = ix.asks.latest((w.job, m.key), w.cursor)
+        if graph is None:
+            return None
+        w.back_to(at, "scheduler", "graph to told", m.key, "scheduler", BATCH_NS[("scheduler", "client")])
+        return "graph", graph
+    w.back_to(r.finished_recv_ns, "scheduler", "task-finished to key-in-memory", m.key, "scheduler",
+              BATCH_NS[("scheduler", "client")])
+    return "finish", (w.job, m.key)
+
+
+def _row(ix: _Index, ref):
+    """A task row of this job, or the last finished attempt of a key from before it."""
+    return ix.tasks.get(ref) or ix.finished.get(ref[1])
+
+
+def _at_finish(w: _Walk, ix: _Index, ref):
+    r = _row(ix, ref)
+    if r is None:
+        return None
+    w.back_to(r.finished_sent_ns, "network", "task-finished", r.key)
+    w.back_to(r.compute_stop_ns, "worker", "after compute", r.key, r.worker, BATCH_NS[("worker", "scheduler")])
+    return "compute", ref
+
+
+def _at_compute(w: _Walk, ix: _Index, ref):
+    r = _row(ix, ref)
+    w.back_to(r.compute_start_ns, "compute", "compute", r.key, r.worker)
+    held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns, r.compute_recv_ns, exclude=ref)
+    if held is not None:
+        w.back_to(stop, "worker", "worker saturation (waiting for a thread)", r.key, r.worker)
+        return "compute", held
+    if pd.notna(r.transfer_stop_ns) and r.transfer_stop_ns > r.compute_recv_ns:
+        w.back_to(r.transfer_stop_ns, "worker", "before compute", r.key, r.worker)
+        _fetch(w, ix, r)
+    w.back_to(r.compute_recv_ns, "worker", "before compute", r.key, r.worker)
+    w.back_to(r.compute_sent_ns, "network", "compute-task", r.key)
+    return _at_dispatch(w, ix, r)
+
+
+def _fetch(w: _Walk, ix: _Index, r) -> None:
+    """Input fetches: the get_data exchange whose reply came last, on the wire and in
+    the worker that served it; the rest of the transfer span is the fetching worker's."""
+    ref, _ = ix.exchanges.latest(r.worker, w.cursor, after=r.transfer_start_ns)
+    if ref is not None:
+        x = ix.exchange.iloc[ref]
+        w.back_to(x.rep_last, "worker", "receiving inputs", r.key, r.worker)
+        w.back_to(x.rep_first, "network", "get_data reply (inputs)", r.key)
+        w.back_to(x.req_last, "worker", "serving inputs (get_data)", r.key, x.dst)
+        w.back_to(x.req_first, "network", "get_data request", r.key)
+    w.back_to(r.transfer_start_ns, "worker", "fetching inputs", r.key, r.worker)
+
+
+def _at_dispatch(w: _Walk, ix: _Index, r):
+    """The cursor is at the task's (last) compute-task leaving the scheduler."""
+    for prev in reversed(ix.moved.get((w.job, r.key), [])):
+        if prev.compute_sent_ns >= w.cursor:
             continue
-        if pd.notna(r.transfer_stop_ns) and r.transfer_stop_ns > r.compute_recv_ns:
-            w.back_to(r.transfer_stop_ns, "worker", "before compute", key)
-            w.back_to(r.transfer_start_ns, "network", "fetching inputs from workers", key)
-        w.back_to(r.compute_recv_ns, "worker", "before compute", key)
-        w.back_to(r.compute_sent_ns, "network", "compute-task", key)
-        w.back_to(r.dispatch_built_ns, "network", "batching delay (scheduler)", key)
-        trigger, at = _trigger(done, r, key, graphs, same_worker)
-        if trigger is None:
-            w.back_to(at, "scheduler", "graph to dispatch", key)
-            break
-        w.back_to(at, "scheduler", "ready to dispatch", key)
-        key, entered_at_finish = trigger, True
-    w.back_to(start, "network", "graph upload from the client", None)
-    return pd.DataFrame(w.rows[::-1], columns=COLUMNS)
+        if prev.outcome == "stolen":
+            w.back_to(prev.moved_ns, "scheduler_decisions", "work stealing (steal-request to re-dispatch)", r.key)
+            w.back_to(prev.compute_recv_ns, "queueing", f"worker-side queueing on {prev.worker} (then stolen)",
+                      r.key, prev.worker)
+        else:
+            w.back_to(prev.moved_ns, "scheduler", f"re-dispatch after {prev.outcome}", r.key, "scheduler",
+                      BATCH_NS[("scheduler", "worker")])
+            w.back_to(prev.compute_recv_ns, "worker", f"on {prev.worker} until {prev.outcome}", r.key, prev.worker)
+        w.back_to(prev.compute_sent_ns, "network", "compute-task", r.key)
+    batch = BATCH_NS[("scheduler", "worker")]
+    if isinstance(r.ready_by, str) and r.ready_by != "graph":
+        dep = _row(ix, (w.job, r.ready_by))
+        if dep is not None:
+            w.back_to(dep.finished_recv_ns, "scheduler", "ready to dispatch", r.key, "scheduler", batch)
+            return "finish", (w.job, dep.key)
+    g = ix.graphs.get(int(r.graph)) if pd.notna(r.graph) else None
+    after = g.t_last_ns if g is not None else -np.inf
+    freed, at = ix.same_worker.latest(r.worker, w.cursor, after=after, exclude=(w.job, r.key))
+    if freed is not None and len(r.deps) == 0:
+        w.back_to(at, "scheduler", "queued until a worker slot freed", r.key, "scheduler", batch)
+        return "finish", freed
+    if g is None:
+        return None
+    w.back_to(g.t_last_ns, "scheduler", "graph to dispatch", r.key, "scheduler", batch)
+    return "graph", g.graph_id
 
 
-class _Rows:
-    """task key -> row, as a tuple over plain Python columns (nullable ints as float with NaN),
-    made when the walk first visits it: pandas row access, or a tuple for each of a
-    million tasks up front, is what made large runs slow."""
-
-    def __init__(self, df: pd.DataFrame):
-        self.Row = namedtuple("Row", df.columns)
-        self.cols = [df[c].to_numpy("float64", na_value=np.nan).tolist() if str(df[c].dtype) == "Int64"
-                     else df[c].to_numpy(object).tolist() for c in df.columns]
-        self.index = dict(zip(self.cols[df.columns.get_loc("key")], range(len(df))))
-
-    def __getitem__(self, key):
-        i = self.index[key]
-        return self.Row(*(c[i] for c in self.cols))
+def _at_graph(w: _Walk, ix: _Index, graph_id):
+    g = ix.graphs.get(graph_id)
+    w.back_to(g.t_first_ns, "network", "graph upload", None)
+    if ix.first_graph.get(w.job) == graph_id:
+        return None
+    ref, at = ix.told_to.latest(g.src, w.cursor, after=w.start)
+    if ref is None:
+        w.back_to(w.start, "client", "client: submitting", None, g.src)
+        return None
+    w.back_to(at, "client", "client: between a result and its next submission", None, g.src)
+    return "told", ref
 
 
-def _trigger(done: dict, r, key, graphs: np.ndarray, same_worker: _Lookup):
-    """(task, time) the task waited for; (None, graph arrival) for the graph itself."""
-    built = r.dispatch_built_ns if pd.notna(r.dispatch_built_ns) else r.compute_sent_ns
-    deps = [d for d in (r.deps if isinstance(r.deps, (list, np.ndarray)) else []) if d in done]
-    if deps:
-        last = max(deps, key=done.__getitem__)
-        return last, done[last]
-    i = np.searchsorted(graphs, built, side="right") - 1
-    graph = graphs[i] if i >= 0 else None
-    freed, at = same_worker.latest(r.worker, built, after=graph if graph is not None else -np.inf, exclude=key)
-    return (freed, at) if freed is not None else (None, graph)
+def exchanges(msgs: pd.DataFrame) -> pd.DataFrame:
+    """get_data exchanges between workers: requester (src), server (dst), request and reply times."""
+    req = msgs[(msgs.op == "get_data") & (msgs.src_role == "worker") & (msgs.dst_role == "worker")]
+    req = req.drop_duplicates("msg_id").set_index("msg_id")
+    rep = msgs[msgs.reply_to.isin(req.index)].drop_duplicates("reply_to").set_index("reply_to")
+    x = req.join(rep[["t_first_ns", "t_last_ns"]].rename(columns={"t_first_ns": "rep_first", "t_last_ns": "rep_last"}),
+                 how="inner")
+    return pd.DataFrame({"src": x.src, "dst": x.dst, "req_first": x.t_first_ns, "req_last": x.t_last_ns,
+                         "rep_first": x.rep_first, "rep_last": x.rep_last}).reset_index(drop=True)

@@ -1,99 +1,179 @@
-"""Whole-run numbers from the tables: makespan, tasks, overhead per task,
-messages and bytes per task. Every number has a unit (in its name) and a
-definition (DEFINITIONS, copied into summary.json and the README)."""
+"""The analysis: a run's tables in, result tables and summary.json out (pure).
+
+Every number has a unit (in its name or DEFINITIONS) and a definition
+(DEFINITIONS, copied into summary.json and shown by `daskprobe explain`).
+"""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .breakdown import breakdown
+from .attribution import attribute, totals
 from .categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
-from .whole_run import whole_run
-from ..probes.rundir import RunDir
+from .cpu import classify_samples, cpu_by_category, cpu_time
+from .critical_path import critical_paths, exchanges
+from .jobs import client_gaps, graph_jobs, job_of, session, told
+from .tasks import assign_jobs, recomputed, tasks_table
+from .thread_state import thread_states, threads_table
+from .whole_run import cpu_check, scheduler_cpu, task_overhead, worker_idle
 
-SCHEMA = 1
+SCHEMA = 2
+INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc")
+FEW_SAMPLES = 20  # a share resting on fewer samples is marked as such
 DEFINITIONS = {
-    "makespan_s": "seconds from the first byte of the client's first update-graph at the proxy to the last "
-                  "key-in-memory of a requested output reaching the client (if the client was told of no "
-                  "requested output: the last key-in-memory of any task; failing that, the last task-finished "
-                  "reaching the scheduler)",
-    "tasks": "task keys the scheduler sent to a worker with compute-task",
+    "session_s": "seconds from the client's first byte to its last at the proxy (widened to hold every job): the "
+                 "span the critical-path split covers",
+    "makespan_s": "seconds from the first byte of the client's first update-graph at the proxy to the end of its "
+                  "last job (the last key that job asked for reaching the client)",
+    "jobs": "the computations the client submitted: a job runs from the first byte of an update-graph until "
+            "the last key it asks for is told to the client; graphs in the cluster at the same time (a futures "
+            "loop) are one job. Each has its own makespan_s, tasks, critical_path_s and recomputed keys",
+    "tasks": "computations of a key in a job (a key computed in two jobs counts twice), over all jobs",
+    "dispatches": "compute-task messages the scheduler sent (a task stolen or rescheduled is dispatched again)",
     "aot_s": "average overhead per task as in Böhm & Beránek: makespan_s / tasks, in seconds",
-    "compute_s": "sum over tasks of the worker's compute span (stop - start), in seconds",
+    "compute_s": "sum over finished dispatches of the worker's compute span (stop - start), in seconds",
     "messages": "Dask messages seen by the proxy in the makespan window (a batch counts once)",
     "ops": "ops in those messages (each op of a batch counts)",
     "messages_per_task": "messages / tasks",
     "bytes_per_task": "bytes on the wire (framing included) in the makespan window / tasks",
-    "critical_path_s": "the makespan split along the critical path (see analyzers/critical_path.py) into "
-                       "scheduler_decisions, runtime_bookkeeping, gil_contention, network, compute, idle and "
-                       "uncategorized, in seconds; they sum to makespan_s",
-    "critical_path_parts_s": "the same path by finer part (kind: part), in seconds",
-    "cpu_by_category_s": "per process, CPU seconds by category: on-CPU samples x sampling period (py-spy for "
-                         "Python processes, eBPF for native ones)",
+    "critical_path_s": "the session split along each job's critical path, plus the client's time between jobs, "
+                       "in seconds per category; they sum to session_s",
+    "critical_path_interval_s": "per category: the count of samples its seconds rest on and their 90% interval "
+                                "(sampling error of the shares taken from samples; exact where samples=0)",
+    "critical_path_parts_s": "the same split by finer part (kind: part) and category, in seconds",
+    "recomputed": "keys that finished again after having finished before (in an earlier job or earlier in the "
+                  "same job): how many keys, how many extra computations, their compute seconds, by prefix",
+    "cpu_by_category_s": "per process, CPU seconds in the makespan window by category: on-CPU samples, each "
+                         "standing for the time since its process's previous read (Python sampler) or 1/cpu_hz "
+                         "(eBPF); a worker's samples inside a task's compute span on its thread are compute",
+    "cpu_check": "per process, CPU seconds in the makespan window from samples (cpu_by_category_s summed) and "
+                 "from the kernel (/proc utime+stime), their ratio, and the on-CPU samples behind the first",
     "worker_idle_s": "per worker, seconds of the makespan in which it held no task (between a compute-task "
                      "arriving and its task-finished leaving)",
-    "task_overhead_s": "distribution over tasks of (task-finished reaching the scheduler - the task being ready) "
-                       "- its compute span, in seconds; ready = its last dependency's task-finished reaching the "
-                       "scheduler, or the graph's arrival",
+    "task_overhead_s": "distribution over finished tasks of (task-finished reaching the scheduler - the task "
+                       "being ready) - its compute span, in seconds; ready = the later of its last dependency's "
+                       "task-finished reaching the scheduler and its graph's last byte",
     "scheduler_cpu_per_task_s": "scheduler CPU seconds (from /proc) in the makespan window / tasks",
+    "thread_states": "where the split of time inside processes took the event-loop thread's state from: 'ebpf' "
+                     "(on/off-CPU and GIL waits, exact) or 'samples' (the sampler's flag; GIL waits and CPU "
+                     "starvation then cannot be told apart from idle)",
 }
 
 
-def makespan_window(msgs: pd.DataFrame, tasks: pd.DataFrame) -> tuple[int, int, str, str] | None:
-    """(start, end, which event ended it, the key whose arrival ended it), per DEFINITIONS."""
-    graphs = msgs[(msgs.src_role == "client") & (msgs.op == "update-graph")]
-    if graphs.empty or tasks.empty:
-        return None
-    start = int(graphs.t_first_ns.min())
-    for label, ends in (("requested key-in-memory", tasks[tasks.requested].in_memory_ns),
-                        ("any key-in-memory", tasks.in_memory_ns),
-                        ("last task-finished", tasks.finished_recv_ns)):
-        ends = ends.dropna()
-        if not ends.empty:
-            last = ends.idxmax()
-            return start, int(ends[last]), label, tasks.key[last]
-    return None
+@dataclass
+class Analysis:
+    tables: dict  # name -> DataFrame, written to tables/
+    summary: dict
 
 
-TABLES = ("processes", "messages", "tasks", "samples", "stacks", "frames", "gil_waits", "proc")
-
-
-def summarize(run: RunDir, rules: list[Path] = ()) -> dict:
-    tables = {name: run.table(name) for name in TABLES}
-    msgs, tasks = tables["messages"], tables["tasks"]
-    window = makespan_window(msgs, tasks)
-    out = {"schema": SCHEMA, "run": str(run.path), "definitions": DEFINITIONS | {
+def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
+    base = {"schema": SCHEMA, "definitions": DEFINITIONS | {
         f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}}
-    if window is None:
-        return out | {"error": "no update-graph and finished task seen: nothing to measure"}
-    start, end, end_event, end_key = window
+    graphs, jobs = graph_jobs(t["graphs"], t["messages"])
+    window = session(t["messages"], jobs)
+    if jobs.empty or t["attempts"].empty or window is None:
+        return Analysis({}, base | {"error": _nothing(t)})
+    attempts = assign_jobs(t["attempts"], jobs)
+    tasks = tasks_table(attempts, graphs)
+    states = thread_states(t["offcpu"], t["gil_waits"])
+    category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
+    cpu = classify_samples(t["samples"], t["processes"], states, category, attempts,
+                           meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
+    threads = threads_table(t["samples"], states)
+    path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
+    path = pd.concat([path, client_gaps(window, jobs)], ignore_index=True).sort_values("start_ns", ignore_index=True)
+    attr = attribute(path, t["processes"], states, cpu, threads)
+    cluster = threads[threads.pid.isin(_pids(t["processes"], CLUSTER))]
+    cpu_in_window = cpu_time(cpu, states, cluster, _makespan(jobs))
+    summary = base | _numbers(t, jobs, tasks, attempts, window) | _split(attr) | {
+        "jobs": _jobs(jobs, tasks, attempts, attr, window),
+        "recomputed": _recomputed(recomputed(attempts)),
+        "cpu_by_category_s": cpu_by_category(cpu_in_window),
+        "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], _makespan(jobs)),
+        "worker_idle_s": worker_idle(attempts, _makespan(jobs)),
+        "task_overhead_s": task_overhead(tasks),
+        "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], _makespan(jobs), len(tasks)),
+        "thread_states": "ebpf" if len(states) else "samples"}
+    out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
+           "critical_path": path,
+           "attribution": attr, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
+    return Analysis(out, summary)
+
+
+def _nothing(t: dict) -> str:
+    if t["messages"].empty:
+        return "no messages were captured: nothing to measure"
+    if not ((t["messages"].src_role == "client") & (t["messages"].op == "update-graph")).any():
+        return ("no update-graph from a client went through daskprobe's proxy: nothing to measure (did the "
+                "command connect to another scheduler than DASK_SCHEDULER_ADDRESS?)")
+    return "no task was dispatched: nothing to measure"
+
+
+CLUSTER = ("scheduler", "worker", "nanny", "client")
+
+
+def _pids(processes: pd.DataFrame, roles) -> list[int]:
+    return processes[processes.role.isin(roles)].pid.dropna().astype("int64").tolist()
+
+
+def _makespan(jobs: pd.DataFrame) -> tuple[int, int]:
+    return int(jobs.start_ns.min()), int(jobs.end_ns.max())
+
+
+def _numbers(t: dict, jobs, tasks, attempts, window) -> dict:
+    start, end = _makespan(jobs)
+    msgs = t["messages"]
     inside = msgs[(msgs.t_first_ns >= start) & (msgs.t_first_ns <= end)]
     per_msg = inside.drop_duplicates("msg_id")
-    n = int(tasks.compute_sent_ns.notna().sum())
+    n = len(tasks)
+    spans = (attempts.compute_stop_ns - attempts.compute_start_ns).dropna()
     makespan = (end - start) / 1e9
-    spans = (tasks.compute_stop_ns - tasks.compute_start_ns).dropna()
-    out |= {
-        "makespan_s": makespan, "makespan_end_event": end_event, "window_ns": [start, end],
-        "tasks": n, "aot_s": makespan / n if n else None,
-        "compute_s": float(spans.sum()) / 1e9,
-        "messages": len(per_msg), "ops": len(inside),
-        "messages_per_task": len(per_msg) / n if n else None,
-        "bytes_per_task": float(per_msg.msg_bytes.sum()) / n if n else None,
-        "ops_by_name": inside.op.value_counts().to_dict(),
-    }
-    meta = run.meta()
-    category = classify_stacks(tables["stacks"], tables["frames"], load_rules([*rules, *default_rules(meta)]))
-    split = breakdown(tables, (start, end), end_key, category)
-    run.write_table("critical_path", split.pop("path"))
-    out |= split
-    out |= whole_run(tables, (start, end), n, meta, category)
+    return {"session_s": (window[1] - window[0]) / 1e9, "session_window_ns": list(window),
+            "makespan_s": makespan, "window_ns": [start, end], "tasks": n, "dispatches": len(attempts),
+            "aot_s": makespan / n if n else None, "compute_s": float(spans.sum()) / 1e9,
+            "messages": len(per_msg), "ops": len(inside),
+            "messages_per_task": len(per_msg) / n if n else None,
+            "bytes_per_task": float(per_msg.msg_bytes.sum()) / n if n else None,
+            "ops_by_name": inside.op.value_counts().to_dict()}
+
+
+def _split(attr: pd.DataFrame, prefix: str = "") -> dict:
+    tot = totals(attr)
+    parts = attr.groupby(["kind", "part", "category"]).seconds.sum()
+    return {"critical_path_s": {r.category: float(r.seconds) for r in tot.itertuples()},
+            "critical_path_interval_s": {r.category: _interval(r) for r in tot.itertuples()},
+            "critical_path_parts_s": {f"{k}: {p} [{c}]": float(v) for (k, p, c), v in parts.items()}}
+
+
+def _interval(r) -> dict:
+    samples = None if pd.isna(r.samples) else int(r.samples)
+    return {"samples": samples, "lo": float(r.lo), "hi": float(r.hi),
+            "few_samples": samples is not None and samples < FEW_SAMPLES}
+
+
+def _jobs(jobs, tasks, attempts, attr, window) -> list[dict]:
+    out = []
+    again = recomputed(attempts)
+    for j in jobs.itertuples():
+        mine = attr[attr.job == j.job]
+        split = _split(mine)
+        out.append({"job": int(j.job), "start_s": (j.start_ns - window[0]) / 1e9,
+                    "makespan_s": (j.end_ns - j.start_ns) / 1e9, "graphs": int(j.graphs),
+                    "requested": int(j.requested), "tasks": int((tasks.job == j.job).sum()),
+                    "dispatches": int((attempts.job == j.job).sum()), "end_key": j.end_key,
+                    "recomputed": _recomputed(again[again.job == j.job]),
+                    "critical_path_s": split["critical_path_s"],
+                    "critical_path_interval_s": split["critical_path_interval_s"],
+                    "critical_path_parts_s": split["critical_path_parts_s"]})
     return out
 
 
-def write_summary(run: RunDir, rules: list[Path] = ()) -> dict:
-    summary = summarize(run, rules)
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+def _recomputed(again: pd.DataFrame) -> dict:
+    by = again.groupby("prefix").agg(n_keys=("key", "nunique"), times=("key", "size"), compute_s=("compute_s", "sum"))
+    return {"keys": int(again.key.nunique()), "times": len(again), "compute_s": float(again.compute_s.sum()),
+            "by_prefix": {p: {"keys": int(r.n_keys), "times": int(r.times), "compute_s": float(r.compute_s)}
+                          for p, r in by.sort_values("compute_s", ascending=False).iterrows()}}

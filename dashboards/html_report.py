@@ -12,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from ..analyzers.categories import UNCATEGORIZED, classify_stacks, default_rules, load_rules
-from ..analyzers.whole_run import task_overheads
+from ..analyzers.categories import UNCATEGORIZED
+from ..analyzers.tasks import task_overheads
 from ..probes.rundir import RunDir
 
 MAX_POINTS = 20_000  # per figure: larger runs are binned or sampled, and the caption says so
@@ -43,10 +43,10 @@ class Page:
     category: pd.Series
 
 
-def write_html(run: RunDir, rules=()) -> None:
+def write_html(run: RunDir) -> None:
     summary = json.loads((run / "summary.json").read_text())
-    category = classify_stacks(run.table("stacks"), run.table("frames"),
-                               load_rules([*rules, *default_rules(run.meta())]))
+    category = run.table("stack_categories").set_index("stack_id").category if run.has_table("stack_categories") \
+        else pd.Series(dtype=object)
     page = Page(run, summary, category)
     if "error" in summary:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
@@ -90,6 +90,7 @@ def breakdown(p: Page):
 def critical_path(p: Page):
     run, summary = p.run, p.summary
     path = run.table("critical_path")
+    path = path.assign(seconds=(path.end_ns - path.start_ns) / 1e9)
     if path.empty:
         return "The critical path on a timeline", "", None
     start = summary["window_ns"][0]
@@ -140,7 +141,7 @@ def message_latency(p: Page):
 
 def overhead_cdf(p: Page):
     run = p.run
-    over = np.sort(task_overheads(run.table("tasks"), run.table("messages")))
+    over = np.sort(task_overheads(run.table("tasks")))
     if not len(over):
         return "Per-task overhead", "", None
     step = max(1, len(over) // MAX_POINTS)
@@ -152,7 +153,7 @@ def overhead_cdf(p: Page):
 
 def worker_busy(p: Page):
     run, summary = p.run, p.summary
-    t = run.table("tasks").dropna(subset=["compute_recv_ns", "finished_sent_ns"])
+    t = run.table("attempts").dropna(subset=["compute_recv_ns", "finished_sent_ns"])
     if t.empty or "window_ns" not in summary:
         return "Per-worker tasks in flight", "", None
     start = summary["window_ns"][0]

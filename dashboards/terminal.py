@@ -1,36 +1,63 @@
-"""The terminal summary `daskprobe report` (and the end of `daskprobe run`) prints."""
+"""The terminal summary that `daskprobe report` (and the end of `daskprobe run`)
+prints: compact; the definitions are in report.html and `daskprobe explain`."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from ..analyzers.summary import DEFINITIONS
-
-ROWS = [("makespan_s", "s"), ("tasks", "tasks"), ("aot_s", "s/task"), ("compute_s", "s"),
-        ("messages", "messages"), ("ops", "ops"), ("messages_per_task", "messages/task"),
-        ("bytes_per_task", "B/task")]
+FEW = "*"
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     if "error" in summary:
-        console.print(f"[yellow]daskprobe report: {summary['error']}[/]")
+        console.print(f"[yellow]daskprobe: {summary['error']}[/]")
         return
-    table = Table(title=f"daskprobe: {summary['run']}", title_justify="left")
-    for col in ("quantity", "value", "unit", "definition"):
-        table.add_column(col, overflow="fold")
-    for name, unit in ROWS:
-        value = summary.get(name)
-        text = "-" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
-        table.add_row(name, text, unit, DEFINITIONS[name])
-    console.print(table)
-    path = summary.get("critical_path_s")
-    if path:
-        cp = Table(title="where the makespan went (critical path)", title_justify="left")
-        for col in ("category", "seconds", "% of makespan"):
-            cp.add_column(col, justify="right" if col != "category" else "left")
-        for cat, sec in sorted(path.items(), key=lambda kv: -kv[1]):
-            cp.add_row(cat, f"{sec:.4f}", f"{100 * sec / summary['makespan_s']:.1f}")
-        console.print(cp)
-        console.print("definitions: summary.json ('definitions') and the README")
+    s = summary
+    jobs = s.get("jobs", [])
+    console.print(f"[bold]session {s['session_s']:.2f} s[/]: {len(jobs)} job(s), makespan {s['makespan_s']:.2f} s, "
+                  f"{s['tasks']} tasks ({s['dispatches']} dispatches), {_ms(s.get('aot_s'))} per task (AOT)")
+    console.print(_split_table("where the session went (critical path), s", s, s["session_s"]))
+    if len(jobs) > 1:
+        console.print(_jobs_table(jobs))
+    again = s.get("recomputed", {})
+    if again.get("keys"):
+        top = ", ".join(f"{p} ({v['keys']} keys x{v['times'] / max(v['keys'], 1):.0f})"
+                        for p, v in list(again["by_prefix"].items())[:3])
+        console.print(f"[yellow]recomputed[/]: {again['keys']} keys computed again {again['times']} times "
+                      f"({again['compute_s']:.2f} s of compute): {top}")
+    console.print(f"{FEW} rests on fewer than 20 samples; 'daskprobe explain CATEGORY' says what each means")
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.2f} ms"
+
+
+def _split_table(title: str, s: dict, total: float) -> Table:
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for col, just in (("category", "left"), ("seconds", "right"), ("%", "right"), ("90% interval", "right"),
+                      ("samples", "right")):
+        t.add_column(col, justify=just)
+    ci = s.get("critical_path_interval_s", {})
+    for cat, sec in sorted(s["critical_path_s"].items(), key=lambda kv: -kv[1]):
+        c = ci.get(cat, {})
+        n = c.get("samples")
+        interval = f"{c['lo']:.3f}-{c['hi']:.3f}" if n else "exact"
+        t.add_row(cat, f"{sec:.3f}", f"{100 * sec / total:.1f}" if total else "-", interval,
+                  "-" if n is None else f"{n}{FEW if c.get('few_samples') else ''}")
+    return t
+
+
+def _jobs_table(jobs: list[dict]) -> Table:
+    t = Table(title="jobs", title_justify="left", box=None, pad_edge=False)
+    for col in ("job", "at s", "makespan s", "tasks", "recomputed", "largest categories"):
+        t.add_column(col, justify="left" if col == "largest categories" else "right")
+    for j in jobs[:20]:
+        top = sorted(j["critical_path_s"].items(), key=lambda kv: -kv[1])[:3]
+        t.add_row(str(j["job"]), f"{j['start_s']:.2f}", f"{j['makespan_s']:.3f}", str(j["tasks"]),
+                  str(j["recomputed"]["keys"]), ", ".join(f"{c} {100 * v / j['makespan_s']:.0f}%" for c, v in top
+                                                           if j["makespan_s"]))
+    if len(jobs) > 20:
+        t.add_row("...", "", "", "", "", f"{len(jobs) - 20} more in summary.json")
+    return t

@@ -48,7 +48,7 @@ def test_every_graph_checks_its_result(tmp_path):
 def _chain_workers(tmp_path, scheduler: str) -> list[str]:
     run, _ = run_flow(tmp_path / scheduler, CHAIN_FLOW, "--workers", "3", "--scheduler", scheduler,
                       "--probes", "proxy")
-    tasks = run.table("tasks").set_index("key")
+    tasks = run.table("attempts").set_index("key")
     return [tasks.worker[f"step-{i}"] for i in range(40)]
 
 
@@ -69,7 +69,7 @@ def test_zero_worker_keeps_bookkeeping_and_drops_compute(tmp_path):
                       "runpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n",
                       "--worker", "zero", "--probes", "proxy")
     assert "skipped (zero worker" in p.stdout
-    tasks = run.table("tasks")
+    tasks = run.table("attempts")
     assert len(tasks) == 9 and (tasks.compute_stop_ns == tasks.compute_start_ns).all()
     assert run.meta()["cluster"]["worker"] == "zero" and run.meta()["finalize_errors"] == {}
     assert tasks.thread.notna().all()

@@ -28,18 +28,18 @@ def test_worker_to_worker_fetch_is_seen(pinned_run):
     assert (replies.src_role == "worker").all()
 
 
-def test_tasks_table(pinned_run):
+def test_attempts_table(pinned_run):
     run, _, n = pinned_run
-    t = run.table("tasks")
-    assert len(t) == n + 1
-    assert (t.status == "finished").all()
+    t = run.table("attempts")
+    assert len(t) == n + 1 and t.key.nunique() == n + 1
+    assert (t.outcome == "finished").all()
     assert set(t.worker) == {"worker-0", "worker-1"}
     assert set(t.prefix) == {"inc", "sum"}
     # The timeline of each task is causal on the run's one clock.
-    assert (t.submitted_ns <= t.compute_sent_ns).all()
+    tasks = run.table("tasks")
+    assert (tasks.graph_ns <= tasks.compute_sent_ns).all() and (tasks.ready_ns <= tasks.compute_sent_ns).all()
     assert (t.compute_sent_ns <= t.compute_recv_ns).all()
     assert (t.finished_sent_ns <= t.finished_recv_ns).all()
-    assert (t.finished_recv_ns <= t.in_memory_ns).all()
     inside = (t.compute_start_ns >= t.compute_recv_ns) & (t.compute_stop_ns <= t.finished_sent_ns)
     assert inside.mean() >= 0.95, t[~inside]
     summed = t[t.prefix == "sum"].iloc[0]
@@ -81,16 +81,16 @@ def test_stdout_passes_through_untouched(pinned_run):
 
 def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
     """Large captures are decoded by connection in worker processes: same tables as one loop."""
-    from daskprobe.tracer import tables
     from daskprobe.probes.proxy_capture import read_capture
+    from daskprobe.tracer import messages, tables
     run, _, _ = pinned_run
     meta = run.meta()
     cap = read_capture(run.proxy_capture)
     conns = tables.connections_table(cap, tables.processes_table(meta))
-    serial, ev1 = tables.messages_table(cap, conns, jobs=1)
-    monkeypatch.setattr(tables, "PARALLEL_FROM", 0)
-    parallel, ev2 = tables.messages_table(cap, conns, jobs=3)
+    serial, ev1 = messages.messages_table(cap, conns, jobs=1)
+    monkeypatch.setattr(messages, "PARALLEL_FROM", 0)
+    parallel, ev2 = messages.messages_table(cap, conns, jobs=3)
     assert conns.conn.nunique() >= 3 and len(serial) > 100
     pd.testing.assert_frame_equal(serial, parallel)
-    pd.testing.assert_frame_equal(tables.tasks_table(ev1, serial, meta["clock_anchor"]),
-                                  tables.tasks_table(ev2, parallel, meta["clock_anchor"]))
+    pd.testing.assert_frame_equal(tables.task_tables(ev1, serial, meta["clock_anchor"]),
+                                  tables.task_tables(ev2, parallel, meta["clock_anchor"]))

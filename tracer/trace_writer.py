@@ -117,7 +117,7 @@ class _Writer:
 
 
 def write(run: RunDir) -> None:
-    procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("tasks")
+    procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("attempts")
     with open(run.trace, "wb") as f:
         w = _Writer(f)
         tracks = _Tracks(w)
@@ -126,7 +126,7 @@ def write(run: RunDir) -> None:
         threads = _Threads(run.table("samples"), tracks, proc_track)
         slices = pd.concat([_compute_slices(tasks, tracks, proc_track),
                             _message_slices(msgs, tracks, proc_track),
-                            _dispatch_slices(msgs, tracks, proc_track),
+                            _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
                             _gil_slices(run.table("gil_waits"), threads),
                             _offcpu_slices(run.table("offcpu"), threads)], ignore_index=True)
         counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks),
@@ -146,6 +146,7 @@ def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> 
 
 def _compute_slices(tasks, tracks, proc_track) -> pd.DataFrame:
     t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    t = t[t.compute_start_ns >= 0]
     if t.empty:
         return _slices([], [], [], [])
     thread = t.thread.fillna(-1)  # a task-finished may not name its thread
@@ -183,14 +184,14 @@ def _batch_name(ops: pd.Series) -> str:
     return "batch: " + ", ".join(f"{op}×{n}" for op, n in counts.items())
 
 
-def _dispatch_slices(msgs, tracks, proc_track) -> pd.DataFrame:
-    """Scheduler dispatch: from the last task-finished or update-graph the
-    scheduler received to a compute-task batch leaving it."""
-    into = msgs[(msgs.dst_role == "scheduler") & msgs.op.isin(["task-finished", "update-graph"])]
+def _dispatch_slices(msgs, graphs, tracks, proc_track) -> pd.DataFrame:
+    """Scheduler dispatch: from the last task-finished or graph the scheduler
+    received to a compute-task batch leaving it."""
+    finished = msgs[(msgs.dst_role == "scheduler") & (msgs.op == "task-finished")].t_last_ns
     out = msgs[(msgs.src_role == "scheduler") & (msgs.op == "compute-task")].drop_duplicates("msg_id")
-    if into.empty or out.empty:
+    if out.empty or (finished.empty and graphs.empty):
         return _slices([], [], [], [])
-    triggers = np.sort(into.t_last_ns.to_numpy())
+    triggers = np.sort(np.concatenate([finished.to_numpy(), graphs.t_last_ns.to_numpy()]))
     i = np.searchsorted(triggers, out.t_first_ns.to_numpy(), side="right") - 1
     out, start = out[i >= 0], triggers[i[i >= 0]]
     track = [tracks.get(("dispatch", d), f"dispatch → {d}", parent=proc_track.get("scheduler")) for d in out.dst]

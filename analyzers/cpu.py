@@ -1,0 +1,134 @@
+"""CPU time by category, from samples and thread states.
+
+Samples say what a thread was doing, not for how long: on a busy machine the
+sampler itself waits for a CPU, so it reads threads more often while they are
+off one (measured on the ETL workflow: a worker's event loop was on a CPU for
+32% of the time by sched_switch, but only 12% of its samples found it there).
+So a thread's CPU seconds come from its on/off-CPU intervals (eBPF, exact)
+where it has them, and its samples share them out: each category gets the
+fraction of the thread's on-CPU samples that fall in it. Without eBPF states,
+a sample counts as CPU time only if the sampler saw its thread running (per
+/proc, and not parked in a known wait), and stands for the time since its
+process's previous read; that estimate carries the sampler's bias. A native
+sample (eBPF cpu-clock) is on a CPU by construction and stands for 1/cpu_hz s.
+
+Category: a worker's sample taken inside a task's compute span, on the thread
+that ran the task, is compute, whatever Dask frames are on its stack; the
+client's samples are the client's; otherwise the category of its stack
+(rules in analyzers/rules).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .categories import UNCATEGORIZED
+from .intervals import inside, union
+from .thread_state import on_cpu_ns
+
+COLUMNS = ["t_ns", "pid", "tid", "process", "role", "source", "stack_id", "on_cpu", "category", "weight_s"]
+MAX_PERIODS = 3
+
+
+def classify_samples(samples: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame, stack_category: pd.Series,
+                     attempts: pd.DataFrame, rate: float, cpu_hz: float) -> pd.DataFrame:
+    """Every sample with its thread state (on_cpu), category and, for the estimate without
+    eBPF states, the seconds it stands for (weight_s)."""
+    role = processes.dropna(subset=["pid"]).drop_duplicates("pid").set_index("pid").role
+    s = samples.dropna(subset=["process"])
+    python = set(s[s.source == "pyspy"].pid)
+    # a process sampled by the Python sampler is counted from those samples only
+    s = s[(s.source == "pyspy") | ~s.pid.isin(python)].reset_index(drop=True)
+    out = pd.DataFrame({"t_ns": s.t_ns, "pid": s.pid, "tid": s.tid, "process": s.process,
+                        "role": s.pid.map(role).fillna("?"), "source": s.source, "stack_id": s.stack_id})
+    out["weight_s"] = _weights(s, rate, cpu_hz)
+    out["on_cpu"] = _on_cpu(s, states)
+    out["category"] = s.stack_id.map(stack_category).fillna(UNCATEGORIZED).to_numpy(object)
+    out.loc[out.role == "client", "category"] = "client"
+    out.loc[_in_compute(s, attempts), "category"] = "compute"
+    return out[COLUMNS]
+
+
+def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
+    """Seconds each sample stands for: the gap since its process's previous read."""
+    period = 1.0 / rate
+    w = np.full(len(s), 1.0 / cpu_hz)
+    py = s.source.to_numpy() == "pyspy"
+    rounds = s[py][["pid", "t_ns"]].drop_duplicates().sort_values(["pid", "t_ns"])
+    gap = rounds.groupby("pid").t_ns.diff() / 1e9
+    rounds["w"] = gap.fillna(period).clip(upper=MAX_PERIODS * period).to_numpy()
+    w[py] = s[py].merge(rounds, on=["pid", "t_ns"], how="left").w.to_numpy()
+    return w
+
+
+def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
+    on = s.active.astype(bool).to_numpy().copy() if "active" in s else np.ones(len(s), bool)
+    on[s.source.to_numpy() == "ebpf"] = True
+    per_thread = dict(list(states.groupby(["pid", "tid"])))
+    known = set(states.pid.unique())
+    py = (s.source == "pyspy").to_numpy()
+    empty = states.iloc[:0]
+    for (pid, tid), idx in s[py & s.pid.isin(known).to_numpy()].groupby(["pid", "tid"]).groups.items():
+        st = per_thread.get((pid, tid), empty)
+        on[idx] = ~inside(s.t_ns.loc[idx].to_numpy(), st.start_ns.to_numpy(), st.end_ns.to_numpy())
+    return on
+
+
+def _in_compute(s: pd.DataFrame, attempts: pd.DataFrame) -> np.ndarray:
+    """Samples of a worker thread inside one of that worker's compute spans on that thread.
+    Samples that carry the thread's Python ident are matched to the task's thread exactly;
+    older captures (no ident) match any thread of the worker but its event loop."""
+    hit = np.zeros(len(s), dtype=bool)
+    spans = attempts.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    exact = "ident" in s and bool((s.ident.fillna(0) != 0).any())
+    for key, sp in spans.groupby(["worker", "thread"] if exact else ["worker"]):
+        worker = key[0] if isinstance(key, tuple) else key
+        mine = (s.process == worker) & ((s.ident == key[1]) if exact else (s.tid != s.pid))
+        if not mine.any():
+            continue
+        lo, hi = union(sp.compute_start_ns.astype("int64"), sp.compute_stop_ns.astype("int64"))
+        idx = np.flatnonzero(mine.to_numpy())
+        hit[idx] = inside(s.t_ns.to_numpy()[idx], lo, hi)
+    return hit
+
+
+def cpu_time(cpu: pd.DataFrame, states: pd.DataFrame, threads: pd.DataFrame, edges) -> pd.DataFrame:
+    """CPU seconds per bin (between consecutive edges, ns), process, thread and category,
+    with the on-CPU samples each rests on."""
+    edges = np.asarray(edges, dtype="int64")
+    on = cpu[cpu.on_cpu & (cpu.t_ns >= edges[0]) & (cpu.t_ns < edges[-1])]
+    on = on.assign(bin=np.searchsorted(edges, on.t_ns.to_numpy(), side="right") - 1)
+    out = []
+    for th in threads.itertuples():
+        mine = on[(on.pid == th.pid) & (on.tid == th.tid)]
+        if th.ebpf_states:
+            secs = on_cpu_ns(states, th, edges[:-1], edges[1:]) / 1e9
+        else:
+            secs = np.bincount(mine.bin, mine.weight_s, len(edges) - 1)
+        out.append(_share(secs, mine, th))
+    cols = ["bin", "process", "tid", "category", "seconds", "samples"]
+    return pd.concat(out, ignore_index=True)[cols] if out else pd.DataFrame(columns=cols)
+
+
+def _share(secs: np.ndarray, mine: pd.DataFrame, th) -> pd.DataFrame:
+    """Each bin's seconds by the categories of its on-CPU samples (the thread's over all
+    bins where a bin has none; uncategorized where the thread has none at all)."""
+    counts = mine.groupby(["bin", "category"]).size().unstack(fill_value=0)
+    overall = mine.category.value_counts()
+    rows = []
+    for b in np.flatnonzero(secs > 0):
+        k = counts.loc[b] if b in counts.index else overall
+        k = k[k > 0]
+        n = int(k.sum())
+        if n == 0:
+            rows.append((b, th.process, th.tid, UNCATEGORIZED, secs[b], 0))
+            continue
+        rows += [(b, th.process, th.tid, cat, secs[b] * c / n, int(c)) for cat, c in k.items()]
+    return pd.DataFrame(rows, columns=["bin", "process", "tid", "category", "seconds", "samples"])
+
+
+def cpu_by_category(time: pd.DataFrame) -> dict:
+    """Per process, CPU seconds by category (from cpu_time over one bin)."""
+    by = time.groupby(["process", "category"]).seconds.sum()
+    return {p: {cat: float(v) for cat, v in part.droplevel(0).items()} for p, part in by.groupby(level=0)}

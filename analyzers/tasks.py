@@ -1,0 +1,87 @@
+"""Tasks: one row per key and job, from the attempts (one per dispatch).
+
+A task's attempt is the last one of its job that finished (else its last).
+It was ready when the last of its dependencies had finished at the scheduler
+and its graph had arrived (its last byte at the proxy), whichever came later:
+`ready_by` names which (a dependency's key, or "graph"). Its graph is the one
+that asked for its key, else the job's latest graph to arrive before its
+first dispatch (graphs are pickled: which graph holds a key is not visible).
+
+A key computed again, in a later job or a second time in one job, is
+recomputed: each computation is an attempt of its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .jobs import asks, job_of
+
+
+def assign_jobs(attempts: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+    return attempts.assign(job=job_of(attempts.compute_sent_ns, jobs))
+
+
+def tasks_table(attempts: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
+    a = attempts[attempts.job >= 0]
+    done = a.outcome.eq("finished")
+    a = a.assign(_done=done).sort_values(["_done", "compute_sent_ns"], kind="stable")
+    t = a.groupby(["job", "key"], sort=False).tail(1).set_index(["job", "key"])
+    per = attempts[attempts.job >= 0].groupby(["job", "key"], sort=False)
+    t = t.drop(columns=["_done", "attempt"]).assign(
+        attempts=per.size(), first_sent_ns=per.compute_sent_ns.min())
+    t = t.reset_index()
+    t = _with_graph(t, graphs)
+    return _with_ready(t, attempts)
+
+
+def _with_graph(t: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
+    """The graph that brought each task: the one asking for its key, else the latest before its dispatch."""
+    g = graphs.sort_values("t_last_ns")
+    asked = asks(g).drop_duplicates(["job", "key"], keep="last")
+    t = t.merge(asked[["job", "key", "graph_id", "t_last_ns"]].rename(
+        columns={"graph_id": "graph", "t_last_ns": "graph_ns"}), on=["job", "key"], how="left")
+    latest = pd.merge_asof(t[["first_sent_ns"]].reset_index().sort_values("first_sent_ns"),
+                           g[["t_last_ns", "graph_id"]].astype("int64"), left_on="first_sent_ns",
+                           right_on="t_last_ns", direction="backward").set_index("index").sort_index()
+    late = t.graph_ns.isna() | (t.graph_ns > t.first_sent_ns)
+    t.loc[late, "graph"] = latest.graph_id[late]
+    t.loc[late, "graph_ns"] = latest.t_last_ns[late]
+    return t.astype({"graph": "Int64", "graph_ns": "Int64"})
+
+
+def _with_ready(t: pd.DataFrame, attempts: pd.DataFrame) -> pd.DataFrame:
+    """ready_ns and ready_by: the later of the last dependency's finish and the graph's arrival."""
+    fin = attempts[attempts.outcome == "finished"][["key", "finished_recv_ns"]].astype(
+        {"finished_recv_ns": "int64", "key": "str"})
+    deps = t[["job", "key", "first_sent_ns", "deps"]].explode("deps").dropna(subset=["deps"]).reset_index()
+    deps = deps.rename(columns={"deps": "dep"}).astype({"dep": "str"}).sort_values("first_sent_ns")
+    # each dependency's latest finish at or before the task's first dispatch
+    hit = pd.merge_asof(deps, fin.rename(columns={"key": "dep", "finished_recv_ns": "dep_ns"}).sort_values("dep_ns"),
+                        left_on="first_sent_ns", right_on="dep_ns", by="dep", direction="backward")
+    hit = hit.dropna(subset=["dep_ns"])
+    last = hit.loc[hit.groupby("index").dep_ns.idxmax()].set_index("index") if len(hit) else hit.set_index("index")
+    dep_ns = last.dep_ns.reindex(t.index).to_numpy("float64")
+    graph_ns = t.graph_ns.to_numpy("float64", na_value=np.nan)
+    by_dep = ~np.isnan(dep_ns) & ~(graph_ns > dep_ns)
+    ready = np.where(by_dep, dep_ns, graph_ns)
+    t["ready_ns"] = pd.array(np.where(np.isnan(ready), pd.NA, ready), dtype="Int64") if len(t) else \
+        pd.array([], dtype="Int64")
+    t["ready_by"] = np.where(by_dep, last.dep.reindex(t.index).to_numpy(object), "graph")
+    return t
+
+
+def recomputed(attempts: pd.DataFrame) -> pd.DataFrame:
+    """Finished attempts of keys that had already finished before: key, job, prefix, compute seconds."""
+    f = attempts[attempts.outcome == "finished"].sort_values("finished_recv_ns", kind="stable")
+    again = f[f.duplicated("key", keep="first")]
+    span = (again.compute_stop_ns - again.compute_start_ns).astype("float64") / 1e9
+    return pd.DataFrame({"key": again.key, "job": again.job, "prefix": again.prefix, "compute_s": span.fillna(0.0)})
+
+
+def task_overheads(tasks: pd.DataFrame) -> np.ndarray:
+    """Per finished task, seconds: (task-finished reaching the scheduler - ready) - compute span."""
+    t = tasks[(tasks.outcome == "finished")].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
+    over = ((t.finished_recv_ns - t.ready_ns) - (t.compute_stop_ns - t.compute_start_ns)).astype("float64") / 1e9
+    return over.to_numpy()

@@ -1,0 +1,89 @@
+"""What each thread was doing when it was not running Python on a CPU, from the
+eBPF probes: waiting for the GIL (in take_gil), runnable without a CPU, or
+blocked. One row per interval; intervals of a thread never overlap, and a GIL
+wait wins over the off-CPU time inside it (a thread waits for the GIL mostly
+asleep on its condition variable, and that sleep is for the GIL).
+
+A thread is on a CPU wherever it has no interval here. Off-CPU stretches under
+50 µs and GIL waits under 5 µs are summed in BPF (short_waits), not located in
+time, so they count as on-CPU here: a bound on the error, not a guess.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .intervals import overlap_ns, subtract, union
+
+STATES = ("gil", "runnable", "blocked")
+COLUMNS = ["pid", "tid", "start_ns", "end_ns", "state"]
+
+
+def thread_states(offcpu: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
+    off = offcpu.assign(ready_ns=offcpu.out_ns + offcpu.blocked_ns)
+    pieces = [_rows(gil, "start_ns", "end_ns", "gil"),
+              _rows(off, "ready_ns", "in_ns", "runnable"),
+              _rows(off[off.blocked_ns > 0], "out_ns", "ready_ns", "blocked")]
+    rows = pd.concat([p for p in pieces if len(p)], ignore_index=True) if any(len(p) for p in pieces) else None
+    if rows is None:
+        return pd.DataFrame(columns=COLUMNS).astype({"pid": "int64", "tid": "int64", "start_ns": "int64",
+                                                     "end_ns": "int64"})
+    out = [_one_thread(pid, tid, t) for (pid, tid), t in rows.groupby(["pid", "tid"], sort=False)]
+    return pd.concat(out, ignore_index=True).sort_values(["pid", "tid", "start_ns"], ignore_index=True)
+
+
+def _rows(df: pd.DataFrame, start: str, end: str, state: str) -> pd.DataFrame:
+    d = df[df[end] > df[start]]
+    return pd.DataFrame({"pid": d.pid.astype("int64"), "tid": d.tid.astype("int64"),
+                         "start_ns": d[start].astype("int64"), "end_ns": d[end].astype("int64"), "state": state})
+
+
+def _one_thread(pid: int, tid: int, t: pd.DataFrame) -> pd.DataFrame:
+    """The thread's intervals made disjoint, in the order of STATES' priority."""
+    taken = (np.empty(0, dtype="int64"), np.empty(0, dtype="int64"))
+    out = []
+    for state in STATES:
+        mine = t[t.state == state]
+        s, e = subtract(*union(mine.start_ns, mine.end_ns), *taken)
+        out.append(pd.DataFrame({"pid": pid, "tid": tid, "start_ns": s, "end_ns": e, "state": state}))
+        taken = union(np.r_[taken[0], s], np.r_[taken[1], e])
+    return pd.concat(out, ignore_index=True)
+
+
+def of_thread(states: pd.DataFrame, pid: int, tid: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """state -> (starts, ends), sorted, for one thread."""
+    t = states[(states.pid == pid) & (states.tid == tid)]
+    return {s: (t.start_ns[t.state == s].to_numpy("int64"), t.end_ns[t.state == s].to_numpy("int64"))
+            for s in STATES}
+
+
+def threads_table(samples: pd.DataFrame, states: pd.DataFrame) -> pd.DataFrame:
+    """Every thread seen: pid, tid, process, name, when it was first and last seen (by a
+    sample or an eBPF interval), whether eBPF states cover it, and whether it is its
+    process's main thread (the event loop of Dask's scheduler and workers)."""
+    s = samples.dropna(subset=["process"])
+    seen = s.groupby(["pid", "tid"]).agg(process=("process", "first"), first_ns=("t_ns", "min"),
+                                         last_ns=("t_ns", "max"))
+    names = s[s.source == "pyspy"].dropna(subset=["thread_name"]) if "thread_name" in s else s.iloc[:0]
+    names = names[names.thread_name != ""].groupby(["pid", "tid"]).thread_name.last()
+    st = states.groupby(["pid", "tid"]).agg(st_first=("start_ns", "min"), st_last=("end_ns", "max"))
+    t = seen.join(st, how="outer").join(names.rename("name"))
+    t["first_ns"] = t[["first_ns", "st_first"]].min(axis=1).astype("int64")
+    t["last_ns"] = t[["last_ns", "st_last"]].max(axis=1).astype("int64")
+    t = t.drop(columns=["st_first", "st_last"]).reset_index()
+    t["process"] = t.process.fillna(t.pid.map(s.drop_duplicates("pid").set_index("pid").process))
+    with_states = set(states.pid.unique())
+    t["ebpf_states"] = t.pid.isin(with_states)
+    t["main"] = t.pid == t.tid
+    t["name"] = t.name.where(t.name.notna(), np.where(t.main, "main", "thread " + t.tid.astype(str)))
+    return t[["pid", "tid", "process", "name", "main", "ebpf_states", "first_ns", "last_ns"]]
+
+
+def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:
+    """Per [start, end), ns the thread (a threads_table row) was on a CPU: its lifetime
+    there, less its GIL waits and off-CPU intervals."""
+    s0 = np.clip(np.asarray(starts, dtype="int64"), thread.first_ns, thread.last_ns)
+    s1 = np.clip(np.asarray(ends, dtype="int64"), thread.first_ns, thread.last_ns)
+    mine = states[(states.pid == thread.pid) & (states.tid == thread.tid)]
+    return np.clip(s1 - s0, 0, None) - overlap_ns(s0, s1, mine.start_ns.to_numpy(), mine.end_ns.to_numpy())

@@ -1,0 +1,171 @@
+"""Benchmark: does the split name the cause? Workloads x injected causes x repeats.
+
+    python -m daskprobe.experiments.attribution --repeat 3
+    python -m daskprobe.experiments.attribution --flows chain,etl --causes none,decisions --repeat 1
+
+Each repeat runs every workload (experiments/flows.py) unperturbed, then with
+each cause, adjacent in time, as `daskprobe run --workers 2` with every probe.
+A cause is added in the shape real code has it and must land in one category:
+
+    decisions  a worker choice that costs more, inside the scheduler's own
+               worker-choice methods                       -> scheduler_decisions
+    gil-spin   a scheduler thread spinning in pure Python  -> gil_contention (target 80%)
+    gil-c      a scheduler thread holding the GIL in C calls -> gil_contention
+    delay      every message held 5 ms on the wire (--delay-ms) -> network
+    tasks      every task working longer                  -> compute
+    think      the client working 1 s between its computations -> client
+
+Reported per cell, median over repeats: the share of the added session time
+(perturbed minus its own baseline) that landed in each category. For `none`:
+network's share of the session (target: at most 2%), and per process the CPU
+the analysis reports over the kernel's count (/proc; target within 10% for
+processes with at least 200 on-CPU samples). Writes runs.csv and cells.csv in
+--out and prints the matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+INJECT = Path(__file__).with_name("inject.py")
+EXPECTED = {"decisions": "scheduler_decisions", "gil-spin": "gil_contention", "gil-c": "gil_contention",
+            "delay": "network", "tasks": "compute", "think": "client"}
+TARGET = {"gil-spin": 0.8}  # else 0.9
+# per workload, the size of each cause: big enough to stand out of run-to-run noise
+TASK_S = {"chain": 0.02, "merge": 0.002, "tree": 0.003, "etl": 0.05, "futures": 0.02}
+DECISION_S = {"chain": 0.02, "merge": 0.001, "tree": 0.002, "etl": 0.003, "futures": 0.005}
+FLOWS = ("chain", "merge", "tree", "etl", "futures")
+CAUSES = ("none", *EXPECTED)
+
+
+def cause_options(flow: str, cause: str) -> tuple[list[str], dict]:
+    """(extra `daskprobe run` options, extra environment) for a cause."""
+    preload = ["--config", f"distributed.scheduler.preload=['{INJECT}']"]
+    return {"none": ([], {}),
+            "decisions": (preload, {"DASKPROBE_INJECT": f"decisions:{DECISION_S[flow]}"}),
+            "gil-spin": (preload, {"DASKPROBE_INJECT": "gil-spin"}),
+            "gil-c": (preload, {"DASKPROBE_INJECT": "gil-c:0.03"}),
+            "delay": (["--delay-ms", "5"], {}),
+            "tasks": ([], {"TASK_S": str(TASK_S[flow])}),
+            "think": ([], {"THINK_S": "1.0"})}[cause]
+
+
+def run_one(flow: str, cause: str, out: Path) -> dict:
+    opts, env = cause_options(flow, cause)
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--out", str(out), *opts,
+           "--", sys.executable, "-m", "daskprobe.experiments.flows", flow]
+    p = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True, timeout=900)
+    row = {"flow": flow, "cause": cause, "run_dir": str(out), "exit_code": p.returncode}
+    try:
+        s = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return row | {"error": p.stderr[-500:]}
+    row |= {"session_s": s.get("session_s"), **{f"cat.{c}": v for c, v in s.get("critical_path_s", {}).items()}}
+    for proc, c in s.get("cpu_check", {}).items():
+        row |= {f"cpu_ratio.{proc}": c.get("ratio"), f"cpu_samples.{proc}": c.get("on_cpu_samples")}
+    return row
+
+
+def cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (flow, cause): the median over repeats of each category's share of the added session time."""
+    cats = [c for c in runs.columns if c.startswith("cat.")]
+    base = runs[runs.cause == "none"].set_index(["flow", "repeat"])
+    rows = []
+    for (flow, cause), g in runs[runs.cause != "none"].groupby(["flow", "cause"]):
+        shares = []
+        for _, r in g.iterrows():
+            b = base.loc[(flow, r.repeat)]
+            added = r.session_s - b.session_s
+            shares.append({c[4:]: (_or0(r[c]) - _or0(b[c])) / added for c in cats} | {"added_s": added})
+        med = pd.DataFrame(shares).median()
+        expected = EXPECTED[cause]
+        rows.append({"flow": flow, "cause": cause, "expected": expected, "added_s": med.added_s,
+                     "share": med.get(expected, 0.0), "target": TARGET.get(cause, 0.9),
+                     "met": med.get(expected, 0.0) >= TARGET.get(cause, 0.9), "repeats": len(g),
+                     **{f"share_{k}": v for k, v in med.drop("added_s").items()}})
+    return pd.DataFrame(rows)
+
+
+def _or0(v) -> float:
+    return 0.0 if pd.isna(v) else float(v)
+
+
+def unperturbed(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per workload: network's share of the session, and CPU ratios of well-sampled processes."""
+    rows = []
+    for flow, g in runs[runs.cause == "none"].groupby("flow"):
+        net = (g["cat.network"].fillna(0) / g.session_s).median()
+        ratios = {}
+        for c in [c for c in g.columns if c.startswith("cpu_ratio.")]:
+            proc = c.split(".", 1)[1]
+            ok = g[g[f"cpu_samples.{proc}"].fillna(0) >= 200]
+            if len(ok):
+                ratios[proc] = ok[c].median()
+        worst = max(ratios.values(), key=lambda r: abs(r - 1)) if ratios else None
+        rows.append({"flow": flow, "network_share": net, "network_met": net <= 0.02,
+                     "cpu_ratio_worst": worst, "cpu_met": worst is None or abs(worst - 1) <= 0.1,
+                     "cpu_ratios": json.dumps({k: round(v, 3) for k, v in ratios.items()})})
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--flows", default=",".join(FLOWS))
+    p.add_argument("--causes", default=",".join(CAUSES))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default="runs/attribution")
+    args = p.parse_args(argv)
+    flows, causes = args.flows.split(","), args.causes.split(",")
+    if "none" not in causes:
+        causes = ["none", *causes]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = pd.read_csv(out / "runs.csv") if (out / "runs.csv").exists() else pd.DataFrame()
+    todo = [(r, f, c) for r in range(args.repeat) for f in flows for c in causes
+            if done.empty or not ((done.repeat == r) & (done.flow == f) & (done.cause == c)).any()]
+    with Progress(console=Console(stderr=True)) as progress:
+        bar = progress.add_task("attribution", total=len(todo))
+        for r, flow, cause in todo:
+            progress.update(bar, description=f"r{r} {flow} {cause}")
+            row = run_one(flow, cause, out / f"{flow}-{cause}-r{r}") | {"repeat": r}
+            done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
+            done.to_csv(out / "runs.csv", index=False)  # resumable: the same command again goes on
+            progress.advance(bar)
+    matrix, quiet = cells(done), unperturbed(done)
+    matrix.to_csv(out / "cells.csv", index=False)
+    quiet.to_csv(out / "unperturbed.csv", index=False)
+    _print(matrix, quiet)
+    return 0
+
+
+def _print(matrix: pd.DataFrame, quiet: pd.DataFrame) -> None:
+    console = Console()
+    t = Table(title="share of the added session time in the expected category (median over repeats)")
+    for col in ("flow", "cause", "expected", "added s", "share", "target", "met", "largest other"):
+        t.add_column(col)
+    for _, r in matrix.iterrows():
+        others = {k[6:]: v for k, v in r.items() if k.startswith("share_") and k[6:] != r.expected}
+        other = max(others.items(), key=lambda kv: kv[1]) if others else ("-", 0)
+        t.add_row(r.flow, r.cause, r.expected, f"{r.added_s:.2f}", f"{r.share:.0%}", f"{r.target:.0%}",
+                  "yes" if r.met else "NO", f"{other[0]} {other[1]:.0%}")
+    console.print(t)
+    q = Table(title="unperturbed runs")
+    for col in quiet.columns:
+        q.add_column(col)
+    for r in quiet.itertuples(index=False):
+        q.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r))
+    console.print(q)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
