@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from .attribution import attribute, totals
-from .categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
+from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED, classify_stacks,
+                         default_rules, load_rules)
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths, exchanges
 from .jobs import client_gaps, graph_jobs, job_of, session, told
@@ -141,8 +142,10 @@ def _numbers(t: dict, jobs, tasks, attempts, window) -> dict:
             "ops_by_name": inside.op.value_counts().to_dict()}
 
 
-def _split(attr: pd.DataFrame, prefix: str = "") -> dict:
-    tot = totals(attr)
+def _split(attr: pd.DataFrame) -> dict:
+    """Seconds per category (every category, 0 where none), their intervals, and the parts."""
+    tot = totals(attr).set_index("category").reindex([*CATEGORIES, UNCATEGORIZED])
+    tot = tot.fillna({"seconds": 0.0, "lo": 0.0, "hi": 0.0}).reset_index()
     parts = attr.groupby(["kind", "part", "category"]).seconds.sum()
     return {"critical_path_s": {r.category: float(r.seconds) for r in tot.itertuples()},
             "critical_path_interval_s": {r.category: _interval(r) for r in tot.itertuples()},

@@ -5,11 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from daskprobe.dashboards import browser
+from daskprobe.probes.base import capture_lines
 from daskprobe.probes.rundir import RunDir
 
 DATA = Path(__file__).parent / "data"
@@ -90,8 +92,15 @@ class probe_session:
         self.probe.start(self.run, self.ports)
         return self
 
-    def watch(self, pid: int, name: str = "target", role: str = "client"):
+    def watch(self, pid: int, name: str = "target", role: str = "client", attached: str = "watching"):
+        """Watch pid, and return once the eBPF agent says it attached (`attached` in its status line):
+        on a busy machine that can take seconds, and a cause started before it would go unseen."""
         self.probe.watch({"pid": pid, "name": name, "role": role, "listen": None, "contact": None})
+        status = self.run / "captures" / "ebpf_status.tsv"
+        deadline = time.monotonic() + 60
+        while not any(line.startswith(f"A\t{pid}\t") and attached in line for line in capture_lines(status)):
+            assert time.monotonic() < deadline, f"pid {pid} not attached ({attached}) after 60 s"
+            time.sleep(0.05)
 
     def __exit__(self, *exc):
         self.probe.stop()

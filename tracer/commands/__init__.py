@@ -13,7 +13,7 @@ import sys
 
 from ..registry import experiments
 
-VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "build", "report", "open", "compare", "doctor")}
+VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "build", "report", "explain", "open", "compare", "doctor")}
 
 
 def verbs() -> dict[str, str]:
