@@ -8,7 +8,6 @@
 //! Records go through a channel to a single writer that drains and flushes
 //! every 50 ms.
 
-mod framing;
 mod peer;
 mod record;
 
@@ -19,6 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use daskprobe_clock::now_ns;
+use daskprobe_proxy::framing;
 use std::thread;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Capture records: `u32 body_len | u8 kind | body`, little-endian.
 //! The layout is read back by daskprobe.tracer.capture; keep the two in step.
 
-use crate::framing::{Event, Message};
+use daskprobe_proxy::framing::{Event, Message};
 
 pub const OPEN: u8 = 1;
 pub const PEER: u8 = 2;
