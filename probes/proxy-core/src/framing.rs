@@ -30,6 +30,8 @@ pub struct Message {
 
 pub enum Event {
     Message(Message),
+    /// `offset`: where the message that could not be parsed starts in the
+    /// stream, so every byte before it was parsed, whatever the chunking.
     Malformed { t: u64, offset: u64, reason: String },
 }
 
@@ -52,7 +54,8 @@ pub struct Parser {
     kept_bytes: usize,
     truncated: bool,
     t_first: u64,
-    offset: u64,
+    offset: u64, // stream offset of the next byte fed
+    start: u64,  // stream offset of the current message's first byte
 }
 
 fn u64_at(b: &[u8], i: usize) -> u64 {
@@ -78,6 +81,7 @@ impl Parser {
             truncated: false,
             t_first: 0,
             offset: 0,
+            start: 0,
         }
     }
 
@@ -104,7 +108,7 @@ impl Parser {
         };
         mid_message.then(|| Event::Malformed {
             t: now,
-            offset: self.offset,
+            offset: self.start,
             reason: "stream ended inside a message".into(),
         })
     }
@@ -147,6 +151,7 @@ impl Parser {
     fn feed_prelude(&mut self, data: &[u8], read: u64, now: u64, out: &mut Vec<Event>) -> usize {
         if self.hdr.is_empty() {
             self.t_first = read;
+            self.start = self.offset;
         }
         let mut used = 0;
         loop {
@@ -262,7 +267,7 @@ impl Parser {
 
     /// The stream cannot be re-synchronised: report once, then only count bytes.
     fn malformed(&mut self, now: u64, reason: String, out: &mut Vec<Event>) -> usize {
-        out.push(Event::Malformed { t: now, offset: self.offset, reason });
+        out.push(Event::Malformed { t: now, offset: self.start, reason });
         self.phase = Phase::Raw;
         self.hdr = Vec::new();
         self.kept = Vec::new();
