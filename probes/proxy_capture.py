@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-OPEN, PEER, MESSAGE, CLOSE, MALFORMED = 1, 2, 3, 4, 5
+OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST = 1, 2, 3, 4, 5, 6
 FRAMINGS = {1: "current", 2: "legacy"}
 
 
@@ -22,6 +22,7 @@ class Capture:
     messages: pd.DataFrame  # one row per message; `at` is where its record's frame lengths start
     connections: pd.DataFrame
     malformed: pd.DataFrame
+    lost: pd.DataFrame  # connections dropped before they were served (a peer's reset, no fd left); older captures have none
     torn_bytes: int = 0
     data: bytes = b""
     path: Path | None = None  # the file: parallel decoders read it themselves
@@ -36,7 +37,7 @@ class Capture:
 
 _HEAD = struct.Struct("<IB")
 _MSG = struct.Struct("<IBBBQQI")
-_U32, _II, _IQ, _Ii, _IBQQ, _H = (struct.Struct(f) for f in ("<I", "<II", "<IQ", "<Ii", "<IBQQ", "<H"))
+_U32, _Q, _II, _IQ, _Ii, _IBQQ, _H = (struct.Struct(f) for f in ("<I", "<Q", "<II", "<IQ", "<Ii", "<IBQQ", "<H"))
 _LENS: dict[int, struct.Struct] = {}
 MESSAGE_COLUMNS = ["conn", "direction", "framing", "truncated", "t_first_ns", "t_last_ns", "nframes",
                    "msg_bytes", "at", "frame0_at", "frame0_len"]
@@ -73,7 +74,7 @@ def frames_at(data: bytes, at: int) -> dict[int, bytes]:
 
 def read_capture(path: Path) -> Capture:
     data = path.read_bytes() if path.exists() else b""
-    msgs, conns, bad = [], {}, []
+    msgs, conns, bad, lost = [], {}, [], []
     pos, size = 0, len(data)
     # The hot loop: millions of records in a large run, so one unpack per field group.
     while pos + 5 <= size:
@@ -103,6 +104,10 @@ def read_capture(path: Path) -> Capture:
             conn, d, t, offset = _IBQQ.unpack_from(data, body)
             bad.append({"conn": conn, "direction": d, "t_ns": t, "offset": offset,
                         "reason": _strs(data, body + 21, pos)[0]})
+        elif kind == LOST:
+            (t,) = _Q.unpack_from(data, body)
+            label, reason = _strs(data, body + 8, pos)
+            lost.append({"t_ns": t, "label": label, "reason": reason})
     messages = pd.DataFrame(msgs, columns=MESSAGE_COLUMNS)
     # Each direction has its own thread, so records arrive in thread order: a
     # quick reply can be written before its request. Order by first byte.
@@ -113,6 +118,7 @@ def read_capture(path: Path) -> Capture:
         messages=messages,
         connections=pd.DataFrame(list(conns.values())),
         malformed=pd.DataFrame(bad, columns=["conn", "direction", "t_ns", "offset", "reason"]),
+        lost=pd.DataFrame(lost, columns=["t_ns", "label", "reason"]),
         torn_bytes=size - pos,
         data=data,
         path=path,

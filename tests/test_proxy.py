@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import random
+import signal
 import socket
 import struct
 import threading
@@ -17,7 +19,8 @@ import msgpack
 import pytest
 
 from conftest import daskprobe
-from daskprobe.probes.proxy import Route, start_proxy
+from daskprobe.probes.procfs import cpu_s
+from daskprobe.probes.proxy import Route, proxy_binary, start_proxy
 from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.tracer.cluster import free_port
 from daskprobe.probes.procs import stop
@@ -46,8 +49,21 @@ class Echo:
         self.hashes.append(h.hexdigest())
 
 
+def limited(tmp_path: Path, limits: str) -> Path:
+    """A stand-in for the proxy binary that runs it under `prlimit LIMITS`.
+    SIGXFSZ is ignored so that a file-size limit shows as a failed write
+    (EFBIG, after a short write), as a full disk does, instead of killing it."""
+    wrapper = tmp_path / "limited-proxy"
+    wrapper.write_text(f"#!/bin/sh\ntrap '' XFSZ\nexec prlimit {limits} {proxy_binary()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.fixture
-def proxied(tmp_path):
+def proxied(request, tmp_path, monkeypatch):
+    """An echo server behind the proxy; parametrized indirectly, the proxy runs under those prlimit limits."""
+    if limits := getattr(request, "param", None):
+        monkeypatch.setenv("DASKPROBE_PROXY", str(limited(tmp_path, limits)))
     echo = Echo()
     listen = f"127.0.0.1:{free_port()}"
     capture = tmp_path / "proxy.bin"
@@ -67,7 +83,7 @@ def send_chunked(port: int, payload: bytes, rng: random.Random) -> str:
     """Send payload in random-sized writes; return the hash of what comes back."""
     got = hashlib.sha256()
     received = 0
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         def reader():
             nonlocal received
             while received < len(payload):
@@ -87,6 +103,25 @@ def send_chunked(port: int, payload: bytes, rng: random.Random) -> str:
         s.shutdown(socket.SHUT_WR)
     assert received == len(payload)
     return got.hexdigest()
+
+
+def reset(port: int) -> None:
+    """Connect, then close with SO_LINGER 0: the proxy gets a reset, not an end of stream."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)  # a full backlog costs SYN retries of 1 s, then 3 s
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def still_serves(port: int, seed: int) -> None:
+    """A message with a 100 kB payload comes back through the proxy unchanged."""
+    payload = frame_message([msgpack.packb({"op": "still-there"}), random.Random(seed).randbytes(100_000)])
+    assert send_chunked(port, payload, random.Random(seed)) == hashlib.sha256(payload).hexdigest()
+
+
+def accounted(capture: Path) -> int:
+    """Connections the capture knows of: opened, or lost before they could be."""
+    cap = read_capture(capture)
+    return len(cap.connections) + len(cap.lost)
 
 
 def wait_for(predicate, timeout=10.0):
@@ -141,6 +176,18 @@ class Trap:
         return open, (str(self.path), "w")
 
 
+def built(tmp_path: Path, capture: Path) -> Path:
+    """A run directory holding only this capture, after `daskprobe build`."""
+    run = tmp_path / "run"
+    (run / "captures").mkdir(parents=True)
+    (run / "captures" / "proxy.bin").write_bytes(capture.read_bytes())
+    (run / "run.json").write_text(json.dumps({"clock_anchor": {"monotonic_ns": 0, "wall_ns": 0},
+                                              "processes": []}))
+    p = daskprobe("build", str(run))
+    assert p.returncode == 0, p.stderr
+    return run
+
+
 def test_captured_pickles_are_never_unpickled(proxied, tmp_path):
     echo, port, capture, proc = proxied
     trap = tmp_path / "unpickled"
@@ -151,14 +198,76 @@ def test_captured_pickles_are_never_unpickled(proxied, tmp_path):
     assert send_chunked(port, payload, random.Random(3)) == hashlib.sha256(payload).hexdigest()
     wait_for(lambda: len(read_capture(capture).messages) == 2)
     stop([proc])
-    run = tmp_path / "run"
-    (run / "captures").mkdir(parents=True)
-    (run / "captures" / "proxy.bin").write_bytes(capture.read_bytes())
-    (run / "run.json").write_text(json.dumps({"clock_anchor": {"monotonic_ns": 0, "wall_ns": 0},
-                                              "processes": []}))
-    p = daskprobe("build", str(run))
-    assert p.returncode == 0, p.stderr
+    run = built(tmp_path, capture)
     assert not trap.exists()
     import pandas as pd
     m = pd.read_parquet(run / "tables" / "messages.parquet")
     assert list(m[m.direction == 0].op) == ["task-finished"] and not trap.exists()
+
+
+def test_peers_that_reset_are_counted_lost_and_the_route_serves_on(proxied, tmp_path):
+    echo, port, capture, proc = proxied
+    # Stopped, the proxy accepts nothing: all 50 reset while waiting to be
+    # accepted, as on a busy machine. Running, it would accept some first and
+    # serve them as ordinary (empty) connections.
+    os.kill(proc.pid, signal.SIGSTOP)
+    for _ in range(50):
+        reset(port)
+    os.kill(proc.pid, signal.SIGCONT)
+    still_serves(port, 4)
+    wait_for(lambda: accounted(capture) == 51)
+    cap = read_capture(capture)
+    assert len(cap.lost) == 50 and cap.lost.reason.str.startswith("peer gone").all()
+    assert cap.lost.t_ns.gt(0).all()
+    assert proc.poll() is None
+    stop([proc])
+    run = built(tmp_path, capture)
+    assert json.loads((run / "run.json").read_text())["capture"]["lost_connections"] == 50
+
+
+@pytest.mark.parametrize("proxied", ["--nofile=64"], indirect=True)
+def test_route_serves_on_after_running_out_of_fds(proxied, tmp_path):
+    echo, port, capture, proc = proxied
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]  # ~4 proxy fds each
+    time.sleep(0.5)
+    before = cpu_s(proc.pid)
+    time.sleep(1)
+    assert cpu_s(proc.pid) - before < 0.2, "the proxy spins while out of fds"
+    for s in held:
+        s.close()
+    still_serves(port, 5)
+    wait_for(lambda: accounted(capture) == 41)
+    assert "Too many open files" in (tmp_path / "proxy.log").read_text()
+
+
+def test_route_serves_on_after_ten_thousand_resets(proxied):
+    echo, port, capture, proc = proxied
+    cpu, start = cpu_s(proc.pid), time.monotonic()
+    for _ in range(10_000):
+        reset(port)
+    busy, wall = cpu_s(proc.pid) - cpu, time.monotonic() - start
+    time.sleep(0.5)
+    before = cpu_s(proc.pid)
+    time.sleep(1)
+    idle = cpu_s(proc.pid) - before
+    still_serves(port, 6)
+    wait_for(lambda: accounted(capture) == 10_001, timeout=60)
+    print(f"10,000 resets: {wall:.1f} s, proxy CPU {busy:.2f} s, then {idle:.2f} s in 1 s idle")
+    assert busy < 5.0, "over 0.5 ms of proxy CPU per connection"
+    assert idle < 0.1, "the proxy spins after the resets"
+
+
+@pytest.mark.parametrize("proxied", ["--fsize=20000"], indirect=True)
+def test_capture_write_error_stops_capturing_not_forwarding(proxied, tmp_path):
+    echo, port, capture, proc = proxied
+    log = tmp_path / "proxy.log"
+    still_serves(port, 7)
+    wait_for(lambda: len(read_capture(capture).messages) == 2)  # on disk before the limit
+    fill = b"".join(frame_message([msgpack.packb({"op": "fill", "i": i})]) for i in range(2000))
+    for seed in (8, 9):  # the second: after the capture has stopped
+        assert send_chunked(port, fill, random.Random(seed)) == hashlib.sha256(fill).hexdigest()
+        wait_for(lambda: "capture stopped" in log.read_text())
+    assert log.read_text().count("capture stopped") == 1
+    cap = read_capture(capture)
+    assert cap.torn_bytes == 0 and len(cap.messages) >= 2 and capture.stat().st_size <= 20000
+    assert proc.poll() is None

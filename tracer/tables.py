@@ -33,7 +33,7 @@ def build(run: RunDir) -> dict:
     probe_tables(run, procs, conns)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
-             "torn_bytes": cap.torn_bytes}
+             "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost)}
     run.update_meta(capture=stats)
     return stats
 

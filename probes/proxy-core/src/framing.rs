@@ -30,6 +30,8 @@ pub struct Message {
 
 pub enum Event {
     Message(Message),
+    /// `offset`: where the message that could not be parsed starts in the
+    /// stream, so every byte before it was parsed, whatever the chunking.
     Malformed { t: u64, offset: u64, reason: String },
 }
 
@@ -52,7 +54,8 @@ pub struct Parser {
     kept_bytes: usize,
     truncated: bool,
     t_first: u64,
-    offset: u64,
+    offset: u64, // stream offset of the next byte fed
+    start: u64,  // stream offset of the current message's first byte
 }
 
 fn u64_at(b: &[u8], i: usize) -> u64 {
@@ -78,6 +81,7 @@ impl Parser {
             truncated: false,
             t_first: 0,
             offset: 0,
+            start: 0,
         }
     }
 
@@ -104,7 +108,7 @@ impl Parser {
         };
         mid_message.then(|| Event::Malformed {
             t: now,
-            offset: self.offset,
+            offset: self.start,
             reason: "stream ended inside a message".into(),
         })
     }
@@ -147,6 +151,7 @@ impl Parser {
     fn feed_prelude(&mut self, data: &[u8], read: u64, now: u64, out: &mut Vec<Event>) -> usize {
         if self.hdr.is_empty() {
             self.t_first = read;
+            self.start = self.offset;
         }
         let mut used = 0;
         loop {
@@ -262,116 +267,10 @@ impl Parser {
 
     /// The stream cannot be re-synchronised: report once, then only count bytes.
     fn malformed(&mut self, now: u64, reason: String, out: &mut Vec<Event>) -> usize {
-        out.push(Event::Malformed { t: now, offset: self.offset, reason });
+        out.push(Event::Malformed { t: now, offset: self.start, reason });
         self.phase = Phase::Raw;
         self.hdr = Vec::new();
         self.kept = Vec::new();
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn current(frames: &[Vec<u8>], nosplit_frames: usize) -> Vec<u8> {
-        let n = frames.len() as u64;
-        let head: u64 = 8 + 8 * n + frames[..nosplit_frames].iter().map(|f| f.len() as u64).sum::<u64>();
-        let mut out = head.to_le_bytes().to_vec();
-        out.extend_from_slice(&n.to_le_bytes());
-        frames.iter().for_each(|f| out.extend_from_slice(&(f.len() as u64).to_le_bytes()));
-        frames.iter().for_each(|f| out.extend_from_slice(f));
-        out
-    }
-
-    fn legacy(frames: &[Vec<u8>]) -> Vec<u8> {
-        let mut out = (frames.len() as u64).to_le_bytes().to_vec();
-        frames.iter().for_each(|f| out.extend_from_slice(&(f.len() as u64).to_le_bytes()));
-        frames.iter().for_each(|f| out.extend_from_slice(f));
-        out
-    }
-
-    /// Feed `stream` in pseudo-random chunks (xorshift, seeded) and collect events.
-    fn parse(stream: &[u8], seed: u64) -> Vec<Event> {
-        let (mut p, mut out, mut x, mut pos) = (Parser::new(), Vec::new(), seed | 1, 0);
-        while pos < stream.len() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let n = 1 + (x % 97) as usize;
-            let end = (pos + n).min(stream.len());
-            p.feed(&stream[pos..end], pos as u64, pos as u64, &mut out);
-            pos = end;
-        }
-        out
-    }
-
-    fn messages(events: Vec<Event>) -> Vec<Message> {
-        events
-            .into_iter()
-            .map(|e| match e {
-                Event::Message(m) => m,
-                Event::Malformed { reason, .. } => panic!("malformed: {reason}"),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn current_framing_any_chunking() {
-        let a = vec![vec![0x81, 0xa2, b'o', b'p', 0xa1, b'x'], vec![0x80, 5, 1, 2], vec![]];
-        let b = vec![vec![0x92, 1, 2]];
-        let mut stream = current(&a, 1);
-        stream.extend(current(&b, 1));
-        for seed in 1..200 {
-            let m = messages(parse(&stream, seed));
-            assert_eq!(m.len(), 2);
-            assert_eq!(m[0].lens, vec![6, 4, 0]);
-            assert_eq!(m[0].kept, vec![(0, a[0].clone())]); // pickle frame not kept
-            assert_eq!(m[1].kept, vec![(0, b[0].clone())]);
-            assert_eq!(m[0].framing, FRAMING_CURRENT);
-        }
-    }
-
-    #[test]
-    fn legacy_framing_keeps_header_and_payload() {
-        let a = vec![vec![], vec![0x92, 0x81, 1, 2], vec![0x80, 4]];
-        let mut stream = legacy(&a);
-        stream.extend(legacy(&[vec![], vec![0x81, 1, 2]]));
-        for seed in 1..200 {
-            let m = messages(parse(&stream, seed));
-            assert_eq!(m.len(), 2);
-            assert_eq!(m[0].framing, FRAMING_LEGACY);
-            assert_eq!(m[0].kept, vec![(1, a[1].clone())]);
-        }
-    }
-
-    #[test]
-    fn legacy_with_many_frames_and_empty_header() {
-        let mut frames = vec![vec![], vec![0x81, 1, 2]];
-        frames.extend((0..11).map(|i| vec![i; 3]));
-        for seed in 1..50 {
-            let m = messages(parse(&legacy(&frames), seed));
-            assert_eq!(m.len(), 1);
-            assert_eq!(m[0].framing, FRAMING_LEGACY);
-            assert_eq!(m[0].lens.len(), 13);
-        }
-    }
-
-    #[test]
-    fn garbage_is_reported_once_then_counted() {
-        let mut stream = current(&[vec![0x80]], 1);
-        stream.extend(vec![0xff; 64]);
-        let ev = parse(&stream, 7);
-        assert!(matches!(ev[0], Event::Message(_)));
-        assert!(matches!(ev[1], Event::Malformed { .. }));
-        assert_eq!(ev.len(), 2);
-    }
-
-    #[test]
-    fn eof_inside_a_message_is_reported() {
-        let stream = current(&[vec![1, 2, 3, 4]], 1);
-        let mut p = Parser::new();
-        p.feed(&stream[..stream.len() - 1], 0, 0, &mut Vec::new());
-        assert!(p.finish(1).is_some());
     }
 }

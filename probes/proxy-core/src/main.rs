@@ -6,24 +6,33 @@
 //! Prints "ready" on stdout once every route listens. One thread per
 //! direction of each connection: read, forward at once, then parse lengths.
 //! Records go through a channel to a single writer that drains and flushes
-//! every 50 ms.
+//! every 50 ms. Nothing a peer or the OS does (resets, fd limits, a full
+//! disk) ends a route: such failures are logged by kind, and connections
+//! dropped for them are recorded as lost.
 
-mod framing;
+mod capture;
+mod failures;
 mod peer;
 mod record;
 
-use std::fs::OpenOptions;
-use std::io::{BufWriter, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
-use std::sync::Arc;
+use capture::Capture;
 use daskprobe_clock::now_ns;
+use daskprobe_proxy::framing;
+use failures::Failures;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 const READ_BUF: usize = 256 << 10;
-const FLUSH_EVERY: Duration = Duration::from_millis(50);
+/// Pause after a failed accept(): out of fds the pending connection waits in
+/// the backlog until one is freed, and retrying at once would spin.
+const BACKOFF: Duration = Duration::from_millis(10);
+/// Linux errnos of a shortage that passes: ENOMEM, ENFILE, EMFILE, ENOBUFS.
+const SHORTAGE: [i32; 4] = [12, 23, 24, 105];
 
 struct Route {
     listen: String,
@@ -50,28 +59,6 @@ fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
         }
     }
     Ok((capture.ok_or("--capture is required")?, routes, delay))
-}
-
-/// Drain the queue and flush every FLUSH_EVERY. The writer sleeps instead of
-/// blocking in recv(), so forwarding threads never pay for waking it: on a
-/// 2-core machine a wake-up and a write per message compete with the scheduler.
-fn writer(path: String, rx: Receiver<Vec<u8>>) {
-    let file = OpenOptions::new().create(true).append(true).open(&path);
-    let mut out = BufWriter::with_capacity(1 << 20, file.expect("cannot open capture file"));
-    loop {
-        thread::sleep(FLUSH_EVERY);
-        loop {
-            match rx.try_recv() {
-                Ok(rec) => out.write_all(&rec).expect("capture write failed"),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    out.flush().expect("capture flush failed");
-                    return;
-                }
-            }
-        }
-        out.flush().expect("capture flush failed");
-    }
 }
 
 fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
@@ -111,31 +98,86 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
     let _ = tx.send(record::close(conn, dir, now, total));
 }
 
-fn serve(route: Route, listener: TcpListener, ids: Arc<AtomicU32>, tx: Sender<Vec<u8>>, delay: Duration) {
-    for down in listener.incoming().flatten() {
-        let up = match TcpStream::connect(&route.upstream) {
-            Ok(up) => up,
-            Err(e) => {
-                eprintln!("daskprobe-proxy: {} -> {}: {e}", route.label, route.upstream);
-                continue;
-            }
-        };
-        let conn = ids.fetch_add(1, Ordering::Relaxed);
-        let _ = down.set_nodelay(true);
-        let _ = up.set_nodelay(true);
-        let (peer, ours) = (down.peer_addr().unwrap(), down.local_addr().unwrap());
-        let up_local = up.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        let _ = tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(),
-                                     &route.upstream, &up_local));
-        let txp = tx.clone();
-        thread::spawn(move || {
-            let _ = txp.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));
-        });
-        let (d2, u2, tx2) = (down.try_clone().unwrap(), up.try_clone().unwrap(), tx.clone());
-        thread::spawn(move || pump(conn, 0, d2, u2, tx2, delay));
-        let tx3 = tx.clone();
-        thread::spawn(move || pump(conn, 1, up, down, tx3, delay));
+/// What the threads of every route share.
+struct Shared {
+    ids: AtomicU32,
+    tx: Sender<Vec<u8>>,
+    delay: Duration,
+    failures: Failures,
+}
+
+impl Shared {
+    /// A connection dropped before it was served: logged by kind, and
+    /// recorded so that the capture's reader can count it.
+    fn lose(&self, label: &str, stage: &str, e: &io::Error) {
+        let reason = format!("{stage}: {e}");
+        self.failures.note(&format!("{label}: {reason}"));
+        let _ = self.tx.send(record::lost(now_ns(), label, &reason));
     }
+}
+
+fn serve(route: Route, listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept() {
+            Ok((down, _)) => {
+                if let Err((stage, e)) = start(&route, down, &shared) {
+                    shared.lose(&route.label, stage, &e);
+                }
+            }
+            Err(e) if e.raw_os_error().is_some_and(|n| SHORTAGE.contains(&n)) => {
+                shared.failures.note(&format!("{}: accept: {e}", route.label));
+                thread::sleep(BACKOFF);
+            }
+            Err(e) => {
+                shared.lose(&route.label, "accept", &e);
+                thread::sleep(BACKOFF); // an error that repeats must not spin either
+            }
+        }
+    }
+}
+
+/// Sets up an accepted connection: its upstream, both pumps, its records.
+/// On failure nothing about it has been recorded: the caller records it lost.
+fn start(route: &Route, down: TcpStream, shared: &Shared) -> Result<(), (&'static str, io::Error)> {
+    let at = |stage: &'static str| move |e: io::Error| (stage, e);
+    // Fails once the peer has reset, even while it waited to be accepted.
+    let peer = down.peer_addr().map_err(at("peer gone before it was served"))?;
+    let ours = down.local_addr().map_err(at("peer gone before it was served"))?;
+    let up = TcpStream::connect(&route.upstream).map_err(at("upstream connect"))?;
+    let _ = down.set_nodelay(true);
+    let _ = up.set_nodelay(true);
+    let up_local = up.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let (d2, u2) = (down.try_clone().map_err(at("socket clone"))?, up.try_clone().map_err(at("socket clone"))?);
+    let go0 = spawn_pump(0, d2, u2, shared).map_err(at("thread"))?;
+    let go1 = spawn_pump(1, up, down, shared).map_err(at("thread"))?;
+    let conn = shared.ids.fetch_add(1, Ordering::Relaxed);
+    let _ = shared.tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(),
+                                        &route.upstream, &up_local));
+    find_peer_pid(conn, peer, ours, shared.tx.clone());
+    let _ = (go0.send(conn), go1.send(conn));
+    Ok(())
+}
+
+/// Off the forwarding path; without a thread for it the pid stays unknown
+/// (-1), as when it is not found.
+fn find_peer_pid(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
+    let _ = thread::Builder::new().spawn(move || {
+        let _ = tx.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));
+    });
+}
+
+/// A pump thread that starts when sent its connection's id, so that both
+/// directions' threads exist before the connection is recorded; dropping the
+/// sender instead ends it and closes its sockets.
+fn spawn_pump(dir: u8, src: TcpStream, dst: TcpStream, shared: &Shared) -> io::Result<Sender<u32>> {
+    let (go, wait) = channel();
+    let (tx, delay) = (shared.tx.clone(), shared.delay);
+    thread::Builder::new().spawn(move || {
+        if let Ok(conn) = wait.recv() {
+            pump(conn, dir, src, dst, tx, delay);
+        }
+    })?;
+    Ok(go)
 }
 
 fn main() {
@@ -143,19 +185,23 @@ fn main() {
         eprintln!("daskprobe-proxy: {e}");
         std::process::exit(2);
     });
+    let out = Capture::open(&capture).unwrap_or_else(|e| {
+        eprintln!("daskprobe-proxy: cannot open capture file {capture}: {e}");
+        std::process::exit(1);
+    });
     let (tx, rx) = channel();
-    let writer_thread = thread::spawn(move || writer(capture, rx));
-    let ids = Arc::new(AtomicU32::new(1));
+    let writer_thread = thread::spawn(move || out.run(rx));
+    let shared = Arc::new(Shared { ids: AtomicU32::new(1), tx, delay, failures: Failures::default() });
     let mut servers = Vec::new();
     for route in routes {
         let listener = TcpListener::bind(&route.listen).unwrap_or_else(|e| {
             eprintln!("daskprobe-proxy: cannot listen on {}: {e}", route.listen);
             std::process::exit(1);
         });
-        let (ids, tx) = (ids.clone(), tx.clone());
-        servers.push(thread::spawn(move || serve(route, listener, ids, tx, delay)));
+        let shared = shared.clone();
+        servers.push(thread::spawn(move || serve(route, listener, shared)));
     }
-    drop(tx);
+    drop(shared);
     println!("ready");
     let _ = std::io::stdout().flush();
     for s in servers {

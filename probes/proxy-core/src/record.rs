@@ -1,13 +1,14 @@
 //! Capture records: `u32 body_len | u8 kind | body`, little-endian.
-//! The layout is read back by daskprobe.tracer.capture; keep the two in step.
+//! The layout is read back by daskprobe.probes.proxy_capture; keep the two in step.
 
-use crate::framing::{Event, Message};
+use daskprobe_proxy::framing::{Event, Message};
 
 pub const OPEN: u8 = 1;
 pub const PEER: u8 = 2;
 pub const MESSAGE: u8 = 3;
 pub const CLOSE: u8 = 4;
 pub const MALFORMED: u8 = 5;
+pub const LOST: u8 = 6;
 
 struct Rec(Vec<u8>);
 
@@ -49,6 +50,12 @@ pub fn open(conn: u32, t: u64, label: &str, listen: &str, peer: &str, upstream: 
 /// The pid owning the connecting socket, or -1 when it could not be found.
 pub fn peer(conn: u32, pid: i32) -> Vec<u8> {
     Rec::new(PEER).u32(conn).u32(pid as u32).done()
+}
+
+/// A connection dropped before it was served (the peer reset first, no fd
+/// was left, the upstream refused): it has no id and no other record.
+pub fn lost(t: u64, label: &str, reason: &str) -> Vec<u8> {
+    Rec::new(LOST).u64(t).str(label).str(reason).done()
 }
 
 pub fn close(conn: u32, dir: u8, t: u64, bytes: u64) -> Vec<u8> {

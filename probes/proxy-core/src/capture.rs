@@ -1,0 +1,76 @@
+//! The capture file's one writer. Forwarding threads only queue records; a
+//! failed write (a full disk) ends capturing, never forwarding, and leaves
+//! the file ending on a whole record.
+
+use crate::failures::log;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::thread;
+use std::time::Duration;
+
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+const WRITE_AT: usize = 1 << 20;
+
+pub struct Capture {
+    file: File,
+    end: u64, // file length after the last whole record written
+    buf: Vec<u8>,
+}
+
+impl Capture {
+    pub fn open(path: &str) -> io::Result<Capture> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let end = file.metadata()?.len();
+        Ok(Capture { file, end, buf: Vec::with_capacity(WRITE_AT) })
+    }
+
+    /// Drain the queue and write every FLUSH_EVERY. The writer sleeps instead
+    /// of blocking in recv(), so forwarding threads never pay for waking it:
+    /// on a 2-core machine a wake-up and a write per message compete with the
+    /// scheduler. After a failed write it returns, dropping the queue, so
+    /// records sent from then on are dropped at once.
+    pub fn run(mut self, rx: Receiver<Vec<u8>>) {
+        loop {
+            thread::sleep(FLUSH_EVERY);
+            match self.drain(&rx) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    let end = self.end;
+                    log(format_args!("capture write failed ({e}): capture stopped at {end} bytes, forwarding goes on"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Writes what is queued; false once every sender is gone.
+    fn drain(&mut self, rx: &Receiver<Vec<u8>>) -> io::Result<bool> {
+        loop {
+            match rx.try_recv() {
+                Ok(rec) => {
+                    self.buf.extend_from_slice(&rec);
+                    if self.buf.len() >= WRITE_AT {
+                        self.write()?;
+                    }
+                }
+                Err(TryRecvError::Empty) => return self.write().map(|()| true),
+                Err(TryRecvError::Disconnected) => return self.write().map(|()| false),
+            }
+        }
+    }
+
+    /// A short write (disk full) may end inside a record: cut the file back
+    /// to the last whole one. Should that fail too, readers still drop a torn
+    /// last record.
+    fn write(&mut self) -> io::Result<()> {
+        if let Err(e) = self.file.write_all(&self.buf) {
+            let _ = self.file.set_len(self.end);
+            return Err(e);
+        }
+        self.end += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
