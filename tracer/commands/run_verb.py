@@ -30,7 +30,8 @@ def add_arguments(p) -> None:
                    help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
     p.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
     p.add_argument("--delay-ms", type=float, default=0.0,
-                   help="what-if: the proxy holds every message this long before passing it on (default 0)")
+                   help="what-if: links with this much latency: the proxy hands every byte on this long after "
+                        "it read it (default 0)")
     p.add_argument("--scheduler", default="ws", choices=list(x.SCHEDULERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.SCHEDULERS.items()) + " (default ws)")
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),

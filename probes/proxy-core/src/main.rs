@@ -22,12 +22,13 @@ use failures::Failures;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 const READ_BUF: usize = 256 << 10;
+const DELAY_QUEUE: usize = 64;
 /// Pause after a failed accept(): out of fds the pending connection waits in
 /// the backlog until one is freed, and retrying at once would spin.
 const BACKOFF: Duration = Duration::from_millis(10);
@@ -61,41 +62,101 @@ fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
     Ok((capture.ok_or("--capture is required")?, routes, delay))
 }
 
-fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
-    let mut buf = vec![0u8; READ_BUF];
-    let mut parser = framing::Parser::new();
-    let mut events = Vec::new();
-    let mut total = 0u64;
-    loop {
-        let n = match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        let read = now_ns();
-        if !delay.is_zero() && parser.at_boundary() {
-            thread::sleep(delay); // --delay-us: hold each burst that starts a message
+/// The capture side of one connection direction: parse what was forwarded, record it.
+struct Recorder {
+    conn: u32,
+    dir: u8,
+    parser: framing::Parser,
+    events: Vec<framing::Event>,
+    tx: Sender<Vec<u8>>,
+    total: u64,
+}
+
+impl Recorder {
+    fn new(conn: u32, dir: u8, tx: Sender<Vec<u8>>) -> Recorder {
+        Recorder { conn, dir, parser: framing::Parser::new(), events: Vec::new(), tx, total: 0 }
+    }
+
+    /// Bytes read at `read` and handed on at `sent`, after they were written.
+    fn forwarded(&mut self, bytes: &[u8], read: u64, sent: u64) {
+        self.total += bytes.len() as u64;
+        self.parser.feed(bytes, read, sent, &mut self.events);
+        for ev in self.events.drain(..) {
+            let _ = self.tx.send(record::event(self.conn, self.dir, ev));
         }
+    }
+
+    /// Pass the half-close on (a hard error ends both directions) and close the record.
+    fn finish(mut self, dst: &TcpStream) {
+        let now = now_ns();
+        if let Some(ev) = self.parser.finish(now) {
+            let _ = self.tx.send(record::event(self.conn, self.dir, ev));
+        }
+        let _ = dst.shutdown(Shutdown::Write);
+        let _ = self.tx.send(record::close(self.conn, self.dir, now, self.total));
+    }
+}
+
+fn read_some(src: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        match src.read(buf) {
+            Ok(0) => return None,
+            Ok(n) => return Some(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// One connection direction: read, forward at once, then parse.
+fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
+    if !delay.is_zero() {
+        return pump_delayed(conn, dir, src, dst, tx, delay);
+    }
+    let mut buf = vec![0u8; READ_BUF];
+    let mut rec = Recorder::new(conn, dir, tx);
+    while let Some(n) = read_some(&mut src, &mut buf) {
+        let read = now_ns();
         // Stamp delivery before writing: the write wakes the receiver, which
         // may run before this thread reads the clock again.
-        let sending = now_ns();
+        let sent = now_ns();
         if dst.write_all(&buf[..n]).is_err() {
             break;
         }
-        total += n as u64;
-        parser.feed(&buf[..n], read, sending, &mut events);
-        for ev in events.drain(..) {
-            let _ = tx.send(record::event(conn, dir, ev));
+        rec.forwarded(&buf[..n], read, sent);
+    }
+    rec.finish(&dst);
+}
+
+/// --delay-us: a link with that much latency. Every byte is handed on `delay`
+/// after it was read, by a second thread, so bytes behind a held message are
+/// not held longer (no head-of-line blocking, as a slow link has none). At most
+/// DELAY_QUEUE reads wait in flight; beyond that the reader waits too.
+fn pump_delayed(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
+    let (held_tx, held_rx) = sync_channel::<(u64, Vec<u8>)>(DELAY_QUEUE);
+    let reader = thread::spawn(move || {
+        let mut buf = vec![0u8; READ_BUF];
+        while let Some(n) = read_some(&mut src, &mut buf) {
+            if held_tx.send((now_ns(), buf[..n].to_vec())).is_err() {
+                break;
+            }
         }
+    });
+    let mut rec = Recorder::new(conn, dir, tx);
+    for (read, bytes) in held_rx {
+        let due = read + delay.as_nanos() as u64;
+        let now = now_ns();
+        if due > now {
+            thread::sleep(Duration::from_nanos(due - now));
+        }
+        let sent = now_ns();
+        if dst.write_all(&bytes).is_err() {
+            break;
+        }
+        rec.forwarded(&bytes, read, sent);
     }
-    let now = now_ns();
-    if let Some(ev) = parser.finish(now) {
-        let _ = tx.send(record::event(conn, dir, ev));
-    }
-    // Pass the half-close on; a hard error ends both directions.
-    let _ = dst.shutdown(Shutdown::Write);
-    let _ = tx.send(record::close(conn, dir, now, total));
+    rec.finish(&dst);
+    drop(reader); // it ends when its peer closes or the queue is gone
 }
 
 /// What the threads of every route share.
