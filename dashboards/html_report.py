@@ -52,7 +52,7 @@ def write_html(run: RunDir) -> None:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
         sections = [section(*fig(page)) for fig in FIGURES]
-    (run / "report.html").write_text(page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
+    run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
 def page_html(title: str, subtitle: str, sections: list[str]) -> str:

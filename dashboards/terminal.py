@@ -41,6 +41,8 @@ def _split_table(title: str, s: dict, total: float) -> Table:
         t.add_column(col, justify=just)
     ci = s.get("critical_path_interval_s", {})
     for cat, sec in sorted(s["critical_path_s"].items(), key=lambda kv: -kv[1]):
+        if sec <= 0:
+            continue
         c = ci.get(cat, {})
         n = c.get("samples")
         interval = f"{c['lo']:.3f}-{c['hi']:.3f}" if n else "exact"

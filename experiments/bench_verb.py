@@ -27,9 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", type=options.comma_list, default=["normal"], help="normal, zero or both (default normal)")
     p.add_argument("--server", action="append", default=[], metavar="dask|CMD",
                    help="'dask' or a scheduler command with {host} and {port}; repeatable (default dask)")
-    p.add_argument("--repeat", type=int, default=3, help="runs per point (default 3)")
+    p.add_argument("--repeat", type=options.positive_int, default=3, help="runs per point (default 3)")
     options.probes(p, "none")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is stopped (default 300)")
+    p.add_argument("--timeout", type=options.positive_float, default=300.0, help="seconds per run before it is stopped (default 300)")
     options.cluster(p)
     p.add_argument("--out", help="directory for the runs and results (default runs/bench-<time>)")
 

@@ -17,48 +17,18 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import struct
 import time
 from pathlib import Path
 
-import msgpack
 import numpy as np
 
 from .workloads import count
-from ..probes.proxy_capture import MESSAGE, OPEN, PEER
+from ..probes.proxy_capture import CaptureWriter
 
 FAN_IN = 100
 PER_TASK_US = 250     # scheduler throughput of about 4,000 tasks/s
 BATCH_US = 2_000      # batched streams flush every 2 ms
-LATENCY_NS = 40_000   # proxy first byte to last byte of a small message
 PID_BASE = 40_000
-
-
-class CaptureWriter:
-    def __init__(self, f: io.BufferedWriter):
-        self.f = f
-
-    def _record(self, kind: int, body: bytes) -> None:
-        self.f.write(struct.pack("<IB", len(body) + 1, kind) + body)
-
-    @staticmethod
-    def _str(s: str) -> bytes:
-        b = s.encode()
-        return struct.pack("<H", len(b)) + b
-
-    def open(self, conn: int, t: int, label: str, peer_pid: int) -> None:
-        addr = f"127.0.0.1:{10_000 + conn}"
-        self._record(OPEN, struct.pack("<IQ", conn, t) + b"".join(
-            self._str(s) for s in (label, addr, addr, addr, addr)))
-        self._record(PEER, struct.pack("<Ii", conn, peer_pid))
-
-    def message(self, conn: int, direction: int, t_first: int, msg, opaque: int = 0) -> None:
-        """One current-framing message: frame 0 (kept) and `opaque` pickled frames of 100 bytes."""
-        frame0 = msgpack.packb(msg, use_bin_type=True)
-        lens = [len(frame0)] + [100] * opaque
-        body = struct.pack(f"<IBBBQQI{len(lens)}QI", conn, direction, 1, 0, t_first, t_first + LATENCY_NS,
-                           len(lens), *lens, 1)
-        self._record(MESSAGE, body + struct.pack("<II", 0, len(frame0)) + frame0)
 
 
 def schedule(n_leaves: int, workers: int, t0: int) -> dict[str, np.ndarray]:

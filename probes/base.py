@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from .rundir import RunDir
 
 
@@ -21,6 +23,7 @@ class Probe:
     name = "?"
     roles = CLUSTER_ROLES  # processes this probe watches, by role
     proc = None            # its own helper process, if it has one
+    error = None           # why it stopped capturing before the end, if it did (a full disk, say)
 
     def available(self) -> str | None:
         """None if this probe can run here, else why not (shown to the user, kept in run.json)."""
@@ -37,8 +40,8 @@ class Probe:
         """A process to observe from now on: a row of run.json's `processes`
         (pid, name, role, listen and contact addresses)."""
 
-    def stop(self) -> None:
-        pass
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop capturing; a helper process gets `grace` seconds to exit on its own."""
 
     def process_row(self) -> dict | None:
         """Its helper process as a `processes` row (role "probe"), so its cost is measured too."""
@@ -65,3 +68,15 @@ def capture_lines(path: Path) -> list[str]:
     """The lines of a text capture, split on newlines only: read_text() would
     also break on a stray \r in a sampled name. A missing file has none."""
     return path.read_bytes().decode("utf-8", "replace").split("\n") if path.exists() else []
+
+
+def tsv_rows(path: Path, columns: dict[str, str]) -> pd.DataFrame:
+    """The rows of a tab-separated capture with exactly these columns, typed: a line
+    torn by a kill or a full disk (too few fields, or a number cut short) is dropped,
+    never the file."""
+    rows = [r for r in (line.split("\t") for line in capture_lines(path)) if len(r) == len(columns)]
+    df = pd.DataFrame(rows, columns=list(columns))
+    ints = [c for c, kind in columns.items() if kind == "int64"]
+    for c in ints:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df.dropna(subset=ints).astype(columns).reset_index(drop=True)

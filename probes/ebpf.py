@@ -70,6 +70,6 @@ class Ebpf(Probe):
         self.proc.stdin.write(f"{proc['pid']} {kind} {proc['name']}\n".encode())
         self.proc.stdin.flush()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         if self.proc:
-            stop([self.proc], grace=15.0)  # it drains its buffers and sums on SIGTERM
+            stop([self.proc], grace=3 * grace)  # it drains its buffers and sums on SIGTERM

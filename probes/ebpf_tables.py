@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .base import capture_lines
+from .base import tsv_rows
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS = "ebpf_events.bin"
@@ -18,16 +18,13 @@ EVENT = np.dtype([("kind", "<u4"), ("pid", "<u4"), ("tid", "<u4"), ("cpu", "<u4"
 GIL, OFFCPU, TCP = 2, 3, 4
 
 
-def _rows(path: Path, fields: int) -> list[list[str]]:
-    """Tab-separated lines with the expected field count; a torn last line is dropped."""
-    return [r for r in (line.split("\t") for line in capture_lines(path)) if len(r) == fields]
-
-
 def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) like pyspy.read_samples, ids starting at the bases.
     A stack is the kernel frames then the user frames, leaf first."""
     frames, stacks, samples = {}, {}, []
-    for t, pid, tid, cpu, user, kernel in _rows(path, 6):
+    rows = tsv_rows(path, {"t": "int64", "pid": "int64", "tid": "int64", "cpu": "int64", "user": "str",
+                           "kernel": "str"})
+    for t, pid, tid, cpu, user, kernel in rows.itertuples(index=False):
         ids = []
         for kind, part in (("kernel", kernel), ("native", user)):
             for sym in filter(None, part.split(";")):
@@ -72,8 +69,7 @@ def read_offcpu(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_small(path: Path) -> pd.DataFrame:
-    df = pd.DataFrame(_rows(path, 5), columns=["kind", "pid", "tid", "total_ns", "count"])
-    return df.astype({"pid": "int64", "tid": "int64", "total_ns": "int64", "count": "int64"})
+    return tsv_rows(path, {"kind": "str", "pid": "int64", "tid": "int64", "total_ns": "int64", "count": "int64"})
 
 
 HEADERS = 52  # IPv4 + TCP with timestamps; the correction below tolerates ±32 KiB
@@ -107,4 +103,4 @@ def _port(addr) -> int | None:
 
 
 def read_status(path: Path) -> pd.DataFrame:
-    return pd.DataFrame(_rows(path, 3), columns=["status", "pid", "what"])
+    return tsv_rows(path, {"status": "str", "pid": "int64", "what": "str"})

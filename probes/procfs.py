@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .base import CLUSTER_ROLES, Probe, capture_lines
+from .base import CLUSTER_ROLES, Probe, tsv_rows
 from .rundir import RunDir
 
 CAPTURE = "proc.tsv"
@@ -50,13 +50,22 @@ class ProcFS(Probe):
     def watch(self, proc: dict) -> None:
         self.pids[proc["pid"]] = proc["name"]
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         if self.thread:
             self.done.set()
             self.thread.join()
-            self.out.close()
+            try:
+                self.out.close()
+            except OSError as e:
+                self.error = self.error or f"closing {CAPTURE}: {e.strerror}"
 
     def _loop(self) -> None:
+        try:
+            self._sample()
+        except OSError as e:  # a full disk: stop capturing; what was written stays readable
+            self.error = f"writing {CAPTURE}: {e.strerror}"
+
+    def _sample(self) -> None:
         next_tick = time.monotonic()
         while not self.done.is_set():
             lines = []
@@ -76,11 +85,8 @@ class ProcFS(Probe):
 
 def read_proc(path: Path) -> pd.DataFrame:
     """One row per process and tick: cpu_percent over the previous tick, rss_bytes."""
-    cols = ["t_ns", "pid", "utime", "stime", "rss_pages"]
-    if not path.exists():
-        return pd.DataFrame(columns=["t_ns", "pid", "cpu_s", "cpu_percent", "rss_bytes"])
-    rows = [line.split("\t") for line in capture_lines(path)]
-    df = pd.DataFrame([r for r in rows if len(r) == 5], columns=cols).astype("int64").sort_values(["pid", "t_ns"])
+    df = tsv_rows(path, dict.fromkeys(["t_ns", "pid", "utime", "stime", "rss_pages"], "int64"))
+    df = df.sort_values(["pid", "t_ns"])
     df["cpu_s"] = (df.utime + df.stime) / CLK_TCK
     g = df.groupby("pid")
     df["cpu_percent"] = (100 * g.cpu_s.diff() / (g.t_ns.diff() / 1e9)).fillna(0.0)

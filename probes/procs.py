@@ -10,12 +10,17 @@ import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_PTRACER = 0x59616D61
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def die_with_parent() -> None:
-    # If daskprobe is SIGKILLed nothing can clean up: the kernel does it.
+def our_child() -> None:
+    """In a child before it runs its program: die with daskprobe (if daskprobe is
+    SIGKILLed nothing can clean up: the kernel does it), and let daskprobe's
+    descendants read its memory where Yama restricts ptrace to ancestors (the
+    sampler is the child's sibling, not its ancestor; a no-op without Yama)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _libc.prctl(_PR_SET_PTRACER, os.getppid(), 0, 0, 0)
 
 
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **kw) -> subprocess.Popen:
@@ -27,7 +32,7 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
     kw.setdefault("stdin", subprocess.DEVNULL)
 
     def setup() -> None:
-        die_with_parent()
+        our_child()
         os.nice(nice)
 
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)

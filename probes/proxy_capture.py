@@ -6,10 +6,12 @@ torn last record: it is counted and dropped, everything before it is kept.
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pandas as pd
 
@@ -136,3 +138,34 @@ def _message(data: bytes, pos: int) -> tuple:
     f0 = kept + 12 if idx == 0 else -1
     return (conn, d, FRAMINGS.get(framing, "?"), bool(truncated), t0, t1, n,
             prelude + sum(_lens(n).unpack_from(data, at)), at, f0, size)
+
+
+class CaptureWriter:
+    """Records as the proxy writes them: for synthetic runs and tests of the readers."""
+
+    def __init__(self, f: io.BufferedWriter):
+        self.f = f
+
+    def _record(self, kind: int, body: bytes) -> None:
+        self.f.write(struct.pack("<IB", len(body) + 1, kind) + body)
+
+    @staticmethod
+    def _str(s: str) -> bytes:
+        b = s.encode()
+        return struct.pack("<H", len(b)) + b
+
+    def open(self, conn: int, t: int, label: str, peer_pid: int) -> None:
+        addr = f"127.0.0.1:{10_000 + conn}"
+        self._record(OPEN, struct.pack("<IQ", conn, t) + b"".join(
+            self._str(s) for s in (label, addr, addr, addr, addr)))
+        self._record(PEER, struct.pack("<Ii", conn, peer_pid))
+
+    def message(self, conn: int, direction: int, t_first: int, msg, opaque: int = 0, latency_ns: int = 40_000,
+                frame0: bytes | None = None) -> None:
+        """One current-framing message: frame 0 (kept; msg packed, or given raw) and `opaque`
+        pickled frames of 100 bytes, its last byte latency_ns after its first."""
+        frame0 = msgpack.packb(msg, use_bin_type=True) if frame0 is None else frame0
+        lens = [len(frame0)] + [100] * opaque
+        body = struct.pack(f"<IBBBQQI{len(lens)}QI", conn, direction, 1, 0, t_first, t_first + latency_ns,
+                           len(lens), *lens, 1)
+        self._record(MESSAGE, body + struct.pack("<II", 0, len(frame0)) + frame0)

@@ -17,8 +17,10 @@ CAPTURE = "pyspy.tsv"
 
 
 def _ptrace_allowed() -> bool:
+    """Yama 0 (classic) and 1 (ancestors, and those a process names: daskprobe's children
+    name daskprobe, see procs.our_child) let the sampler read the cluster; 2 and 3 do not."""
     try:
-        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "0"
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() in ("0", "1")
     except FileNotFoundError:
         return True
 
@@ -34,7 +36,7 @@ class PySpy(Probe):
         if native_binary("daskprobe-sampler") is None:
             return "daskprobe-sampler is not built (run ./setup.sh)"
         if not is_root() and not _ptrace_allowed():
-            return "reading other processes' stacks needs root (or kernel.yama.ptrace_scope=0)"
+            return "reading other processes' stacks needs root here (kernel.yama.ptrace_scope is 2 or 3)"
         return None
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
@@ -48,9 +50,9 @@ class PySpy(Probe):
         self.proc.stdin.write(f"{proc['pid']} {proc['name']}\n".encode())
         self.proc.stdin.flush()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         if self.proc:
-            stop([self.proc])
+            stop([self.proc], grace)
 
 
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -28,10 +30,14 @@ class RunDir:
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
             out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
         run = cls(out)
-        if run.path.exists() and any(run.path.iterdir()):
-            raise FileExistsError(f"run directory {run.path} exists and is not empty")
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            run.path.mkdir(mode=0o755)
+        except FileExistsError:
+            _refuse_unless_ours_and_empty(run.path)
         for sub in ("captures", "logs", "tables"):
-            (run.path / sub).mkdir(parents=True, exist_ok=True)
+            (run.path / sub).mkdir(mode=0o755, exist_ok=True)
+        (run.path / "scratch").mkdir(mode=0o700, exist_ok=True)  # Dask's local directory: private to the run
         return run
 
     def __truediv__(self, name: str) -> Path:
@@ -51,15 +57,23 @@ class RunDir:
     def meta(self) -> dict:
         return json.loads((self.path / "run.json").read_text())
 
+    @property
+    def scratch(self) -> Path:
+        return self.path / "scratch"
+
     def update_meta(self, **fields) -> dict:
         """Merge fields into run.json, atomically: a kill never leaves half a file."""
         path = self.path / "run.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
         meta.update(fields)
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str))
+        write_new(tmp, json.dumps(meta, indent=2, default=str).encode())
         os.replace(tmp, path)
         return meta
+
+    def write_file(self, name: str, text: str) -> Path:
+        write_new(self.path / name, text.encode())
+        return self.path / name
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         path = self.path / "tables" / f"{name}.parquet"
@@ -72,3 +86,26 @@ class RunDir:
 
     def has_table(self, name: str) -> bool:
         return (self.path / "tables" / f"{name}.parquet").exists()
+
+
+def _refuse_unless_ours_and_empty(path: Path) -> None:
+    """An existing --out is used only if it is an empty directory of ours that nobody
+    else can write to: daskprobe runs as root, and a directory another user controls
+    could hold (or later get) a symlink that root would then write through."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} exists and is not a directory")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} exists and belongs to another user or is writable by others; "
+                              "give a new path and daskprobe makes it")
+    if any(path.iterdir()):
+        raise FileExistsError(f"{path} exists and is not empty")
+
+
+def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a file afresh without following a symlink planted where it goes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -93,7 +93,9 @@ def _with_moves(a: pd.DataFrame, moves: pd.DataFrame, first: pd.DataFrame) -> pd
 
 
 def _to_ns(wall: pd.Series, offset_s: float) -> np.ndarray:
-    return ((wall.astype("float64") - offset_s) * 1e9).round().astype("Int64").to_numpy()
+    """Wall seconds to the run's clock; a time no run could have (a peer's 2**64-1, say) is unknown."""
+    ns = ((wall.astype("float64") - offset_s) * 1e9).round()
+    return ns.where((ns >= 0) & (ns < 2.0**62)).astype("Int64").to_numpy()
 
 
 def prefixes(keys: pd.Series) -> pd.Series:

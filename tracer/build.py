@@ -3,6 +3,7 @@ Each stage reads what the previous one wrote, so each can be re-run alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import traceback
@@ -10,14 +11,23 @@ import traceback
 from ..probes.rundir import RunDir
 
 
+class Stopped(Exception):
+    """A signal (or Ctrl-C) during a stage: finalizing stops after it."""
+
+
 def _stage(run: RunDir, name: str, fn) -> str | None:
-    from .session import say
+    from .session import Interrupted, say
     try:
         fn(run)
         return None
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", 2)
+        say(f"{name} stage interrupted; 'daskprobe build {run.path}' finalizes the run directory")
+        raise Stopped(f"interrupted by signal {signum}") from None
     except Exception as e:  # one broken stage must not cost the others
         say(f"{name} stage failed: {type(e).__name__}: {e}")
-        traceback.print_exc()
+        with contextlib.suppress(OSError):
+            traceback.print_exc()
         return f"{type(e).__name__}: {e}"
 
 
@@ -29,8 +39,9 @@ def analysis(run: RunDir, rules=()) -> None:
     for name, df in result.tables.items():
         run.write_table(name, df)
     summary = result.summary | {"run": str(run.path)}
-    (run / "summary.json").write_text(json.dumps(summary, indent=2, default=_json))
-    print_summary(summary)
+    run.write_file("summary.json", json.dumps(summary, indent=2, default=_json))
+    with contextlib.suppress(OSError):  # a closed terminal costs the printout, not the run
+        print_summary(summary)
 
 
 def _json(v):
@@ -48,14 +59,23 @@ def report(run: RunDir, rules=(), html: bool = False) -> bool:
 
 
 def finalize(run: RunDir, trace: bool = True) -> bool:
+    """Every stage in order, each whatever the others did; run.json says which failed,
+    how long each took, and whether all ran (`finalized`)."""
     from . import tables, trace_writer
+    from .session import record
     stages = (("tables", tables.build), ("analysis", analysis), ("trace", trace_writer.write) if trace else None,
               ("html", _html))
     errors, seconds = {}, {}
     for name, fn in filter(None, stages):
         start = time.perf_counter()
-        if err := _stage(run, name, fn):
-            errors[name] = err
-        seconds[name] = round(time.perf_counter() - start, 3)
-    run.update_meta(finalize_errors=errors, finalize_seconds=seconds)
+        try:
+            if err := _stage(run, name, fn):
+                errors[name] = err
+        except Stopped as e:
+            errors[name] = str(e)
+            break
+        finally:
+            seconds[name] = round(time.perf_counter() - start, 3)
+    done = len(seconds) == sum(1 for s in stages if s) and not any("interrupted" in e for e in errors.values())
+    record(run, finalize_errors=errors, finalize_seconds=seconds, finalized=done)
     return not errors

@@ -93,7 +93,8 @@ def _listening(port: int) -> bool:
 class Cluster:
     def __init__(self, spec: ClusterSpec, run: RunDir):
         self.spec, self.run = spec, run
-        self.env = dask_env(spec.config)
+        # Dask's scratch space (the nanny copies preloads there) private to the run, not /tmp
+        self.env = dask_env(spec.config) | {"DASK_TEMPORARY_DIRECTORY": str(run.scratch)}
         self.members: list[Member] = []
         self.proxy: subprocess.Popen | None = None
 
@@ -139,7 +140,7 @@ class Cluster:
             s.command = shlex.split(self.spec.server_cmd.format(host=host, port=port))
         else:
             s.command = [self.spec.python, "-m", "distributed.cli.dask_scheduler",
-                         "--host", host, "--port", port, "--no-dashboard",
+                         "--host", host, "--port", port, "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                          *_preloads(experiments().SCHEDULERS[self.spec.scheduler].preload_files())]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
         s.pid = s.proc.pid
@@ -149,7 +150,8 @@ class Cluster:
         w.command = [self.spec.python, "-m", "distributed.cli.dask_worker",
                      f"tcp://{self.scheduler.contact}", "--name", w.name,
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
-                     "--nthreads", str(self.spec.threads), "--no-dashboard",
+                     "--nthreads", str(self.spec.threads), "--no-dashboard", "--dashboard-address", f"{HOST}:0",
+                     "--local-directory", str(self.run.scratch),
                      *_preloads(experiments().WORKERS[self.spec.worker].preload_files())]
         env = self.env
         if self.spec.nanny:
@@ -183,12 +185,12 @@ class Cluster:
     def client_address(self) -> str:
         return f"tcp://{self.scheduler.contact}"
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         """Workers first, then the scheduler, the proxy last so it sees them go."""
-        stop([m.proc for m in self.members[1:] if m.proc and m.role == "worker"])
-        stop([self.scheduler.proc] if self.scheduler.proc else [])
+        stop([m.proc for m in self.members[1:] if m.proc and m.role == "worker"], grace)
+        stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace)
         if self.proxy:
-            stop([self.proxy])
+            stop([self.proxy], grace)
 
     def describe(self) -> list[dict]:
         """Processes as run.json and the processes table record them."""

@@ -133,7 +133,8 @@ def messages_table(cap: Capture, conns: pd.DataFrame, jobs: int | None = None) -
 
 
 def _concat(parts: list[dict], name: str) -> pd.DataFrame:
-    return pa.concat_tables([p[name] for p in parts]).to_pandas()
+    # nullable integers stay integers: through float64, 2**63-1 would come back as 2**63
+    return pa.concat_tables([p[name] for p in parts]).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
 
 
 def _by_connection(conn: np.ndarray, jobs: int) -> list[np.ndarray]:
@@ -181,6 +182,8 @@ def _ops_of(msg, i, conn, d, greeted, pending, ops, ev, clock_requests) -> None:
         return
     batched = isinstance(msg, (list, tuple))
     items = msg if batched else (msg,)
+    if not items:  # an empty batch is still a message
+        ops.append((i, "value", None, 0, 0, 0, None, None, None))
     for j, item in enumerate(items):
         if not isinstance(item, dict) or "op" not in item:
             waiting = pending[(conn, 1 - d)]

@@ -12,18 +12,25 @@ import time
 
 from ..probes.base import Probe
 from .cluster import Cluster, ClusterSpec, StartError, interpreter_versions
-from ..probes.procs import die_with_parent
+from ..probes.procs import our_child
 from ..probes.rundir import RunDir
 from .registry import experiments
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
+    """A signal, unwinding to teardown: a BaseException, so no `except Exception`
+    on the way (a probe's start, say) can swallow it."""
+
     def __init__(self, signum: int):
         self.signum = signum
 
 
 def say(msg: str) -> None:
-    # Our own words go to stderr: the command's stdout passes through untouched.
-    print(f"daskprobe: {msg}", file=sys.stderr, flush=True)
+    # Our own words go to stderr: the command's stdout passes through untouched. A
+    # closed stderr (`daskprobe run ... | head`) must not stop the run's finalizing.
+    try:
+        print(f"daskprobe: {msg}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def clock_anchor() -> dict:
@@ -31,11 +38,15 @@ def clock_anchor() -> dict:
     return {"monotonic_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
 
 
-class _Signals:
-    """SIGINT/SIGTERM: pass them to the user's command, then unwind to teardown."""
+class Signals:
+    """SIGINT and SIGTERM, in the three phases of a run. While the command runs
+    (and while finalizing): pass the signal to the command, then unwind
+    (Interrupted). During teardown: do not unwind, but hurry: a second signal
+    stops waiting for graceful exits. The first signal is kept for the exit code."""
 
     def __init__(self):
         self.client: subprocess.Popen | None = None
+        self.unwinding, self.hurry, self.signum = True, False, None
 
     def __enter__(self):
         self.saved = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -46,14 +57,22 @@ class _Signals:
             signal.signal(s, h)
 
     def _handle(self, signum, frame):
+        self.signum = self.signum or signum
         if self.client and self.client.poll() is None:
             self.client.send_signal(signum)
-        raise Interrupted(signum)
+        if self.unwinding:
+            raise Interrupted(signum)
+        self.hurry = True
+
+    @property
+    def grace(self) -> float:
+        return 0.2 if self.hurry else 5.0
 
 
-def _start_probes(probes: list[Probe], run: RunDir, ports: set[int]) -> list[Probe]:
-    """Start what can run here; say why the rest cannot and record it."""
-    started, skipped = [], {}
+def _start_probes(probes: list[Probe], run: RunDir, ports: set[int], started: list[Probe]) -> None:
+    """Start what can run here (into `started`, so that an interrupted start-up
+    still stops what did start); say why the rest cannot and record it."""
+    skipped = {}
     for p in probes:
         why = p.available()
         if why is None:
@@ -69,7 +88,6 @@ def _start_probes(probes: list[Probe], run: RunDir, ports: set[int]) -> list[Pro
     for name, why in skipped.items():
         say(f"probe {name} skipped: {why}")
     run.update_meta(skipped=skipped)
-    return started
 
 
 def _watch(probes: list[Probe], rows: list[dict]) -> None:
@@ -90,9 +108,9 @@ def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen |
     return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
 
 
-def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: list[str],
-        probes: list[Probe], sample_rate: float = 100.0, cpu_hz: int = 99) -> tuple[int, RunDir]:
-    run = RunDir.create(out, command)
+def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
+        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99) -> int:
+    """Run the command against a cluster behind the probes; the user's exit code."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz,
@@ -104,37 +122,68 @@ def run(spec: ClusterSpec, command: list[str], out: str | None, probe_names: lis
                               "cluster": interpreter_versions(spec.python)})
     cluster = Cluster(spec, run)
     code, client, started = 1, None, []
-    with _Signals() as signals:
+    try:
+        cluster.layout()
+        _start_probes(probes, run, cluster.ports(), started)
+        cluster.start()
+        _watch(started, _processes(cluster, started))
+        run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
+        # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
+        env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
+        client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+        _watch(started, [_client_row(client, command)])
+        run.update_meta(processes=_processes(cluster, started, client, command))
+        code = client.wait()
+    except StartError as e:
+        say(f"cluster failed to start: {e}")
+    except FileNotFoundError as e:
+        say(str(e))
+    except Interrupted as e:
+        say(f"interrupted by {signal.Signals(e.signum).name}; stopping the cluster")
+        code = 128 + e.signum
+    finally:
+        signals.unwinding = False
+        _teardown(run, signals, client, cluster, started, command)
+    record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry)
+    signals.unwinding = True
+    return code
+
+
+def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster, started: list[Probe], command) -> None:
+    """Stop everything, each step whatever the others did: no orphans, whatever failed."""
+    steps = [("the command", lambda: _reap(client, signals.grace)), ("the cluster", lambda: cluster.stop(signals.grace))]
+    steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
+    for what, step in steps:
         try:
-            cluster.layout()
-            started = _start_probes(probes, run, cluster.ports())
-            cluster.start()
-            _watch(started, _processes(cluster, started))
-            run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
-            # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
-            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
-            client = signals.client = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
-            _watch(started, [_client_row(client, command)])
-            run.update_meta(processes=_processes(cluster, started, client, command))
-            code = client.wait()
-        except StartError as e:
-            say(f"cluster failed to start: {e}")
-        except FileNotFoundError as e:
-            say(str(e))
-        except Interrupted as e:
-            say(f"interrupted by {signal.Signals(e.signum).name}; stopping the cluster")
-            code = 128 + e.signum
-        finally:
-            _reap(client)
-            cluster.stop()
-            for p in started:
-                p.stop()
-            run.update_meta(processes=_processes(cluster, started, client, command))
-    run.update_meta(exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=False)
-    return code, run
+            step()
+        except Exception as e:  # one failed stop must not leave the rest running
+            say(f"stopping {what} failed: {type(e).__name__}: {e}")
+    errors = {p.name: p.error for p in started if getattr(p, "error", None)}
+    record(run, processes=_processes(cluster, started, client, command), probe_errors=errors)
+    for name, error in errors.items():
+        say(f"probe {name} stopped early: {error}")
 
 
-def _reap(client: subprocess.Popen | None, grace: float = 5.0) -> None:
+def record(run: RunDir, **fields) -> None:
+    """Update run.json; on a full disk, say so (naming the disk) and go on: the user's
+    command and exit code matter more than our bookkeeping."""
+    try:
+        run.update_meta(**fields)
+    except OSError as e:
+        say(f"could not update {run / 'run.json'}: {e.strerror} ({disk_of(run.path)})")
+
+
+def disk_of(path) -> str:
+    """The filesystem holding path, and its free space, for messages about a full disk."""
+    path = os.path.realpath(path)
+    mount = path
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    st = os.statvfs(path)
+    return f"the filesystem at {mount} has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free"
+
+
+def _reap(client: subprocess.Popen | None, grace: float) -> None:
     if client is None or client.poll() is not None:
         return
     try:

@@ -10,6 +10,11 @@ class Undecodable(ValueError):
     pass
 
 
+# What msgpack raises on bytes a peer made up: a map as a map key (TypeError), nesting
+# past its limit, truncation, trailing bytes.
+_MALFORMED = (ValueError, TypeError, RecursionError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError)
+
+
 def _unpack(raw: bytes):
     # use_list=False: heartbeats carry tuple keys in maps.
     return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
@@ -26,7 +31,7 @@ def decode(frames: dict[int, bytes], framing: str):
         return _unpack(frames[0])
     except KeyError as e:
         raise Undecodable(f"frame {e} was not captured") from None
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+    except _MALFORMED as e:
         raise Undecodable(f"{type(e).__name__}: {e}") from None
 
 
@@ -34,7 +39,7 @@ def decode_frame0(raw: bytes):
     """The message object of a current-framing message from its frame 0 alone."""
     try:
         return _unpack(raw)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+    except _MALFORMED as e:
         raise Undecodable(f"{type(e).__name__}: {e}") from None
 
 
@@ -54,19 +59,3 @@ def keys_of(op: dict) -> tuple:
 
 def is_handshake(msg) -> bool:
     return isinstance(msg, dict) and "op" not in msg and {"compression", "python"} <= msg.keys()
-
-
-def ops(msg) -> list:
-    """The ops one message carries: batched streams send a list of op dicts."""
-    return list(msg) if isinstance(msg, (list, tuple)) else [msg]
-
-
-def stimulus_time(stimulus_id) -> float | None:
-    """The wall time (s) a stimulus id ends with, e.g. compute-task-1795303339.667:
-    when the process that sent the message built it."""
-    if not isinstance(stimulus_id, str):
-        return None
-    try:
-        return float(stimulus_id.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return None

@@ -8,9 +8,27 @@ import sys
 from ...probes.rundir import RunDir
 
 
+def _number(kind, low: float, what: str):
+    """An argparse type: a number of `kind` at least (or, for 0, above) `low`."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if v < low or (low == 0 and what == "positive" and v == 0) or v != v:
+            raise argparse.ArgumentTypeError(f"{text} must be {what}")
+        return v
+    return parse
+
+
+positive_int = _number(int, 1, "at least 1")
+positive_float = _number(float, 0, "positive")
+non_negative_float = _number(float, 0, "0 or more")
+
+
 def cluster(p: argparse.ArgumentParser) -> None:
     """What the cluster's processes run with (run and bench)."""
-    p.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="threads per worker (default 1)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter that runs the scheduler and workers (default: this one)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -63,3 +81,11 @@ def existing_run(path: str) -> RunDir:
     if not (run / "run.json").exists():
         raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
     return run
+
+
+def new_run(RunDir, out: str | None, command: list[str]):
+    """A new run directory, or a clear refusal (see RunDir.create)."""
+    try:
+        return RunDir.create(out, command)
+    except (FileExistsError, PermissionError, NotADirectoryError) as e:
+        raise SystemExit(f"daskprobe: --out: {e}")

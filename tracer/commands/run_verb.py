@@ -18,18 +18,18 @@ EXAMPLES = """examples:
 def add_arguments(p) -> None:
     x = experiments()
     p.usage = "daskprobe run [options] [-- COMMAND ...]"
-    p.add_argument("--workers", type=int, default=2, help="number of worker processes (default 2)")
+    p.add_argument("--workers", type=options.positive_int, default=2, help="number of worker processes (default 2)")
     options.cluster(p)
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "all")
-    p.add_argument("--sample-rate", type=float, default=100.0,
+    p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
                    help="Python stack samples per second and process (default 100)")
     p.add_argument("--native", action="store_true",
                    help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
-    p.add_argument("--cpu-hz", type=int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
-    p.add_argument("--delay-ms", type=float, default=0.0,
+    p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    p.add_argument("--delay-ms", type=options.non_negative_float, default=0.0,
                    help="what-if: links with this much latency: the proxy hands every byte on this long after "
                         "it read it (default 0)")
     p.add_argument("--scheduler", default="ws", choices=list(x.SCHEDULERS),
@@ -37,19 +37,24 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
-    p.add_argument("--start-timeout", type=float, default=60.0, help="seconds for each process to start")
+    p.add_argument("--start-timeout", type=options.positive_float, default=60.0, help="seconds for each process to start")
 
 
 def main(args, command: list[str]) -> int:
     from ...probes import registry
+    from ...probes.rundir import RunDir
     from ..build import finalize
-    from ..session import default_command, run, say
+    from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
-    code, run_dir = run(_spec(args, probes), command or default_command(), args.out, probes,
-                        registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
-                        sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
-    finalize(run_dir)
+    spec, command = _spec(args, probes), command or default_command()
+    run_dir = options.new_run(RunDir, args.out, command)
+    with Signals() as signals:
+        code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
+                   signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
+        finalize(run_dir)
+    if signals.signum and not code:  # interrupted while finalizing a run that had ended well
+        code = 128 + signals.signum
     say(f"run directory: {run_dir.path}")
     return code
 

@@ -1,0 +1,111 @@
+"""Decoding captures into tables: anything a peer can send, and files torn by a kill or
+a full disk, become rows with their error or are dropped, never the whole analysis."""
+
+import io
+import json
+import time
+
+import msgpack
+import pytest
+
+from daskprobe.probes import ebpf_tables, procfs
+from daskprobe.probes.proxy_capture import CaptureWriter, read_capture
+from daskprobe.probes.rundir import RunDir
+from daskprobe.tracer import tables
+from daskprobe.tracer.messages import messages_table
+
+T0 = 1_000_000_000
+DEEP = b"\x91" * 2000 + b"\x00"  # lists nested 2,000 deep
+
+
+def make_run(tmp_path, messages) -> RunDir:
+    """A run directory whose capture holds `messages`: (conn, direction, ms, msg or raw frame 0 bytes)."""
+    run = RunDir(tmp_path / "run")
+    for sub in ("captures", "logs", "tables"):
+        (run / sub).mkdir(parents=True)
+    with open(run.proxy_capture, "wb") as f:
+        w = CaptureWriter(io.BufferedWriter(f))
+        w.open(1, T0, "scheduler", 9)   # the client's connection
+        w.open(2, T0, "scheduler", 11)  # worker-0's stream
+        for conn, d, t_ms, msg in messages:
+            raw = msg if isinstance(msg, bytes) else None
+            w.message(conn, d, T0 + int(t_ms * 1e6), None if raw else msg, frame0=raw)
+        w.f.flush()
+    wall = time.time_ns() - time.monotonic_ns()
+    procs = [{"name": n, "role": r, "pid": p, "listen": None, "contact": None, "command": []}
+             for n, r, p in (("scheduler", "scheduler", 10), ("client", "client", 9), ("worker-0", "worker", 11))]
+    (run / "run.json").write_text(json.dumps({"processes": procs, "clock_anchor": {"monotonic_ns": 0, "wall_ns": wall}}))
+    return run
+
+
+def finished(key, start, stop, **extra):
+    return {"op": "task-finished", "key": key, "run_id": 1, "nbytes": 8, "thread": 1,
+            "startstops": ({"action": "compute", "start": start, "stop": stop},), "status": "OK", **extra}
+
+
+def test_what_a_peer_can_send_is_undecodable_rows_and_the_rest_decodes(tmp_path):
+    wall = lambda ms: (time.time_ns() - time.monotonic_ns() + T0) / 1e9 + ms / 1e3
+    run = make_run(tmp_path, [
+        (1, 0, 0, {"op": "update-graph", "keys": ["x"]}),
+        (1, 0, 1, b"\x81\x81\x01\x02\x03"),               # a map as a map key
+        (1, 0, 2, DEEP),                                   # nesting past msgpack's limit
+        (1, 0, 3, b"\xc1"),                                # a byte msgpack never uses
+        (2, 1, 4, {"op": "compute-task", "key": "x", "run_id": 1, "stimulus_id": "compute-task--inf"}),
+        (2, 0, 5, finished("x", 2**64 - 1, wall(5))),      # a start no run could have
+        (2, 0, 6, {"op": "task-finished", "key": "y", "startstops": 5}),
+        (2, 0, 7, {"op": "task-erred", "key": ("a", {"b": 1}), "run_id": "not a number"}),
+    ])
+    stats = tables.build(run)
+    m = run.table("messages")
+    bad = m[m.op == "undecodable"]
+    assert len(bad) == 3 and bad.error.str.len().gt(0).all(), bad
+    assert stats["undecodable_messages"] == 3
+    assert set(m.op) >= {"update-graph", "compute-task", "task-finished", "task-erred"}
+    a = run.table("attempts")
+    assert a.set_index("key").outcome["x"] == "finished"
+    assert a.compute_start_ns.isna().all(), "the impossible start is unknown, not an overflow"
+
+
+def test_any_msgpack_value_is_decoded_or_reported(tmp_path):
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=8),
+                     st.binary(max_size=8))
+    value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.one_of(st.text(max_size=4), st.sampled_from(["op", "key", "keys", "startstops", "who_has", "run_id"])),
+        inner, max_size=4), max_leaves=12)
+    msg = st.one_of(value, st.fixed_dictionaries(
+        {"op": st.sampled_from(["compute-task", "task-finished", "task-erred", "update-graph", "free-keys",
+                                "steal-request", "reschedule", "key-in-memory"]), "key": value}, optional={
+            "keys": value, "run_id": value, "startstops": value, "who_has": value, "stimulus_id": value}))
+
+    run = make_run(tmp_path, [])
+    meta = run.meta()
+
+    @hypothesis.settings(max_examples=300, deadline=None, database=None)
+    @hypothesis.given(st.lists(st.one_of(msg, st.binary(max_size=40)), min_size=1, max_size=8))
+    def decodes(items):
+        frames = [i if isinstance(i, bytes) else msgpack.packb(i, use_bin_type=True) for i in items]
+        with open(run.proxy_capture, "wb") as f:
+            w = CaptureWriter(io.BufferedWriter(f))
+            w.open(1, T0, "scheduler", 9)
+            w.open(2, T0, "scheduler", 11)
+            for i, frame in enumerate(frames):
+                w.message(1 + i % 2, i % 2, T0 + i, None, frame0=frame)
+            w.f.flush()
+        cap = read_capture(run.proxy_capture)
+        conns = tables.connections_table(cap, tables.processes_table(meta))
+        msgs, events = messages_table(cap, conns)
+        tables.task_tables(events, msgs, meta["clock_anchor"])
+        tables.graphs_table(events["graphs"], msgs)
+        assert set(msgs.msg_id) == set(range(len(frames))), "every message became at least one row"
+    decodes()
+
+
+def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
+    proc = tmp_path / procfs.CAPTURE
+    proc.write_text("1000\t5\t10\t2\t300\n2000\t5\t12\t2\t300\n3000\t5\t13\t2\t")
+    assert len(procfs.read_proc(proc)) == 2
+    small = tmp_path / "ebpf_small.tsv"
+    small.write_text("gil\t5\t6\t100\t2\noffcpu\t5\t6\t")
+    assert ebpf_tables.read_small(small).total_ns.tolist() == [100]
