@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import webbrowser
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 UI = "https://ui.perfetto.dev"
@@ -22,6 +22,9 @@ def link(port: int) -> str:
 
 def make_handler(trace: Path, served: list):
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # seconds: a peer that connects and says nothing cannot hold the server
+
+
         def _headers(self, code: int, length: int = 0) -> None:
             self.send_response(code)
             self.send_header("Access-Control-Allow-Origin", UI)
@@ -33,10 +36,22 @@ def make_handler(trace: Path, served: list):
                 self.send_header("Content-Length", str(length))
             self.end_headers()
 
+        def _foreign(self) -> bool:
+            """A Host other than our own loopback address: a page that rebinds its DNS
+            name to 127.0.0.1 must not read the trace."""
+            port = self.server.server_address[1]
+            if self.headers.get("Host") in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                return False
+            self._headers(403)
+            return True
+
         def do_OPTIONS(self):  # CORS preflight
-            self._headers(204)
+            if not self._foreign():
+                self._headers(204)
 
         def do_GET(self):
+            if self._foreign():
+                return
             if self.path.split("?")[0] != "/trace.pftrace":
                 self._headers(404)
                 return
@@ -54,7 +69,7 @@ def make_handler(trace: Path, served: list):
 def serve(trace: Path, port: int = PERFETTO_PORT, once: bool = False) -> int:
     served: list = []
     try:
-        server = HTTPServer(("127.0.0.1", port), make_handler(trace, served))
+        server = ThreadingHTTPServer(("127.0.0.1", port), make_handler(trace, served))
     except OSError as e:
         print(f"daskprobe: cannot listen on 127.0.0.1:{port} ({e.strerror}); the Perfetto UI fetches local "
               f"traces only from port {PERFETTO_PORT}: stop what holds it, or open {trace} in the UI by hand",

@@ -9,6 +9,7 @@ import time
 import traceback
 
 from ..probes.rundir import RunDir
+from .session import Interrupted, record, say
 
 
 class Stopped(Exception):
@@ -16,7 +17,6 @@ class Stopped(Exception):
 
 
 def _stage(run: RunDir, name: str, fn) -> str | None:
-    from .session import Interrupted, say
     try:
         fn(run)
         return None
@@ -58,13 +58,21 @@ def report(run: RunDir, rules=(), html: bool = False) -> bool:
     return ok and (not html or _stage(run, "html", _html) is None)
 
 
+def _tables(run: RunDir) -> None:
+    from . import tables
+    tables.build(run)
+
+
+def _trace(run: RunDir) -> None:
+    from . import trace_writer
+    trace_writer.write(run)
+
+
 def finalize(run: RunDir, trace: bool = True) -> bool:
     """Every stage in order, each whatever the others did; run.json says which failed,
-    how long each took, and whether all ran (`finalized`)."""
-    from . import tables, trace_writer
-    from .session import record
-    stages = (("tables", tables.build), ("analysis", analysis), ("trace", trace_writer.write) if trace else None,
-              ("html", _html))
+    how long each took, and whether all ran (`finalized`). A stage imports what it
+    needs itself, so that a signal in an import is a stage's interruption too."""
+    stages = (("tables", _tables), ("analysis", analysis), ("trace", _trace) if trace else None, ("html", _html))
     errors, seconds = {}, {}
     for name, fn in filter(None, stages):
         start = time.perf_counter()

@@ -77,12 +77,14 @@ def _start_probes(probes: list[Probe], run: RunDir, ports: set[int], started: li
         why = p.available()
         if why is None:
             partly = p.partly_skipped()
+            started.append(p)  # before it starts: an interrupted start is still stopped
             try:
                 p.start(run, ports)
-                started.append(p)
                 skipped.update(partly)
                 continue
             except Exception as e:  # a probe that fails to start must not cost the run
+                started.remove(p)
+                p.stop(0.5)
                 why = f"failed to start: {e}"
         skipped.update(dict.fromkeys(p.name.split(","), why))
     for name, why in skipped.items():

@@ -35,7 +35,20 @@ def build(run: RunDir) -> dict:
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost)}
     run.update_meta(capture=stats)
+    _tell(stats)
     return stats
+
+
+def _tell(stats: dict) -> None:
+    from .session import say
+    if stats["undecodable_messages"]:
+        say(f"{stats['undecodable_messages']} messages could not be decoded: rows with op 'undecodable' and "
+            "their error in tables/messages.parquet; the rest is decoded")
+    if stats["lost_connections"]:
+        say(f"{stats['lost_connections']} connections were lost before the proxy could serve them "
+            "(see logs/proxy.log)")
+    if stats["malformed_streams"]:
+        say(f"{stats['malformed_streams']} connections sent bytes that are not Dask's framing; forwarded unparsed")
 
 
 def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
