@@ -24,7 +24,6 @@ def make_handler(trace: Path, served: list):
     class Handler(BaseHTTPRequestHandler):
         timeout = 10  # seconds: a peer that connects and says nothing cannot hold the server
 
-
         def _headers(self, code: int, length: int = 0) -> None:
             self.send_response(code)
             self.send_header("Access-Control-Allow-Origin", UI)
@@ -75,6 +74,8 @@ def serve(trace: Path, port: int = PERFETTO_PORT, once: bool = False) -> int:
               f"traces only from port {PERFETTO_PORT}: stop what holds it, or open {trace} in the UI by hand",
               flush=True)
         return 1
+    server.timeout = 0.5  # handle_request returns this often: requests are served in threads, so
+    # --once learns that the trace was fetched only after the request that fetched it has returned
     url = link(server.server_address[1])
     print(f"serving {trace} for the Perfetto UI; open:\n{url}", flush=True)
     if os.environ.get("DISPLAY") or os.environ.get("BROWSER"):

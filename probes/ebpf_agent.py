@@ -37,6 +37,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 POLL_S = 0.1
+GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 
 PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
@@ -195,6 +196,7 @@ def take_gil_symbol(path: str) -> str | None:
 class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.gil_libs, self.pending = args, {}, {}, {}, []
+        self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
         cflags += ["-DWITH_TCP"] * bool(args.tcp)
@@ -217,7 +219,17 @@ class Agent:
         status = self.out("ebpf_status.tsv")
         status.write(f"A\t{pid}\twatching {name}\n")
         if self.args.gil and python:
-            status.write(self.attach_gil(pid, name))
+            self.gil_waiting[pid] = (name, time.monotonic() + GIL_ATTACH_S)
+            self.retry_gil()
+
+    def retry_gil(self) -> None:
+        """A process watched right after exec has only its executable and the loader mapped: its
+        libpython comes a few milliseconds later, so a miss is retried until GIL_ATTACH_S."""
+        for pid, (name, deadline) in list(self.gil_waiting.items()):
+            line = self.attach_gil(pid, name)
+            if line.startswith("A") or time.monotonic() > deadline:
+                self.out("ebpf_status.tsv").write(line)
+                del self.gil_waiting[pid]
 
     def attach_gil(self, pid: int, name: str) -> str:
         try:
@@ -304,6 +316,7 @@ def main() -> int:
         elif not stdin_open:
             time.sleep(wait)
         if time.monotonic() >= next_drain:
+            agent.retry_gil()
             agent.drain()
             next_drain = time.monotonic() + POLL_S
     agent.finish()

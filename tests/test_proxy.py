@@ -205,12 +205,18 @@ def test_captured_pickles_are_never_unpickled(proxied, tmp_path):
     assert list(m[m.direction == 0].op) == ["task-finished"] and not trap.exists()
 
 
+def all_stopped(pid: int) -> bool:
+    tasks = Path(f"/proc/{pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks.iterdir())
+
+
 def test_peers_that_reset_are_counted_lost_and_the_route_serves_on(proxied, tmp_path):
     echo, port, capture, proc = proxied
     # Stopped, the proxy accepts nothing: all 50 reset while waiting to be
     # accepted, as on a busy machine. Running, it would accept some first and
     # serve them as ordinary (empty) connections.
     os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: all_stopped(proc.pid))  # a stop is delivered asynchronously, thread by thread
     for _ in range(50):
         reset(port)
     os.kill(proc.pid, signal.SIGCONT)
