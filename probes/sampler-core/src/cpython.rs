@@ -30,6 +30,7 @@ const MAX_THREADS: usize = 4096;
 const MAX_CHUNK: usize = 1 << 18;
 /// more than any layout's thread head, frame or GIL state
 const MAX_STRUCT: usize = 256;
+const PAGE: usize = 4096;
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
@@ -37,6 +38,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// Where `len` bytes at `addr` start in a copy of (address, length), if it holds
+/// them all: a torn read can leave any pointer, so only in-bounds ones index a copy.
+fn offset_in((base, copied): (usize, usize), addr: usize, len: usize) -> Option<usize> {
+    let at = addr.wrapping_sub(base);
+    (at < copied && copied - at >= len).then_some(at)
 }
 
 pub struct ThreadSample {
@@ -86,6 +94,8 @@ struct Scratch {
     stack: Vec<(u64, i64)>,
     /// the current frame pointer's 8 bytes, then the thread's data-stack chunk
     chunk: Vec<u8>,
+    /// memory read around a frame outside the chunk
+    window: Vec<u8>,
     codes: Vec<u64>,
     ranges: Vec<(usize, usize)>,
     fields: Vec<u8>,
@@ -331,30 +341,47 @@ impl Reader {
     }
 
     /// The frames from `frame` back into the scratch stack, taken from the
-    /// copy of the thread's data-stack chunk where they lie in it.
+    /// copy of the thread's data-stack chunk where they lie in it. Frames
+    /// elsewhere (generators', 3.10's, and the entry frames 3.12+ keep on the
+    /// C stack, a few hundred bytes apart) are read with what follows them up
+    /// to the page's end, which serves the next ones that lie there too.
     fn follow(&mut self, mut frame: usize, chunk: usize) {
         let f = &self.layout.frame;
-        let bytes = &self.s.chunk[8..];
-        let mut own = [0u8; MAX_STRUCT];
-        while frame != 0 && self.s.stack.len() < MAX_FRAMES {
-            // a torn read can leave any pointer here: only in-bounds offsets index the chunk
-            let at = frame.wrapping_sub(chunk);
-            let rec: &[u8] = if at < bytes.len() && bytes.len() - at >= f.size {
+        let s = &mut self.s;
+        let bytes = &s.chunk[8..];
+        let mut window = (0, 0); // address and length of what s.window holds
+        s.window.resize(PAGE.max(f.size), 0);
+        for _ in 0..MAX_FRAMES {
+            let rec: &[u8] = if let Some(at) = offset_in((chunk, bytes.len()), frame, f.size) {
                 &bytes[at..at + f.size]
-            } else if self.remote.read(frame, &mut own[..f.size]) {
-                &own[..f.size]
             } else {
-                break; // torn: keep the frames read so far
+                if offset_in(window, frame, f.size).is_none() {
+                    // up to the page's end: a read that cannot fail for half its bytes
+                    let len = (PAGE - frame % PAGE).max(f.size);
+                    if !self.remote.read(frame, &mut s.window[..len]) {
+                        break; // torn: keep the frames read so far
+                    }
+                    window = (frame, len);
+                }
+                &s.window[frame - window.0..][..f.size]
             };
-            let code = u64_at(rec, f.code);
+            let (code, back) = (u64_at(rec, f.code), u64_at(rec, f.back) as usize);
+            // Not a frame, but an object a stale pointer led to (its refcount, its
+            // type, and a type's type is itself): stop before walking that loop.
+            if !code.is_multiple_of(8) || !back.is_multiple_of(8) || back == frame {
+                break;
+            }
             if code != 0 && f.owner.is_none_or(|o| rec[o] != FRAME_OWNED_BY_CSTACK) {
                 let offset = match f.instr_kind {
                     Instr::Index => u32_at(rec, f.instr) as i32 as i64 * 2,
                     Instr::Pointer { adaptive } => u64_at(rec, f.instr).wrapping_sub(code.wrapping_add(adaptive as u64)) as i64,
                 };
-                self.s.stack.push((code, offset));
+                s.stack.push((code, offset));
             }
-            frame = u64_at(rec, f.back) as usize;
+            if back == 0 {
+                break;
+            }
+            frame = back;
         }
     }
 
@@ -414,4 +441,19 @@ fn is_idle_leaf(function: &str, filename: &str) -> bool {
         || (function == "select" && filename.ends_with("selectors.py"))
         || (function == "poll"
             && (filename.ends_with("asyncore.py") || ["zmq", "gevent", "tornado"].iter().any(|s| filename.contains(s))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_in;
+
+    #[test]
+    fn only_addresses_wholly_inside_a_copy_index_it() {
+        let copy = (0x1000, 0x100);
+        assert_eq!(offset_in(copy, 0x1000, 0x50), Some(0));
+        assert_eq!(offset_in(copy, 0x10b0, 0x50), Some(0xb0), "ends at the copy's end");
+        assert_eq!(offset_in(copy, 0x10b8, 0x50), None, "runs past it");
+        assert_eq!(offset_in(copy, 0xff8, 0x50), None, "starts before it");
+        assert_eq!(offset_in((0, 0), 0x10, 8), None, "nothing copied");
+    }
 }
