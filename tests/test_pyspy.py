@@ -206,12 +206,14 @@ def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path, version):
 IDENTS = """
 import sys, threading
 
-def worker(ev):
+def worker(printed, ev):
     print("worker", threading.get_ident(), flush=True)
+    printed.set()
     ev.wait()
 
-ev = threading.Event()
-threading.Thread(target=worker, args=(ev,), name="worker", daemon=True).start()
+printed, ev = threading.Event(), threading.Event()
+threading.Thread(target=worker, args=(printed, ev), name="worker", daemon=True).start()
+printed.wait()  # one line at a time
 print("MainThread", threading.get_ident(), flush=True)
 sys.stdin.readline()
 """

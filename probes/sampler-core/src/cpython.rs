@@ -92,7 +92,7 @@ struct Scratch {
     threads: Vec<Listed>,
     /// (code object, byte offset of its last instruction) per frame, leaf first
     stack: Vec<(u64, i64)>,
-    /// the current frame pointer's 8 bytes, then the thread's data-stack chunk
+    /// 8 bytes for the current frame's pointer, then the used part of the thread's data-stack chunk
     chunk: Vec<u8>,
     /// memory read around a frame outside the chunk
     window: Vec<u8>,
@@ -304,40 +304,41 @@ impl Reader {
     /// The thread's current frame (None: unreadable) and the address of its
     /// data-stack chunk, whose used part (3.11+) is copied to the scratch.
     fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize)> {
-        let t = &self.layout.thread;
-        let mut head = [0u8; 24];
-        let mut ok = [false; 2];
-        let n = 1 + t.chunk.is_some() as usize;
-        let ranges = [(tstate + t.frame, 8), (tstate + t.chunk.unwrap_or(0), 16)];
-        self.remote.read_many(&ranges[..n], &mut head, &mut ok);
-        if !ok[..n].iter().all(|&x| x) {
-            return None;
-        }
-        let (ptr, chunk, top) = (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize);
-        let chunk_len = if chunk != 0 && top > chunk && top - chunk <= MAX_CHUNK { top - chunk } else { 0 };
-        let via_cframe = t.cframe_frame.map(|at| (ptr.wrapping_add(at), 8));
+        let (ptr, chunk, chunk_len) = self.frame_pointers(tstate)?;
+        let cframe = self.layout.thread.cframe_frame;
+        // one call: (3.11, 3.12) the current frame's pointer in the _PyCFrame, then
+        // the chunk, so that the frames copied are no older than the pointer; a
+        // range a version lacks has no length
+        let ranges = [(ptr.wrapping_add(cframe.unwrap_or(0)), if cframe.is_some() { 8 } else { 0 }), (chunk, chunk_len)];
         let buf = &mut self.s.chunk;
         buf.resize(8 + chunk_len, 0);
-        let mut ranges = [(0, 0); 2];
-        let mut n = 0;
-        for r in [via_cframe, (chunk_len > 0).then_some((chunk, chunk_len))].into_iter().flatten() {
-            ranges[n] = r;
-            n += 1;
-        }
         let mut ok = [false; 2];
-        if n > 0 {
-            // the pointer, if any, lands in the first 8 bytes, the chunk after them
-            let at = if via_cframe.is_some() { 0 } else { 8 };
-            self.remote.read_many(&ranges[..n], &mut buf[at..], &mut ok);
+        if ranges.iter().any(|r| r.1 > 0) {
+            // the pointer fills the first 8 bytes; the chunk always follows them
+            self.remote.read_many(&ranges, &mut buf[8 - ranges[0].1..], &mut ok);
         }
-        if chunk_len > 0 && !ok[n - 1] {
-            buf.truncate(8); // no copy: every frame is read on its own
-        }
-        let first = match via_cframe {
+        let first = match cframe {
             Some(_) => ok[0].then(|| u64_at(buf, 0) as usize),
             None => Some(ptr),
         };
+        buf.truncate(if ok[1] { 8 + chunk_len } else { 8 }); // no copy: every frame is read on its own
         Some((first, chunk))
+    }
+
+    /// What the thread state says of its frames: the current frame's pointer
+    /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length.
+    fn frame_pointers(&self, tstate: usize) -> Option<(usize, usize, usize)> {
+        let t = &self.layout.thread;
+        let mut head = [0u8; 24];
+        let mut ok = [false; 2];
+        let chunk = (tstate + t.chunk.unwrap_or(0), if t.chunk.is_some() { 16 } else { 0 });
+        self.remote.read_many(&[(tstate + t.frame, 8), chunk], &mut head, &mut ok);
+        if !(ok[0] && ok[1]) {
+            return None;
+        }
+        let (ptr, chunk, top) = (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize);
+        let used = if chunk != 0 && top > chunk && top - chunk <= MAX_CHUNK { top - chunk } else { 0 };
+        Some((ptr, chunk, used))
     }
 
     /// The frames from `frame` back into the scratch stack, taken from the
