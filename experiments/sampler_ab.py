@@ -1,13 +1,16 @@
-"""Benchmark: the Python sampler's own CPU, with daskprobe's CPython 3.11
-reader and with py-spy's, reading the same cluster at the same moments.
+"""Benchmark: the Python sampler's own CPU, with daskprobe's CPython reader
+and with py-spy's, reading the same cluster at the same moments.
 
     python -m daskprobe.experiments.sampler_ab --repeat 3
+    python -m daskprobe.experiments.sampler_ab --repeat 3 --python /path/to/py3.13-venv/bin/python
 
 Each repetition runs GRAPH (default merge-10K, 2 workers x 1 thread,
 worker-saturation=inf) under `daskprobe run --probes proxy` and attaches two
 daskprobe-sampler processes to its scheduler, workers and client: one with
-`--reader auto` (ours, for CPython 3.11) and one with `--reader pyspy`. Both
-see the same workload, so the difference is the readers'. Reported per
+`--reader auto` (ours, for CPython 3.10 to 3.13) and one with `--reader pyspy`.
+Both see the same workload, so the difference is the readers'. With
+--python, scheduler, workers and client run under that interpreter (it needs
+dask, distributed and numpy). Reported per
 reader, median over repetitions: CPU seconds (utime + stime of the sampler,
 from /proc/PID/stat), thread samples written, CPU microseconds per thread
 sample, and process reads dropped for taking over 2 ms.
@@ -47,17 +50,31 @@ def _targets(run: RunDir, cluster: subprocess.Popen, timeout: float = 120) -> li
     raise RuntimeError(f"the run in {run.path} ended or stalled before its client started")
 
 
+def _used(capture: Path) -> str:
+    """The readers that read the processes, per the capture's `A` lines."""
+    lines = capture.read_text(errors="replace").splitlines()
+    return ";".join(sorted({line.split("\t")[4] for line in lines if line.startswith("A\t")}))
+
+
 def _count(capture: Path) -> dict:
     kinds = [line[:1] for line in capture.read_text(errors="replace").splitlines()]
     return {"thread_samples": kinds.count("S"), "dropped_reads": kinds.count("L")}
 
 
-def run_once(graph: str, rate: float, out: Path) -> list[dict]:
+def _client(python: str, graph: str) -> list[str]:
+    """The workload under `python`: as a module where daskprobe is installed, else as a
+    script (-I keeps its folder, whose modules are daskprobe's, off sys.path)."""
+    if python == sys.executable:
+        return [python, "-m", "daskprobe.experiments.workloads", graph]
+    return [python, "-I", str(Path(__file__).with_name("workloads.py")), graph]
+
+
+def run_once(graph: str, rate: float, out: Path, python: str = sys.executable) -> list[dict]:
     sampler = native_binary("daskprobe-sampler")
     run = RunDir(out / "run")
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
-           "--config", SATURATION, "--probes", "proxy", "--out", str(run.path), "--",
-           sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+           "--config", SATURATION, "--probes", "proxy", "--python", python, "--out", str(run.path), "--",
+           *_client(python, graph)]
     cluster = spawn(cmd, out / "run.log")
     samplers = {}
     try:
@@ -71,7 +88,8 @@ def run_once(graph: str, rate: float, out: Path) -> list[dict]:
             samplers[reader] = p
         if cluster.wait(timeout=900) != 0:
             raise RuntimeError(f"{graph} failed: see {out / 'run.log'}")
-        return [{"reader": r, "cpu_s": cpu_s(p.pid)} | _count(out / f"{r}.tsv") for r, p in samplers.items()]
+        return [{"reader": r, "used": _used(out / f"{r}.tsv"), "cpu_s": cpu_s(p.pid)} | _count(out / f"{r}.tsv")
+                for r, p in samplers.items()]
     finally:
         stop([*samplers.values(), cluster])
 
@@ -79,7 +97,7 @@ def run_once(graph: str, rate: float, out: Path) -> list[dict]:
 def summarize(raw: pd.DataFrame) -> pd.DataFrame:
     raw = raw.assign(cpu_us_per_thread_sample=raw.cpu_s / raw.thread_samples * 1e6)
     cols = ["cpu_s", "thread_samples", "cpu_us_per_thread_sample", "dropped_reads"]
-    return raw.groupby(["graph", "reader"])[cols].median().reset_index()
+    return raw.groupby(["graph", "python", "reader", "used"])[cols].median().reset_index()
 
 
 def main(argv=None) -> int:
@@ -87,18 +105,21 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", default="merge-10K")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rate", type=float, default=100.0, help="samples per second, both samplers")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the cluster and client")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if native_binary("daskprobe-sampler") is None:
         ap.error("daskprobe-sampler is not built (run ./setup.sh)")
     out = args.out or Path("runs") / f"bench-sampler-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)
+    version = subprocess.run([args.python, "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
     rows = []
     for rep in range(args.repeat):
         d = out / f"{args.graph}-{rep}"
         d.mkdir(parents=True, exist_ok=True)
-        for row in run_once(args.graph, args.rate, d):
-            rows.append({"graph": args.graph, "rep": rep} | row)
+        for row in run_once(args.graph, args.rate, d, args.python):
+            rows.append({"graph": args.graph, "python": version, "rep": rep} | row)
             console.log(json.dumps(rows[-1]))
     raw = pd.DataFrame(rows)
     raw.to_csv(out / "results.csv", index=False)

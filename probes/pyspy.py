@@ -1,5 +1,5 @@
 """Python stacks of every cluster process, sampled by probes/sampler-core
-(our CPython 3.11 reader, py-spy's for other versions and --native), each
+(our reader for CPython 3.10 to 3.13, py-spy's for other versions and --native), each
 sample stamped with CLOCK_MONOTONIC by the sampler."""
 
 from __future__ import annotations
@@ -56,16 +56,18 @@ class PySpy(Probe):
 
 
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped."""
+    """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
+    `S` lines without the thread's Python identifier (captures before it) get ident 0."""
     frames, samples, stacks = [], [], {}
     for line in capture_lines(path):
         f = line.split("\t")
         if f[0] == "F" and len(f) == 5:
             frames.append((int(f[1]), f[2], f[3], int(f[4])))
-        elif f[0] == "S" and len(f) == 8:
+        elif f[0] == "S" and len(f) in (8, 9):
             stack = stacks.setdefault(f[7], len(stacks))
-            samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack))
-    s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id"])
+            ident = int(f[8]) if len(f) == 9 else 0
+            samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack, ident))
+    s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "ident"])
     st = pd.DataFrame({"stack_id": list(stacks.values()),
                        "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})
     fr = pd.DataFrame(frames, columns=["frame_id", "function", "filename", "line"])

@@ -9,7 +9,7 @@ from .pyspy import PySpy
 
 DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
-    "pyspy": "Python stacks of every process (our CPython 3.11 reader, py-spy for others), --sample-rate per second",
+    "pyspy": "Python stacks of every process (our CPython 3.10–3.13 reader, py-spy for others), --sample-rate per second",
     "proc": "CPU% and RSS of every process from /proc, 10 per second",
     "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",
     "gil": "time each thread waited to take the GIL (eBPF uprobes on take_gil)",

@@ -2,6 +2,7 @@
 a process that switches between two functions at times it records itself."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -89,6 +90,15 @@ def test_a_garbled_frame_name_does_not_lose_its_frame(tmp_path):
     assert stacks.frame_ids.iloc[0] == [0, 1] and len(samples) == 1
 
 
+def test_sample_lines_with_and_without_the_python_thread_identifier(tmp_path):
+    # captures written before the ident field have 8 fields: their ident is 0
+    capture = tmp_path / "pyspy.tsv"
+    capture.write_bytes(b"F\t0\tmain\tx.py\t3\nS\t10\t1\t1\t1\t1\tMainThread\t0\n"
+                        b"S\t20\t1\t1\t1\t1\tMainThread\t0\t140234081310528\n")
+    samples, _, _ = read_samples(capture)
+    assert list(samples.ident) == [0, 140234081310528] and list(samples.t_ns) == [10, 20]
+
+
 PARKED = """
 import asyncio, sys, threading
 
@@ -144,13 +154,32 @@ def _sample_with(reader: str, pid: int, out: Path, seconds: float) -> tuple:
     return attached[0][4], samples
 
 
-def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path):
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("our reader is for CPython 3.11; other versions are read by py-spy")
+OUR_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+
+
+def _pyenv_python(version: str) -> str:
+    """The newest pyenv CPython `version`.x, or a skip that says it is missing."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python{version}"), key=lambda p: int(p.parts[-3].split(".")[2]))
+    if not found:
+        pytest.skip(f"CPython {version} is not installed in {root}")
+    return str(found[-1])
+
+
+def _our_reader(version: str) -> str:
+    """What the `A` line calls our reader of that version."""
+    return "cpython" + version.replace(".", "")
+
+
+def _started(python: str, script: Path) -> subprocess.Popen:
+    return subprocess.Popen([python, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("version", OUR_VERSIONS)
+def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path, version):
     if why := PySpy().available():
         pytest.skip(why)
-    script = write_flow(tmp_path / "parked.py", PARKED)
-    target = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    target = _started(_pyenv_python(version), write_flow(tmp_path / "parked.py", PARKED))
     try:
         assert target.stdout.readline().strip() == "ready"
         time.sleep(0.3)  # every thread reaches its wait
@@ -159,14 +188,50 @@ def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path):
     finally:
         target.kill()
         target.wait()
-    assert (ours, theirs) == ("cpython311", "py-spy")
+    assert (ours, theirs) == (_our_reader(version), "py-spy")
     for name in ("method", "generator", "coroutine", "event-loop", "MainThread"):
         # parked: one stack each, the same from both readers, down to file and line
         assert set(a[a.thread_name == name].frames) == set(b[b.thread_name == name].frames), name
         assert len(set(a[a.thread_name == name].frames)) == 1, name
         assert not a[a.thread_name == name].active.any()
+    # py-spy names functions by co_qualname where the code object has one (3.11+)
+    waits = ["wait", "wait"] if version == "3.10" else ["Condition.wait", "Event.wait"]
     assert [f[0] for f in a[a.thread_name == "coroutine"].frames.iloc[0][:5]] == \
-        ["Condition.wait", "Event.wait", "leaf_wait", "middle", "in_coroutine"]
+        waits + ["leaf_wait", "middle", "in_coroutine"]
     spin = a[a.thread_name == "spinner"]
     assert len(spin) > 50 and (spin.frames.map(lambda s: s[0][0]) == "spinner").all()
     assert spin.active.mean() > 0.9 and spin.owns_gil.mean() > 0.5
+
+
+IDENTS = """
+import sys, threading
+
+def worker(printed, ev):
+    print("worker", threading.get_ident(), flush=True)
+    printed.set()
+    ev.wait()
+
+printed, ev = threading.Event(), threading.Event()
+threading.Thread(target=worker, args=(printed, ev), name="worker", daemon=True).start()
+printed.wait()  # one line at a time
+print("MainThread", threading.get_ident(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("reader", ["auto", "pyspy"])
+@pytest.mark.parametrize("version", OUR_VERSIONS)
+def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, version, reader):
+    if why := PySpy().available():
+        pytest.skip(why)
+    target = _started(_pyenv_python(version), write_flow(tmp_path / "idents.py", IDENTS))
+    try:
+        printed = dict(target.stdout.readline().split() for _ in range(2))
+        used, samples = _sample_with(reader, target.pid, tmp_path / "samples.tsv", 0.5)
+    finally:
+        target.kill()
+        target.wait()
+    assert used == ("py-spy" if reader == "pyspy" else _our_reader(version))
+    sampled = samples.groupby("thread_name").ident.unique()
+    assert {name: list(idents) for name, idents in sampled.items()} == \
+        {name: [int(ident)] for name, ident in printed.items()}

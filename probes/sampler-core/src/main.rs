@@ -1,32 +1,41 @@
 //! daskprobe-sampler: samples the Python stacks of many processes, each
-//! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.11 is read
-//! by our own reader (cpython311.rs); other versions, and --native, by py-spy.
+//! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.10 to 3.13
+//! are read by our own reader (cpython.rs); other versions, and --native, by py-spy.
 //!
 //! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy]
 //! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
 //!
 //! Output, one record per line, tab-separated, append-only, flushed per round:
 //!   F  frame_id  function  filename  line              (first time a frame is seen)
-//!   S  t_ns  pid  tid  active  owns_gil  thread_name  frame_ids (leaf first, comma-separated)
-//!   A  t_ns  pid  name  reader                          (attached)
+//!   S  t_ns  pid  tid  active  owns_gil  thread_name  frame_ids  ident
+//!        frame_ids: leaf first, comma-separated; ident: the Python thread identifier
+//!        (threading.get_ident() in that thread), 0 when unknown
+//!   A  t_ns  pid  name  reader                          (attached; reader: cpython310 .. cpython313,
+//!                                                        py-spy, or py-spy (why not ours))
 //!   E  t_ns  pid  message                               (attach failed or process gone)
 //!   L  t_ns  pid  read_ns                               (sample dropped: the read took > 2 ms)
 //! t_ns is the midpoint of the read of that process's stacks, so it is within
 //! read_ns / 2 <= 1 ms of every stack it reports.
 
-mod cpython311;
+mod cpython;
 mod frames;
+mod layout;
+mod linetable;
 mod procstat;
+mod pthread;
 mod remote;
 
-use cpython311::{Reader, ThreadSample};
+use cpython::{Reader, ThreadSample};
 use daskprobe_clock::now_ns;
 use frames::{clean, Frames};
 use py_spy::config::LockingStrategy;
+use py_spy::python_process_info::PythonProcessInfo;
 use py_spy::{Config, PythonSpy};
+use remote::Remote;
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufWriter, Write};
+use std::rc::Rc;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -81,7 +90,8 @@ struct Target {
     spy: PythonSpy,
     fast: Option<Reader>,
     /// which reader reads it, and why, for the capture's `A` line
-    reader: &'static str,
+    reader: String,
+    /// by Python thread identifier, ready for the capture
     names: HashMap<u64, String>,
     named_at: Instant,
 }
@@ -89,36 +99,35 @@ struct Target {
 impl Target {
     fn attach(pid: i32, config: &Config, pyspy_only: bool) -> Result<Target, String> {
         let mut spy = PythonSpy::retry_new(pid as py_spy::Pid, config, 20).map_err(|e| format!("{e}"))?;
-        let ours = !pyspy_only && !config.native && cfg!(target_arch = "x86_64")
-            && spy.version.major == 3 && spy.version.minor == 11;
-        let mut fast = ours.then(|| Reader::new(pid, spy.addresses.interpreter_address, spy.addresses.threadstate_address));
-        // A thread starting or ending between the two reads can spoil one check.
-        let agreed = fast.as_ref().is_some_and(|r| (0..3).any(|_| agrees(r, &mut spy)));
-        let reader = match (ours, agreed) {
-            (true, true) => "cpython311",
-            (true, false) => "py-spy (our CPython 3.11 reader disagreed with it on this interpreter)",
-            _ => "py-spy",
+        let ours = !pyspy_only && !config.native && cfg!(target_arch = "x86_64") && spy.version.major == 3;
+        let (fast, reader) = match ours.then(|| our_reader(pid, &mut spy)) {
+            Some(Ok(r)) => {
+                let name = r.name().to_string();
+                (Some(r), name)
+            }
+            Some(Err(why)) => (None, format!("py-spy ({why})")),
+            None => (None, "py-spy".into()),
         };
-        if !agreed {
-            fast = None;
-        }
         Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: Instant::now() })
     }
 
-    fn read(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<Vec<ThreadSample>> {
+    /// Appends one sample of every thread to `samples`; false when the process could not be read.
+    fn read(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>) -> bool {
         if let Some(r) = self.fast.as_mut() {
             // Memory read while the target runs can be torn into any bytes; a bug
             // that lets them through costs one sample (logged), not the run's sampling.
-            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.sample(frames, out))).ok().flatten();
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.sample(frames, out, samples)));
+            return read.unwrap_or(false);
         }
-        let traces = self.spy.get_stack_traces().ok()?;
-        Some(traces.into_iter().map(|tr| {
+        let Ok(traces) = self.spy.get_stack_traces() else { return false };
+        for tr in traces {
             let ids: Vec<String> = tr.frames.iter()
                 .map(|f| frames.id(out, &f.name, &f.filename, f.line).to_string()).collect();
-            let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
-            self.names.insert(tid, tr.thread_name.unwrap_or_default());
-            ThreadSample { tid, active: tr.active, owns_gil: tr.owns_gil, frame_ids: ids.join(",") }
-        }).collect())
+            self.names.insert(tr.thread_id, clean(&tr.thread_name.unwrap_or_default()));
+            samples.push(ThreadSample { tid: tr.os_thread_id.unwrap_or(tr.thread_id), ident: tr.thread_id,
+                                        active: tr.active, owns_gil: tr.owns_gil, frame_ids: Rc::from(ids.join(",")) });
+        }
+        true
     }
 
     /// Thread names come from py-spy (it reads threading's table): asked again
@@ -128,30 +137,59 @@ impl Target {
         if self.fast.is_none() {
             return; // py-spy's own reads name the threads (Target::read)
         }
-        let new = samples.iter().any(|s| !self.names.contains_key(&s.tid));
-        let unnamed = samples.iter().any(|s| self.names.get(&s.tid).is_some_and(String::is_empty));
+        let new = samples.iter().any(|s| !self.names.contains_key(&s.ident));
+        let unnamed = samples.iter().any(|s| self.names.get(&s.ident).is_some_and(String::is_empty));
         if !new && !(unnamed && self.named_at.elapsed() >= Duration::from_secs(1)) {
             return;
         }
         self.named_at = Instant::now();
         for tr in self.spy.get_stack_traces().unwrap_or_default() {
-            self.names.insert(tr.os_thread_id.unwrap_or(tr.thread_id), tr.thread_name.unwrap_or_default());
+            self.names.insert(tr.thread_id, clean(&tr.thread_name.unwrap_or_default()));
         }
         for s in samples {
-            self.names.entry(s.tid).or_default();
+            self.names.entry(s.ident).or_default();
         }
     }
 }
 
+/// Our reader for this interpreter, if we have one and it agrees with py-spy.
+fn our_reader(pid: i32, spy: &mut PythonSpy) -> Result<Reader, String> {
+    let minor = spy.version.minor;
+    let layout = layout::select(minor, debug_offsets(pid, spy).as_deref())?;
+    let mut r = Reader::new(pid, layout, spy.addresses.interpreter_address, spy.addresses.threadstate_address)
+        .map_err(|e| format!("our CPython 3.{minor} reader: {e}"))?;
+    // A thread starting or ending between the two reads can spoil one check.
+    if (0..3).any(|_| agrees(&mut r, spy)) {
+        Ok(r)
+    } else {
+        Err(format!("our CPython 3.{minor} reader disagreed with it on this interpreter"))
+    }
+}
+
+/// The start of _PyRuntime, where 3.13 keeps its _Py_DebugOffsets: found by
+/// symbol, or by the section CPython puts it in for debuggers.
+fn debug_offsets(pid: i32, spy: &PythonSpy) -> Option<Vec<u8>> {
+    if spy.version.minor < 13 {
+        return None;
+    }
+    let info = PythonProcessInfo::new(&spy.process).ok()?;
+    let addr = info.get_symbol("_PyRuntime").copied().or_else(|| {
+        [&info.libpython_binary, &info.python_binary].into_iter().flatten()
+            .map(|b| b.pyruntime_addr).find(|&a| a != 0)
+    })?;
+    let mut b = vec![0u8; layout::DEBUG_OFFSETS_LEN];
+    Remote::new(pid).read(addr as usize, &mut b).then_some(b)
+}
+
 /// Our reader is used only where it reads what py-spy reads: the outermost
 /// function of every thread both see, and at least one such thread.
-fn agrees(r: &Reader, spy: &mut PythonSpy) -> bool {
+fn agrees(r: &mut Reader, spy: &mut PythonSpy) -> bool {
     let ours = r.outermost_functions();
     let Ok(traces) = spy.get_stack_traces() else { return false };
     let mut same = 0;
     for tr in traces {
-        let (Some(tid), Some(outermost)) = (tr.os_thread_id, tr.frames.last()) else { continue };
-        match ours.get(&tid) {
+        let Some(outermost) = tr.frames.last() else { continue };
+        match ours.get(&tr.thread_id) {
             Some(f) if *f == outermost.name => same += 1,
             Some(_) => return false,
             None => {}
@@ -163,32 +201,35 @@ fn agrees(r: &Reader, spy: &mut PythonSpy) -> bool {
 struct Sampler<W: Write> {
     out: W,
     frames: Frames,
+    /// reused for every read
+    samples: Vec<ThreadSample>,
 }
 
 impl<W: Write> Sampler<W> {
     /// One read of one process; false when the process is gone.
     fn sample(&mut self, t: &mut Target) -> bool {
         let t0 = now_ns();
-        let samples = t.read(&mut self.frames, &mut self.out);
+        self.samples.clear();
+        let read = t.read(&mut self.frames, &mut self.out, &mut self.samples);
         let took = now_ns() - t0;
         let at = t0 + took / 2;
         let pid = t.pid;
-        match samples {
+        match read {
             // A read that took longer than 2 ms cannot be placed within 1 ms: drop it.
-            Some(_) if took > MAX_READ_NS => {
+            true if took > MAX_READ_NS => {
                 let _ = writeln!(self.out, "L\t{at}\t{pid}\t{took}");
                 true
             }
-            Some(samples) => {
-                t.name_threads(&samples);
-                for s in samples {
-                    let name = clean(&t.names[&s.tid]);
-                    let _ = writeln!(self.out, "S\t{at}\t{pid}\t{}\t{}\t{}\t{name}\t{}",
-                                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids);
+            true => {
+                t.name_threads(&self.samples);
+                for s in &self.samples {
+                    let name = &t.names[&s.ident];
+                    let _ = writeln!(self.out, "S\t{at}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}",
+                                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident);
                 }
                 true
             }
-            None => {
+            false => {
                 // a failed read of a live process is a lost sample, not the end
                 let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
                 if !alive {
@@ -211,7 +252,7 @@ fn main() {
     // native stacks are wanted (they need the pause).
     config.blocking = if args.native { LockingStrategy::Lock } else { LockingStrategy::NonBlocking };
     let file = OpenOptions::new().create(true).append(true).open(&args.out).expect("cannot open --out");
-    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default() };
+    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default(), samples: Vec::new() };
     let new_pids = read_pids();
     let mut targets: Vec<Target> = Vec::new();
     let period = Duration::from_secs_f64(1.0 / args.rate);

@@ -1,0 +1,460 @@
+//! A stack reader for CPython 3.10 to 3.13 on x86_64, cheaper per sample than
+//! py-spy's (which reads each frame's code object, names and line table anew,
+//! about eight reads per frame):
+//! - a thread that has not run since its last read keeps its stack: no read;
+//! - from 3.11 on, the thread's frame stack is read in one piece (its
+//!   data-stack chunk), so only generator and coroutine frames, which live
+//!   elsewhere, cost a read; 3.10's frames are objects linked by f_back, a
+//!   read each;
+//! - code objects are cached by address, checked every sample against the
+//!   fields the frame's name and line come from, in one call for the stack.
+//!
+//! The versions differ only in where things are (layout.rs) and in the line
+//! table (linetable.rs). It reports what py-spy reports (qualified name, file,
+//! line of the last instruction, on-CPU and GIL state);
+//! tests/test_pyspy.py compares the two.
+
+use crate::frames::Frames;
+use crate::layout::{Gil, Instr, Layout, FRAME_OWNED_BY_CSTACK};
+use crate::linetable;
+use crate::procstat::{State, ThreadStat};
+use crate::pthread;
+use crate::remote::Remote;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::rc::Rc;
+
+const MAX_FRAMES: usize = 4096;
+const MAX_THREADS: usize = 4096;
+const MAX_CHUNK: usize = 1 << 18;
+/// more than any layout's thread head, frame or GIL state
+const MAX_STRUCT: usize = 256;
+const PAGE: usize = 4096;
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// Where `len` bytes at `addr` start in a copy of (address, length), if it holds
+/// them all: a torn read can leave any pointer, so only in-bounds ones index a copy.
+fn offset_in((base, copied): (usize, usize), addr: usize, len: usize) -> Option<usize> {
+    let at = addr.wrapping_sub(base);
+    (at < copied && copied - at >= len).then_some(at)
+}
+
+pub struct ThreadSample {
+    pub tid: u64,
+    /// the Python thread identifier (threading.get_ident()), 0 when unknown
+    pub ident: u64,
+    pub active: bool,
+    pub owns_gil: bool,
+    pub frame_ids: Rc<str>,
+}
+
+struct Code {
+    fields: Vec<u8>,
+    function: String,
+    filename: String,
+    first_line: i32,
+    table: Vec<u8>,
+    ids: HashMap<i32, u64>,
+    idle_leaf: bool,
+    /// 3.12+'s shim code (no file, or "<shim>"), which py-spy leaves out
+    shim: bool,
+}
+
+struct Thread {
+    tid: u64,
+    ident: u64,
+    stat: Option<ThreadStat>,
+    last: Option<State>,
+    /// its last stack read: frame ids, and whether the leaf is a known wait
+    stack: Option<(Rc<str>, bool)>,
+}
+
+/// One entry of the interpreter's thread list.
+#[derive(Clone, Copy)]
+struct Listed {
+    tstate: u64,
+    ident: u64,
+    native_tid: Option<u64>,
+}
+
+/// Buffers kept from one sample to the next, so that a sample allocates
+/// only for what is new (a stack not seen, a code object not cached).
+#[derive(Default)]
+struct Scratch {
+    threads: Vec<Listed>,
+    /// (code object, byte offset of its last instruction) per frame, leaf first
+    stack: Vec<(u64, i64)>,
+    /// 8 bytes for the current frame's pointer, then the used part of the thread's data-stack chunk
+    chunk: Vec<u8>,
+    /// memory read around a frame outside the chunk
+    window: Vec<u8>,
+    codes: Vec<u64>,
+    ranges: Vec<(usize, usize)>,
+    fields: Vec<u8>,
+    ok: Vec<bool>,
+}
+
+pub struct Reader {
+    remote: Remote,
+    pid: i32,
+    layout: Layout,
+    interp: usize,
+    gil: usize,
+    /// 3.10: where glibc's struct pthread keeps the thread's native id
+    tid_offset: Option<usize>,
+    codes: HashMap<u64, Code>,
+    /// by PyThreadState address
+    threads: HashMap<u64, Thread>,
+    s: Scratch,
+}
+
+impl Reader {
+    /// `interp`: the PyInterpreterState; `gil`: what py-spy found as the GIL's
+    /// address when it attached (see layout::Gil).
+    pub fn new(pid: i32, layout: Layout, interp: usize, gil: usize) -> Result<Reader, String> {
+        let mut r = Reader { remote: Remote::new(pid), pid, layout, interp, gil, tid_offset: None,
+                             codes: HashMap::new(), threads: HashMap::new(), s: Scratch::default() };
+        if r.layout.thread.native_tid.is_none() {
+            let mut listed = Vec::new();
+            r.list_threads(&mut listed);
+            let idents: Vec<u64> = listed.iter().map(|t| t.ident).collect();
+            r.tid_offset = Some(pthread::tid_offset(&r.remote, pid, &idents)?);
+        }
+        Ok(r)
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.layout.reader
+    }
+
+    /// One sample of every Python thread into `samples`; false when the interpreter could not be read.
+    pub fn sample(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>) -> bool {
+        let mut listed = std::mem::take(&mut self.s.threads);
+        let holder = self.list_threads(&mut listed);
+        for &t in &listed {
+            if let Some(s) = self.thread(t, frames, out) {
+                samples.push(ThreadSample { owns_gil: Some(t.tstate) == holder, ..s });
+            }
+        }
+        self.threads.retain(|addr, _| listed.iter().any(|t| t.tstate == *addr));
+        self.s.threads = listed;
+        holder.is_some()
+    }
+
+    /// Each thread's outermost function, by Python thread identifier: a check
+    /// of the layout against py-spy's reading when attaching (a build whose
+    /// structures differ, such as a debug build, would not agree).
+    pub fn outermost_functions(&mut self) -> HashMap<u64, String> {
+        let mut listed = Vec::new();
+        self.list_threads(&mut listed);
+        let mut found = HashMap::new();
+        for t in listed {
+            let Some(&(code, _)) = self.walk(t.tstate as usize).and_then(|_| self.s.stack.last()) else { continue };
+            let (at, len) = self.layout.code.fields();
+            let mut fields = vec![0u8; len];
+            if let Some(code) = self.remote.read(code as usize + at, &mut fields).then(|| self.load_code(&fields)).flatten() {
+                found.insert(t.ident, code.function);
+            }
+        }
+        found
+    }
+
+    /// Fills `into` with the interpreter's threads. Returns the GIL holder's
+    /// PyThreadState, Some(0) when no thread holds it or it is unknown, and
+    /// None when the interpreter could not be read.
+    fn list_threads(&self, into: &mut Vec<Listed>) -> Option<u64> {
+        into.clear();
+        let l = &self.layout;
+        let gil_len = match l.interp.gil {
+            Gil::Current => 8,
+            Gil::State { holder, locked } => holder.max(locked) + 8,
+        };
+        let mut head = [0u8; 8 + MAX_STRUCT];
+        let mut ok = [false; 2];
+        self.remote.read_many(&[(self.interp + l.interp.threads_head, 8), (self.gil, gil_len)], &mut head, &mut ok);
+        if !ok[0] {
+            return None;
+        }
+        let gil = &head[8..];
+        let holder = match l.interp.gil {
+            _ if !ok[1] => 0,
+            Gil::Current => u64_at(gil, 0),
+            Gil::State { holder, locked } => if u32_at(gil, locked) != 0 { u64_at(gil, holder) } else { 0 },
+        };
+        let mut t = u64_at(&head, 0);
+        let mut ts = [0u8; MAX_STRUCT];
+        let ts = &mut ts[..l.thread.head_len()];
+        while t != 0 && into.len() < MAX_THREADS && self.remote.read(t as usize, ts) {
+            into.push(Listed { tstate: t, ident: u64_at(ts, l.thread.ident),
+                               native_tid: l.thread.native_tid.map(|at| u64_at(ts, at)) });
+            t = u64_at(ts, l.thread.next);
+        }
+        Some(holder)
+    }
+
+    fn thread(&mut self, t: Listed, frames: &mut Frames, out: &mut impl Write) -> Option<ThreadSample> {
+        // a PyThreadState's memory can be reused by a thread started later
+        let same = self.threads.get(&t.tstate)
+            .is_some_and(|th| th.ident == t.ident && t.native_tid.is_none_or(|n| n == th.tid));
+        if !same {
+            let tid = t.native_tid.or_else(|| pthread::tid(&self.remote, t.ident, self.tid_offset?))?;
+            let th = Thread { tid, ident: t.ident, stat: ThreadStat::open(self.pid, tid), last: None, stack: None };
+            self.threads.insert(t.tstate, th);
+        }
+        let th = self.threads.get_mut(&t.tstate).unwrap();
+        let now = th.stat.as_ref().and_then(ThreadStat::read);
+        // Unchanged stack: not running at either read, and not switched in between.
+        let reuse = matches!((th.last, now), (Some(a), Some(b))
+            if !a.running && !b.running && a.switches.is_some() && a.switches == b.switches) && th.stack.is_some();
+        th.last = now;
+        let tid = th.tid;
+        if !reuse {
+            // a failed read leaves no stack to reuse: the thread may have run since the last one
+            let stack = self.read_stack(t.tstate as usize, frames, out);
+            self.threads.get_mut(&t.tstate).unwrap().stack = stack;
+        }
+        let (frame_ids, idle_leaf) = self.threads[&t.tstate].stack.clone()?;
+        if now.is_none() && t.native_tid.is_none() {
+            // 3.10: a new thread can have the old one's pthread_t; its tid is found anew next time
+            self.threads.remove(&t.tstate);
+        }
+        // as py-spy: running per /proc (a thread we cannot stat counts as running), unless parked in a known wait
+        let running = now.is_none_or(|s| s.running);
+        Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids })
+    }
+
+    /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait.
+    fn read_stack(&mut self, tstate: usize, frames: &mut Frames, out: &mut impl Write) -> Option<(Rc<str>, bool)> {
+        self.walk(tstate)?;
+        self.check_codes();
+        let mut ids = String::new();
+        let mut idle_leaf = None;
+        let format = self.layout.code.format;
+        for &(c, offset) in &self.s.stack {
+            // a code object we could not read is skipped, as py-spy skips a frame whose names it cannot read
+            let Some(code) = self.codes.get_mut(&c).filter(|code| !code.shim) else { continue };
+            let line = linetable::line(format, &code.table, code.first_line, offset);
+            let id = *code.ids.entry(line).or_insert_with(|| frames.id(out, &code.function, &code.filename, line));
+            idle_leaf.get_or_insert(code.idle_leaf);
+            let comma = if ids.is_empty() { "" } else { "," };
+            let _ = write!(ids, "{comma}{id}");
+        }
+        // frames but no code object: the walk followed a stale pointer into garbage
+        (!ids.is_empty() || self.s.stack.is_empty()).then(|| (Rc::from(ids), idle_leaf.unwrap_or(false)))
+    }
+
+    /// Checks the cached code objects of the walked stack in one call, and loads those new or changed.
+    fn check_codes(&mut self) {
+        let mut s = std::mem::take(&mut self.s);
+        s.codes.clear();
+        s.codes.extend(s.stack.iter().map(|f| f.0));
+        s.codes.sort_unstable();
+        s.codes.dedup();
+        let (at, len) = self.layout.code.fields();
+        s.ranges.clear();
+        s.ranges.extend(s.codes.iter().map(|&c| (c as usize + at, len)));
+        s.fields.resize(len * s.codes.len(), 0);
+        s.ok.clear();
+        s.ok.resize(s.codes.len(), false);
+        self.remote.read_many(&s.ranges, &mut s.fields, &mut s.ok);
+        for (i, &c) in s.codes.iter().enumerate() {
+            let fields = &s.fields[i * len..(i + 1) * len];
+            if !s.ok[i] {
+                self.codes.remove(&c);
+            } else if self.codes.get(&c).is_none_or(|k| k.fields != fields) {
+                match self.load_code(fields) {
+                    Some(code) => self.codes.insert(c, code),
+                    None => self.codes.remove(&c),
+                };
+            }
+        }
+        self.s = s;
+    }
+
+    /// Walks the thread's frames into the scratch stack. The current frame is
+    /// read just before the frames, not with the thread state: on 3.11 and
+    /// 3.12 it is reached through a _PyCFrame on the thread's C stack, which
+    /// goes stale as soon as the thread returns from that evaluation. It is
+    /// read once more when what it leads to is not a frame, or no frame.
+    fn walk(&mut self, tstate: usize) -> Option<()> {
+        for attempt in 0..2 {
+            let (first, chunk) = self.current_frame(tstate)?;
+            self.s.stack.clear();
+            if first == Some(0) && attempt == 1 {
+                return Some(()); // twice: no Python frame on this thread
+            }
+            if let Some(frame) = first.filter(|&f| f != 0 && f.is_multiple_of(8)) {
+                self.follow(frame, chunk);
+            }
+            if !self.s.stack.is_empty() {
+                return Some(());
+            }
+        }
+        None
+    }
+
+    /// The thread's current frame (None: unreadable) and the address of its
+    /// data-stack chunk, whose used part (3.11+) is copied to the scratch.
+    fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize)> {
+        let (ptr, chunk, chunk_len) = self.frame_pointers(tstate)?;
+        let cframe = self.layout.thread.cframe_frame;
+        // one call: (3.11, 3.12) the current frame's pointer in the _PyCFrame, then
+        // the chunk, so that the frames copied are no older than the pointer; a
+        // range a version lacks has no length
+        let ranges = [(ptr.wrapping_add(cframe.unwrap_or(0)), if cframe.is_some() { 8 } else { 0 }), (chunk, chunk_len)];
+        let buf = &mut self.s.chunk;
+        buf.resize(8 + chunk_len, 0);
+        let mut ok = [false; 2];
+        if ranges.iter().any(|r| r.1 > 0) {
+            // the pointer fills the first 8 bytes; the chunk always follows them
+            self.remote.read_many(&ranges, &mut buf[8 - ranges[0].1..], &mut ok);
+        }
+        let first = match cframe {
+            Some(_) => ok[0].then(|| u64_at(buf, 0) as usize),
+            None => Some(ptr),
+        };
+        buf.truncate(if ok[1] { 8 + chunk_len } else { 8 }); // no copy: every frame is read on its own
+        Some((first, chunk))
+    }
+
+    /// What the thread state says of its frames: the current frame's pointer
+    /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length.
+    fn frame_pointers(&self, tstate: usize) -> Option<(usize, usize, usize)> {
+        let t = &self.layout.thread;
+        let mut head = [0u8; 24];
+        let mut ok = [false; 2];
+        let chunk = (tstate + t.chunk.unwrap_or(0), if t.chunk.is_some() { 16 } else { 0 });
+        self.remote.read_many(&[(tstate + t.frame, 8), chunk], &mut head, &mut ok);
+        if !(ok[0] && ok[1]) {
+            return None;
+        }
+        let (ptr, chunk, top) = (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize);
+        let used = if chunk != 0 && top > chunk && top - chunk <= MAX_CHUNK { top - chunk } else { 0 };
+        Some((ptr, chunk, used))
+    }
+
+    /// The frames from `frame` back into the scratch stack, taken from the
+    /// copy of the thread's data-stack chunk where they lie in it. Frames
+    /// elsewhere (generators', 3.10's, and the entry frames 3.12+ keep on the
+    /// C stack, a few hundred bytes apart) are read with what follows them up
+    /// to the page's end, which serves the next ones that lie there too.
+    fn follow(&mut self, mut frame: usize, chunk: usize) {
+        let f = &self.layout.frame;
+        let s = &mut self.s;
+        let bytes = &s.chunk[8..];
+        let mut window = (0, 0); // address and length of what s.window holds
+        s.window.resize(PAGE.max(f.size), 0);
+        for _ in 0..MAX_FRAMES {
+            let rec: &[u8] = if let Some(at) = offset_in((chunk, bytes.len()), frame, f.size) {
+                &bytes[at..at + f.size]
+            } else {
+                if offset_in(window, frame, f.size).is_none() {
+                    // up to the page's end: a read that cannot fail for half its bytes
+                    let len = (PAGE - frame % PAGE).max(f.size);
+                    if !self.remote.read(frame, &mut s.window[..len]) {
+                        break; // torn: keep the frames read so far
+                    }
+                    window = (frame, len);
+                }
+                &s.window[frame - window.0..][..f.size]
+            };
+            let (code, back) = (u64_at(rec, f.code), u64_at(rec, f.back) as usize);
+            // Not a frame, but an object a stale pointer led to (its refcount, its
+            // type, and a type's type is itself): stop before walking that loop.
+            if !code.is_multiple_of(8) || !back.is_multiple_of(8) || back == frame {
+                break;
+            }
+            if code != 0 && f.owner.is_none_or(|o| rec[o] != FRAME_OWNED_BY_CSTACK) {
+                let offset = match f.instr_kind {
+                    Instr::Index => u32_at(rec, f.instr) as i32 as i64 * 2,
+                    Instr::Pointer { adaptive } => u64_at(rec, f.instr).wrapping_sub(code.wrapping_add(adaptive as u64)) as i64,
+                };
+                s.stack.push((code, offset));
+            }
+            if back == 0 {
+                break;
+            }
+            frame = back;
+        }
+    }
+
+    fn load_code(&self, fields: &[u8]) -> Option<Code> {
+        let c = &self.layout.code;
+        let start = c.fields().0;
+        let field = |at: usize| u64_at(fields, at - start) as usize;
+        let function = c.qualname.and_then(|q| self.string(field(q))).or_else(|| self.string(field(c.name)))?;
+        let filename = self.string(field(c.filename))?;
+        let table = self.bytes(field(c.linetable))?;
+        Some(Code {
+            idle_leaf: is_idle_leaf(&function, &filename),
+            shim: filename.is_empty() || filename == "<shim>",
+            first_line: u32_at(fields, c.firstlineno - start) as i32,
+            fields: fields.to_vec(), function, filename, table, ids: HashMap::new(),
+        })
+    }
+
+    fn string(&self, addr: usize) -> Option<String> {
+        let t = &self.layout.text;
+        let mut h = [0u8; MAX_STRUCT];
+        let h = &mut h[..t.str_compact_data];
+        if addr == 0 || !self.remote.read(addr, h) {
+            return None;
+        }
+        let len = u64_at(h, t.str_length) as usize;
+        let state = u32_at(h, t.str_state);
+        let (kind, compact, ascii) = (((state >> 2) & 7) as usize, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
+        if !compact || len >= 4096 || !matches!(kind, 1 | 2 | 4) {
+            return None;
+        }
+        let mut data = vec![0u8; len * kind];
+        let at = addr + if ascii { t.str_ascii_data } else { t.str_compact_data };
+        if !self.remote.read(at, &mut data) {
+            return None;
+        }
+        data.chunks_exact(kind)
+            .map(|c| char::from_u32(match kind { 1 => c[0] as u32, 2 => u16::from_ne_bytes([c[0], c[1]]) as u32,
+                                                 _ => u32::from_ne_bytes(c.try_into().unwrap()) }))
+            .collect()
+    }
+
+    fn bytes(&self, addr: usize) -> Option<Vec<u8>> {
+        let t = &self.layout.text;
+        let size = self.remote.read_u64(addr + t.bytes_size)? as usize;
+        if size > 1 << 20 {
+            return None;
+        }
+        let mut data = vec![0u8; size];
+        self.remote.read(addr + t.bytes_data, &mut data).then_some(data)
+    }
+}
+
+/// py-spy's heuristic for threads parked in a wait that /proc shows as running.
+fn is_idle_leaf(function: &str, filename: &str) -> bool {
+    (function == "wait" && filename.ends_with("threading.py"))
+        || (function == "select" && filename.ends_with("selectors.py"))
+        || (function == "poll"
+            && (filename.ends_with("asyncore.py") || ["zmq", "gevent", "tornado"].iter().any(|s| filename.contains(s))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_in;
+
+    #[test]
+    fn only_addresses_wholly_inside_a_copy_index_it() {
+        let copy = (0x1000, 0x100);
+        assert_eq!(offset_in(copy, 0x1000, 0x50), Some(0));
+        assert_eq!(offset_in(copy, 0x10b0, 0x50), Some(0xb0), "ends at the copy's end");
+        assert_eq!(offset_in(copy, 0x10b8, 0x50), None, "runs past it");
+        assert_eq!(offset_in(copy, 0xff8, 0x50), None, "starts before it");
+        assert_eq!(offset_in((0, 0), 0x10, 8), None, "nothing copied");
+    }
+}
