@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import daskprobe, run_flow, write_flow
+from helpers import daskprobe, run_flow, write_flow
 from daskprobe.probes.rundir import RunDir
 
 SLEEPER = """

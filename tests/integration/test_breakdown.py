@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import daskprobe
+from helpers import daskprobe
 
 INJECT = importlib.util.find_spec("daskprobe.experiments.inject").origin
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_flow
+from helpers import write_flow
 from daskprobe.probes.base import native_binary
 from daskprobe.probes.pyspy import PySpy, read_samples
 from daskprobe.probes.rundir import RunDir

@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import chromium, drawn
+from helpers import chromium, drawn
 
 from daskprobe.dashboards.html_report import FIGURES
 
@@ -53,7 +53,7 @@ def test_open_serves_the_trace_to_the_perfetto_ui(pinned_run):
 def test_compare_runs_by_worker_count(tmp_path):
     import sys
     import pandas as pd
-    from conftest import daskprobe, write_flow
+    from helpers import daskprobe, write_flow
     flow = "import runpy, sys\nsys.argv = ['w', 'merge-300']\nrunpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n"
     script = write_flow(tmp_path / "flow.py", flow)  # one command: one graph, run twice
     runs = []
@@ -80,7 +80,7 @@ def test_compare_runs_by_worker_count(tmp_path):
 
 def test_large_run_report_stays_small_and_draws(tmp_path):
     """A synthetic 50K-task run: figures are binned or sampled, the page stays small and draws."""
-    from conftest import daskprobe
+    from helpers import daskprobe
     from daskprobe.experiments.synthetic import write_run
     run = tmp_path / "big"
     write_run(run, 50_000, 4)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from conftest import PINNED_FLOW, run_flow
-from test_trace import check_trace, load
+from helpers import PINNED_FLOW, run_flow
+from helpers import check_trace, load
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_missing_bcc_is_said_recorded_and_the_run_goes_on(tmp_path, monkeypatch)
 
 
 def test_doctor_names_what_is_missing(tmp_path):
-    from conftest import daskprobe
+    from helpers import daskprobe
     p = daskprobe("doctor", env=dict(os.environ, DASKPROBE_BCC_PYTHON=str(tmp_path / "none")))
     assert p.returncode == 0
     assert "bcc is not installed" in p.stdout and "pyspy" in p.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from conftest import daskprobe
+from helpers import daskprobe
 from daskprobe.probes.procfs import cpu_s
 from daskprobe.probes.proxy import Route, proxy_binary, start_proxy
 from daskprobe.probes.proxy_capture import read_capture

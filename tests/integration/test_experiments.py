@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from conftest import daskprobe, drawn, run_flow
+from helpers import daskprobe, drawn, run_flow
 
 SMALL_GRAPHS = ["merge-200", "merge_slow-4-0.01", "tree-6", "numpy-400-100", "groupby-1-60s-6h",
                 "join-1-60s-6h", "bag-300-4", "xarray-25"]

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from conftest import probe_session, write_flow
+from helpers import probe_session, write_flow
 from daskprobe.probes import ebpf_tables
 from daskprobe.probes.ebpf import Ebpf
 

@@ -2,7 +2,7 @@
 
 import shutil
 
-from conftest import DATA, daskprobe
+from helpers import DATA, daskprobe
 from daskprobe.probes.rundir import RunDir
 
 

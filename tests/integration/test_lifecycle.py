@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import daskprobe, run_flow, write_flow
+from helpers import daskprobe, run_flow, write_flow
 from daskprobe.probes.rundir import RunDir
 
 

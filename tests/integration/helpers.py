@@ -1,20 +1,24 @@
-"""Helpers shared by the tests: run the real CLI against real clusters."""
+"""Helpers shared by the integration tests: run the real CLI against real clusters."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from collections import Counter, defaultdict
 import time
 from pathlib import Path
 
 import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.dashboards import browser
 from daskprobe.probes.base import capture_lines
 from daskprobe.probes.rundir import RunDir
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent.parent / "data"
+
+TE = pb.TrackEvent
 
 
 def daskprobe(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
@@ -69,14 +73,6 @@ with Client() as c:
 """
 
 
-@pytest.fixture(scope="session")
-def pinned_run(tmp_path_factory) -> tuple[RunDir, subprocess.CompletedProcess, int]:
-    """One real 2-worker run shared by the read-only checks."""
-    n = 40
-    run, p = run_flow(tmp_path_factory.mktemp("pinned"), PINNED_FLOW.format(n=n), "--workers", "2")
-    return run, p, n
-
-
 class probe_session:
     """Run one probe outside `daskprobe run`: a bare run directory, start, stop."""
 
@@ -104,3 +100,58 @@ class probe_session:
 
     def __exit__(self, *exc):
         self.probe.stop()
+
+
+def load(path) -> list:
+    t = pb.Trace()
+    t.ParseFromString(path.read_bytes())
+    return list(t.packet)
+
+
+def check_trace(packets: list) -> dict:
+    """Raise AssertionError on anything the Perfetto UI would choke on; return counts."""
+    defined, names, stacks, last_ts, threads = set(), set(), defaultdict(list), {}, set()
+    interned = defaultdict(set)
+    flows_out, flows_in = Counter(), Counter()
+    samples = 0
+    assert packets[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    for p in packets:
+        d = p.interned_data
+        names.update(n.iid for n in d.event_names)
+        for field in ("function_names", "mapping_paths", "mappings", "frames", "callstacks"):
+            interned[field].update(x.iid for x in getattr(d, field))
+        assert all(f.function_name_id in interned["function_names"] and f.mapping_id in interned["mappings"]
+                   for f in d.frames)
+        assert all(set(c.frame_ids) <= interned["frames"] for c in d.callstacks)
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            assert d.uuid not in defined, f"track {d.uuid} defined twice"
+            assert not d.parent_uuid or d.parent_uuid in defined, "parent defined before child"
+            defined.add(d.uuid)
+            if d.HasField("thread"):
+                threads.add((d.thread.pid, d.thread.tid))
+            continue
+        seq = p.trusted_packet_sequence_id
+        assert p.timestamp >= last_ts.get(seq, 0), "timestamps non-decreasing per sequence"
+        last_ts[seq] = p.timestamp
+        if p.HasField("perf_sample"):
+            s = p.perf_sample
+            assert s.callstack_iid in interned["callstacks"], "callstack interned before use"
+            assert (s.pid, s.tid) in threads, "a sample's thread has a track"
+            samples += 1
+            continue
+        e = p.track_event
+        assert e.track_uuid in defined, f"track {e.track_uuid} used before it is defined"
+        if e.name_iid:
+            assert e.name_iid in names, "interned name used before it is defined"
+        if e.type == TE.TYPE_SLICE_BEGIN:
+            stacks[e.track_uuid].append(p.timestamp)
+        elif e.type == TE.TYPE_SLICE_END:
+            assert stacks[e.track_uuid], f"end without begin on track {e.track_uuid}"
+            assert stacks[e.track_uuid].pop() <= p.timestamp
+        flows_out.update(e.flow_ids)
+        flows_in.update(e.terminating_flow_ids)
+    assert not any(stacks.values()), "every begin has its end"
+    assert flows_out == flows_in, "both ends of every flow present"
+    assert max(flows_out.values(), default=1) == 1
+    return {"tracks": len(defined), "flows": len(flows_out), "samples": samples}

@@ -1,0 +1,46 @@
+"""trace.pftrace parsed with Perfetto's own protos, checked for what the UI relies on."""
+
+from collections import Counter, defaultdict
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from helpers import check_trace, load
+
+TE = pb.TrackEvent
+
+
+def test_trace_is_valid_for_the_ui(pinned_run):
+    run, _, _ = pinned_run
+    counts = check_trace(load(run.trace))
+    assert counts["flows"] == run.table("messages").msg_id.nunique()
+
+
+def test_trace_has_the_expected_tracks(pinned_run):
+    run, _, n = pinned_run
+    packets = load(run.trace)
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in packets if p.HasField("track_descriptor")}
+    procs = run.table("processes")
+    pids = {d.process.pid for d in tracks.values() if d.HasField("process")}
+    assert set(procs[procs.role.isin(["scheduler", "worker", "client"])].pid.astype(int)) <= pids
+    by_name = Counter(d.name.split(" ")[0] for d in tracks.values())
+    assert by_name["compute"] >= 2 and by_name["dispatch"] >= 2 and by_name["tasks"] == 2
+    names = {n.iid: n.name for p in packets for n in p.interned_data.event_names}
+    compute_tracks = {u for u, d in tracks.items() if d.name.startswith("compute")}
+    slices = Counter(names[p.track_event.name_iid] for p in packets
+                     if p.track_event.track_uuid in compute_tracks
+                     and p.track_event.type == TE.TYPE_SLICE_BEGIN)
+    assert slices == {"inc": n, "sum": 1}
+    counters = [p for p in packets if p.track_event.type == TE.TYPE_COUNTER]
+    assert counters and all(p.track_event.double_counter_value >= 0 for p in counters)
+
+
+def test_validator_catches_broken_traces(pinned_run):
+    run, _, _ = pinned_run
+    packets = load(run.trace)
+    first_end = next(i for i, p in enumerate(packets) if p.track_event.type == TE.TYPE_SLICE_END)
+    broken = packets[:first_end] + packets[first_end + 1:]
+    try:
+        check_trace(broken)
+    except AssertionError:
+        return
+    raise AssertionError("a trace missing a slice end passed the checks")
