@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repeat", type=options.positive_int, default=3, help="runs per point (default 3)")
     options.probes(p, "none")
     p.add_argument("--timeout", type=options.positive_float, default=300.0, help="seconds per run before it is stopped (default 300)")
-    options.cluster(p)
+    options.cluster(p, threads=1)  # as in the paper's runs
     p.add_argument("--out", help="directory for the runs and results (default runs/bench-<time>)")
 
 

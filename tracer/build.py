@@ -12,6 +12,24 @@ from ..probes.rundir import RunDir
 from .session import Interrupted, record, say
 
 
+WHAT = {"tables": "decoding the captures into tables", "analysis": "analysing",
+        "trace": "writing trace.pftrace", "html": "writing report.html"}
+
+
+@contextlib.contextmanager
+def _progress(name: str):
+    """A spinner on a terminal (rich), else one line: a stage can take tens of seconds."""
+    from rich.console import Console
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        with contextlib.suppress(OSError):
+            say(f"{WHAT[name]} ...")
+        yield
+        return
+    with console.status(f"daskprobe: {WHAT[name]} ..."):
+        yield
+
+
 class Stopped(Exception):
     """A signal (or Ctrl-C) during a stage: finalizing stops after it."""
 
@@ -77,7 +95,9 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     for name, fn in filter(None, stages):
         start = time.perf_counter()
         try:
-            if err := _stage(run, name, fn):
+            with _progress(name):
+                err = _stage(run, name, fn)
+            if err:
                 errors[name] = err
         except Stopped as e:
             errors[name] = str(e)
@@ -86,4 +106,7 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
             seconds[name] = round(time.perf_counter() - start, 3)
     done = len(seconds) == sum(1 for s in stages if s) and not any("interrupted" in e for e in errors.values())
     record(run, finalize_errors=errors, finalize_seconds=seconds, finalized=done)
+    with contextlib.suppress(OSError):
+        say(f"finalized in {sum(seconds.values()):.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+            + ")")
     return not errors

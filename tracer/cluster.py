@@ -23,7 +23,7 @@ NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 @dataclass
 class ClusterSpec:
     workers: int = 2
-    threads: int = 1
+    threads: int | None = None  # None: as LocalCluster, the machine's cores / workers, rounded up
     nanny: bool = False
     python: str = "python"
     server_cmd: str | None = None
@@ -43,6 +43,14 @@ class ClusterSpec:
             raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
                              "with --server-cmd, choose the policy in the server's own command instead")
         self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
+        self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
+
+    def memory_limit(self) -> int:
+        """Bytes per worker, as LocalCluster: the machine's memory shared out evenly (`dask worker`
+        alone would give each worker memory in proportion to its threads, whatever the worker count)."""
+        with open("/proc/meminfo") as f:
+            total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+        return total_kib * 1024 // self.workers
 
 
 @dataclass
@@ -150,7 +158,8 @@ class Cluster:
         w.command = [self.spec.python, "-m", "distributed.cli.dask_worker",
                      f"tcp://{self.scheduler.contact}", "--name", w.name,
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
-                     "--nthreads", str(self.spec.threads), "--no-dashboard", "--dashboard-address", f"{HOST}:0",
+                     "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
+                     "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                      "--local-directory", str(self.run.scratch),
                      *_preloads(experiments().WORKERS[self.spec.worker].preload_files())]
         env = self.env

@@ -125,6 +125,20 @@ def test_help_lists_every_verb_and_each_verb_shows_its_own_examples():
     assert p.stdout.count("examples:") <= 1
 
 
+def test_mistakes_are_named_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    typo = daskprobe("run", "--wrokers", "2", "--out", str(out))
+    assert typo.returncode == 2 and "did you mean --workers?" in typo.stderr
+    verb = daskprobe("rnu")
+    assert verb.returncode != 0 and "did you mean 'run'?" in verb.stderr
+    no_dashes = daskprobe("run", "--out", str(out), "python", "flow.py")
+    assert no_dashes.returncode == 2 and "goes after '--'" in no_dashes.stderr
+    started = time.monotonic()
+    missing = daskprobe("run", "--out", str(out), "--", sys.executable, str(tmp_path / "nothere.py"))
+    assert missing.returncode != 0 and "nothere.py: no such file" in missing.stderr
+    assert time.monotonic() - started < 30 and not out.exists(), "a cluster was started for a missing script"
+
+
 def _start_sleeping_run(tmp_path, **popen):
     marker = tmp_path / "started"
     flow = write_flow(tmp_path / "flow.py", f"""

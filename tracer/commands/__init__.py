@@ -8,6 +8,7 @@ Verbs of the experiments layer (bench) come from its registry, by name.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -20,18 +21,40 @@ def verbs() -> dict[str, str]:
     return VERBS | experiments().VERBS
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> tuple[argparse.ArgumentParser, dict]:
     p = argparse.ArgumentParser(prog="daskprobe", description="Trace and profile Dask clusters: every protocol "
                                 "message, on one clock.", epilog="'daskprobe VERB --help' shows the verb's "
                                 "options and examples.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    subs = {}
     for name, module in verbs().items():
         m = importlib.import_module(module)
         v = sub.add_parser(name, help=m.HELP, description=m.HELP, epilog=m.EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         m.add_arguments(v)
         v.set_defaults(module=m)
-    return p
+        subs[name] = v
+    return p, subs
+
+
+def _unknown(verb: argparse.ArgumentParser, extra: list[str]) -> str:
+    """What to say about arguments the verb does not know: the option meant, or where a command goes."""
+    if extra[0].startswith("-"):
+        name = extra[0].split("=")[0]
+        known = [o for a in verb._actions for o in a.option_strings]
+        near = difflib.get_close_matches(name, known, n=1)
+        return f"unknown option {name}" + (f": did you mean {near[0]}?" if near else "")
+    return (f"unexpected {' '.join(extra)!r}: the command to profile goes after '--', as in "
+            f"'{verb.prog} -- {' '.join(extra)}'")
+
+
+def _verb_typo(argv: list[str]) -> str | None:
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in verbs():
+        return None
+    near = difflib.get_close_matches(first, list(verbs()), n=1)
+    return f"daskprobe: no verb {first!r}" + (f": did you mean '{near[0]}'?" if near else "") + \
+        f" (verbs: {', '.join(verbs())})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,5 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
-    args = parser().parse_args(argv)
+    if why := _verb_typo(argv):
+        raise SystemExit(why)
+    p, subs = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        subs[args.verb].error(_unknown(subs[args.verb], extra))
     return args.module.main(args, command)

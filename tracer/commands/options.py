@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import sys
+from pathlib import Path
 
 from ...probes.rundir import RunDir
 
@@ -26,9 +30,11 @@ positive_float = _number(float, 0, "positive")
 non_negative_float = _number(float, 0, "0 or more")
 
 
-def cluster(p: argparse.ArgumentParser) -> None:
+def cluster(p: argparse.ArgumentParser, threads: int | None = None) -> None:
     """What the cluster's processes run with (run and bench)."""
-    p.add_argument("--threads", type=positive_int, default=1, help="threads per worker (default 1)")
+    p.add_argument("--threads", type=positive_int, default=threads,
+                   help=f"threads per worker (default {threads})" if threads else
+                   "threads per worker (default: as LocalCluster, the machine's cores / workers, rounded up)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter that runs the scheduler and workers (default: this one)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -89,3 +95,14 @@ def new_run(RunDir, out: str | None, command: list[str]):
         return RunDir.create(out, command)
     except (FileExistsError, PermissionError, NotADirectoryError) as e:
         raise SystemExit(f"daskprobe: --out: {e}")
+
+
+def check_command(command: list[str]) -> None:
+    """Refuse a command that cannot start before a cluster is started for it."""
+    exe = command[0]
+    if not (shutil.which(exe) or (os.sep in exe and os.access(exe, os.X_OK))):
+        raise SystemExit(f"daskprobe: {exe}: no such command")
+    script = next((a for a in command[1:] if not a.startswith("-")), None)
+    if re.fullmatch(r"python[\d.]*", Path(exe).name) and script and command[1] == script \
+            and not Path(script).exists():
+        raise SystemExit(f"daskprobe: {script}: no such file (the script {exe} would run)")

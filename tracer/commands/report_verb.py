@@ -22,7 +22,11 @@ def add_arguments(p) -> None:
 
 def main(args, command: list[str]) -> int:
     from ..build import report
+    from ..session import say
     run = options.existing_run(args.run_dir)
     if not run.has_table("messages"):
         raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")
-    return 0 if report(run, [Path(r) for r in args.rules], html=args.html) else 1
+    if not report(run, [Path(r) for r in args.rules], html=args.html):
+        return 1
+    say(f"wrote {run / 'summary.json'}" + (f" and {run / 'report.html'}" if args.html else ""))
+    return 0

@@ -48,6 +48,7 @@ def main(args, command: list[str]) -> int:
 
     probes = options.parse_probes(args.probes)
     spec, command = _spec(args, probes), command or default_command()
+    options.check_command(command)
     run_dir = options.new_run(RunDir, args.out, command)
     with Signals() as signals:
         code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
