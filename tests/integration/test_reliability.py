@@ -242,9 +242,11 @@ def test_a_full_disk_keeps_the_users_exit_code_and_what_was_written(tmp_path):
     try:
         filler = disk / "filler"
         fill = f"""
+import time
 from distributed import Client
 with Client() as c:
     c.gather(c.map(lambda x: x + 1, range(50)))
+    time.sleep(1)  # what was captured by now has been written (captures flush every 50-200 ms)
     with open({str(filler)!r}, "wb") as f:  # something else fills the disk while the run goes on
         try:
             while True:
