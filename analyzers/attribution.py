@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .categories import UNCATEGORIZED
-from .intervals import inside, intersect, overlap_ns
+from .intervals import inside, intersect, overlap_ns, union
 from .thread_state import of_thread, on_cpu_ns
 
 DIRECT = {"network", "compute", "queueing", "client", "scheduler_decisions"}
@@ -50,10 +50,13 @@ def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame,
         pid = pids.get(process)
         if pid is None:
             rows.append(_all(segs, UNCATEGORIZED))
-        elif pid in with_states:
-            rows.append(_by_states(segs, states, cpu[cpu.pid == pid], threads, pid, f"{job}:{process}"))
+            continue
+        loop = cpu[(cpu.pid == pid) & (cpu.tid == pid)]
+        fallback = _session_counts(inproc[inproc.process == process], loop, pid in with_states)
+        if pid in with_states:
+            rows.append(_by_states(segs, states, cpu[cpu.pid == pid], threads, pid, f"{job}:{process}", fallback))
         else:
-            rows.append(_by_samples(segs, cpu[(cpu.pid == pid) & (cpu.tid == pid)], f"{job}:{process}"))
+            rows.append(_by_samples(segs, loop, f"{job}:{process}", fallback))
     out = pd.concat([r for r in rows if len(r)], ignore_index=True).reindex(columns=COLUMNS)
     return out[out.seconds > 0].reset_index(drop=True)
 
@@ -62,8 +65,21 @@ def _all(segs: pd.DataFrame, category: str) -> pd.DataFrame:
     return segs.assign(category=category)[["job", "kind", "part", "process", "category", "seconds"]]
 
 
-def _split(segs: pd.DataFrame, seconds: np.ndarray, counts: pd.Series, pool: str) -> pd.DataFrame:
-    """seconds per segment shared out in the proportions of the pool's sample counts."""
+def _session_counts(segs: pd.DataFrame, loop: pd.DataFrame, states: bool) -> pd.Series:
+    """The loop thread's samples in all of the process's path segments of the session: what a job
+    whose own stretches caught no sample (a short one) is split by, rather than left uncategorized."""
+    order = np.argsort(segs.start_ns.to_numpy("int64"))
+    s0, s1 = union(segs.start_ns.to_numpy("int64")[order], segs.end_ns.to_numpy("int64")[order])
+    hit = loop[inside(loop.t_ns.to_numpy(), s0, s1)]
+    return (hit[hit.on_cpu].category if states else hit.category.where(hit.on_cpu, "idle")).value_counts()
+
+
+def _split(segs: pd.DataFrame, seconds: np.ndarray, counts: pd.Series, pool: str,
+           fallback: pd.Series | None = None) -> pd.DataFrame:
+    """seconds per segment shared out in the proportions of the pool's sample counts (or, with none,
+    of the fallback's: the process's over the session, named so in the pool)."""
+    if not int(counts.sum()) and fallback is not None and int(fallback.sum()):
+        counts, pool = fallback, f"{pool} (the session's samples)"
     n = int(counts.sum())
     if n == 0:
         return _all(segs.assign(seconds=seconds), UNCATEGORIZED)
@@ -72,16 +88,16 @@ def _split(segs: pd.DataFrame, seconds: np.ndarray, counts: pd.Series, pool: str
     return pd.concat(out, ignore_index=True)
 
 
-def _by_samples(segs: pd.DataFrame, loop: pd.DataFrame, pool: str) -> pd.DataFrame:
+def _by_samples(segs: pd.DataFrame, loop: pd.DataFrame, pool: str, fallback: pd.Series) -> pd.DataFrame:
     s0, s1 = segs.start_ns.to_numpy("int64"), segs.end_ns.to_numpy("int64")
     order = np.argsort(s0)
     hit = loop[inside(loop.t_ns.to_numpy(), s0[order], s1[order])]
     cats = hit.category.where(hit.on_cpu, "idle")
-    return _split(segs, segs.seconds.to_numpy(), cats.value_counts(), pool)
+    return _split(segs, segs.seconds.to_numpy(), cats.value_counts(), pool, fallback)
 
 
 def _by_states(segs: pd.DataFrame, states: pd.DataFrame, proc_cpu: pd.DataFrame, threads: pd.DataFrame, pid: int,
-               pool: str) -> pd.DataFrame:
+               pool: str, fallback: pd.Series) -> pd.DataFrame:
     st = of_thread(states, pid, pid)
     segs = segs.sort_values("start_ns").reset_index(drop=True)
     s0, s1 = segs.start_ns.to_numpy("int64"), segs.end_ns.to_numpy("int64")
@@ -101,7 +117,7 @@ def _by_states(segs: pd.DataFrame, states: pd.DataFrame, proc_cpu: pd.DataFrame,
     fixed = [_all(segs.assign(seconds=x / 1e9), cat) for x, cat in
              ((gil, "gil_contention"), (runnable, "cpu_starvation"), (idle, "idle"))]
     fixed.append(_all(segs.assign(seconds=batching / 1e9, part=segs.part + " (batching)"), "runtime_bookkeeping"))
-    return pd.concat([*fixed, work_rows, _split(segs, oncpu / 1e9, counts, f"{pool}:on-cpu")], ignore_index=True)
+    return pd.concat([*fixed, work_rows, _split(segs, oncpu / 1e9, counts, f"{pool}:on-cpu", fallback)], ignore_index=True)
 
 
 def _offload(segs, b0, b1, seg, window, rest_blocked, proc_cpu, threads, states, pid, pool):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .intervals import intersect, subtract
+
 TOLD = ("key-in-memory", "task-erred")
 JOB_COLUMNS = ["job", "start_ns", "end_ns", "graphs", "requested", "end_key", "end_told"]
 
@@ -78,12 +80,44 @@ def job_of(times, jobs: pd.DataFrame) -> np.ndarray:
     return np.searchsorted(starts, np.asarray(times, dtype="float64"), side="right") - 1
 
 
-def client_gaps(window: tuple[int, int], jobs: pd.DataFrame) -> pd.DataFrame:
-    """The session's stretches with no job in the cluster, as critical-path segments of the client."""
+ANSWERS = ("reply", "handshake", "stream-start")  # what the scheduler sends a client that is waiting for it
+
+
+def client_waits(msgs: pd.DataFrame) -> pd.DataFrame:
+    """The client's requests the scheduler answered next on the same connection (a handshake, an
+    identity or gather and its reply, register-client and stream-start), with both messages' bytes:
+    time in which the client waited on the scheduler, not on itself. Disjoint, in time order."""
+    c = msgs[((msgs.src_role == "client") & (msgs.dst_role == "scheduler")) |
+             ((msgs.src_role == "scheduler") & (msgs.dst_role == "client"))].drop_duplicates("msg_id")
+    c = c.sort_values(["conn", "t_first_ns"], kind="stable")
+    nxt = c.groupby("conn")[["src_role", "op", "t_first_ns", "t_last_ns"]].shift(-1)
+    hit = (c.src_role == "client") & (nxt.src_role == "scheduler") & nxt.op.isin(ANSWERS)
+    w = pd.DataFrame({"op": c.op[hit], "req_first": c.t_first_ns[hit], "req_last": c.t_last_ns[hit],
+                      "rep_first": nxt.t_first_ns[hit].astype("int64"), "rep_last": nxt.t_last_ns[hit].astype("int64")})
+    w = w.sort_values("req_first", ignore_index=True)
+    return w[w.req_first.to_numpy() >= np.r_[0, np.maximum.accumulate(w.rep_last.to_numpy())[:-1]]]
+
+
+def client_gaps(window: tuple[int, int], jobs: pd.DataFrame, msgs: pd.DataFrame) -> pd.DataFrame:
+    """The session's stretches with no job in the cluster, as critical-path segments: the client's own
+    time, less the requests it waited on the scheduler for (their wire time and the scheduler's)."""
     edges = [window[0], *np.ravel(jobs[["start_ns", "end_ns"]].to_numpy("int64")), window[1]]
     starts, ends = np.array(edges[0::2]), np.array(edges[1::2])
-    names = ["before the first job"] + ["between jobs"] * (len(jobs) - 1) + ["after the last job"]
+    names = np.array(["before the first job"] + ["between jobs"] * (len(jobs) - 1) + ["after the last job"])
     keep = ends > starts
-    return pd.DataFrame({"job": -1, "start_ns": starts[keep], "end_ns": ends[keep], "kind": "client",
-                         "part": [f"client: {n}" for n in np.array(names)[keep]], "key": None,
-                         "process": "client", "batch_ns": 0})
+    starts, ends, names = starts[keep], ends[keep], names[keep]
+    w = client_waits(msgs)
+    pieces = [("network", "client request"), ("scheduler", "answering the client"), ("network", "reply to the client")]
+    cols = [("req_first", "req_last"), ("req_last", "rep_first"), ("rep_first", "rep_last")]
+    seg = pd.concat([pd.DataFrame({"start_ns": w[a], "end_ns": w[b], "kind": k, "part": p})
+                     for (k, p), (a, b) in zip(pieces, cols)]).sort_values("start_ns", kind="stable")
+    seg = seg[seg.end_ns > seg.start_ns]
+    s0, s1, which = intersect(seg.start_ns, seg.end_ns, starts, ends)
+    waited = pd.DataFrame({"start_ns": s0, "end_ns": s1, "kind": seg.kind.to_numpy()[which],
+                           "part": seg.part.to_numpy()[which]})
+    own0, own1 = subtract(starts, ends, s0, s1)
+    own = pd.DataFrame({"start_ns": own0, "end_ns": own1, "kind": "client",
+                        "part": "client: " + names[np.searchsorted(starts, own0, side="right") - 1]})
+    out = pd.concat([own, waited], ignore_index=True)
+    return out.assign(job=-1, key=None, process=out.kind.map({"client": "client", "scheduler": "scheduler"}),
+                      batch_ns=0)[["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]]

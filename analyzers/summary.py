@@ -17,6 +17,7 @@ from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATE
                          default_rules, load_rules)
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths, exchanges
+from .findings import findings
 from .jobs import client_gaps, graph_jobs, job_of, session, told
 from .tasks import assign_jobs, recomputed, tasks_table
 from .thread_state import thread_states, threads_table
@@ -59,6 +60,9 @@ DEFINITIONS = {
                        "being ready) - its compute span, in seconds; ready = the later of its last dependency's "
                        "task-finished reaching the scheduler and its graph's last byte",
     "scheduler_cpu_per_task_s": "scheduler CPU seconds (from /proc) in the makespan window / tasks",
+    "findings": "what the split says to change: each cause that took at least 10% of the session (and any "
+                "recomputed keys), with its seconds (90% interval where they rest on samples), share of "
+                "session_s, evidence and advice; ordered by seconds",
     "thread_states": "where the split of time inside processes took the event-loop thread's state from: 'ebpf' "
                      "(on/off-CPU and GIL waits, exact) or 'samples' (the sampler's flag; GIL waits and CPU "
                      "starvation then cannot be told apart from idle)",
@@ -86,7 +90,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
                            meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
     threads = threads_table(t["samples"], states)
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
-    path = pd.concat([path, client_gaps(window, jobs)], ignore_index=True).sort_values("start_ns", ignore_index=True)
+    path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True).sort_values("start_ns", ignore_index=True)
     attr = attribute(path, t["processes"], states, cpu, threads)
     cluster = threads[threads.pid.isin(_pids(t["processes"], CLUSTER))]
     cpu_in_window = cpu_time(cpu, states, cluster, _makespan(jobs))
@@ -99,6 +103,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
         "task_overhead_s": task_overhead(tasks),
         "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], _makespan(jobs), len(tasks)),
         "thread_states": "ebpf" if len(states) else "samples"}
+    summary["findings"] = findings(summary, t, meta)
     out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
            "critical_path": path,
            "attribution": attr, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}

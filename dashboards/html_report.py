@@ -51,7 +51,7 @@ def write_html(run: RunDir) -> None:
     if "error" in summary:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
-        sections = [section(*fig(page)) for fig in FIGURES]
+        sections = [findings_section(summary)] + [section(*fig(page)) for fig in FIGURES]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -78,13 +78,39 @@ def layout(fig: go.Figure, x: str, y: str) -> go.Figure:
     return fig.update_layout(xaxis_title=x, yaxis_title=y, height=420, margin=dict(l=60, r=20, t=20, b=50))
 
 
+COLOURS = {"scheduler_decisions": "#d62728", "runtime_bookkeeping": "#ff7f0e", "gil_contention": "#9467bd",
+           "cpu_starvation": "#8c564b", "network": "#1f77b4", "compute": "#2ca02c", "queueing": "#e377c2",
+           "idle": "#c7c7c7", "client": "#17becf", UNCATEGORIZED: "#7f7f7f"}
+
+
 def breakdown(p: Page):
     summary = p.summary
-    cp = summary.get("critical_path_s") or {}
-    fig = go.Figure(go.Bar(x=list(cp.values()), y=list(cp), orientation="h")) if cp else None
-    return ("Where the makespan went",
-            f"Seconds of the {summary.get('makespan_s', 0):.3f} s makespan on the critical path, by category; "
-            "the bars sum to the makespan.", fig and layout(fig, "seconds", ""))
+    cp = {c: v for c, v in sorted((summary.get("critical_path_s") or {}).items(), key=lambda kv: kv[1]) if v > 0}
+    if not cp:
+        return "Where the session went", "", None
+    total, ci = summary["session_s"], summary.get("critical_path_interval_s", {})
+    lo = [v - ci.get(c, {}).get("lo", v) if ci.get(c, {}).get("samples") else 0 for c, v in cp.items()]
+    hi = [ci.get(c, {}).get("hi", v) - v if ci.get(c, {}).get("samples") else 0 for c, v in cp.items()]
+    fig = go.Figure(go.Bar(x=list(cp.values()), y=list(cp), orientation="h",
+                           marker_color=[COLOURS.get(c, "#7f7f7f") for c in cp],
+                           text=[f"{v:.3f} s ({100 * v / total:.1f}%)" for v in cp.values()], textposition="auto",
+                           error_x=dict(type="data", symmetric=False, array=hi, arrayminus=lo)))
+    return ("Where the session went",
+            f"Seconds of the {total:.3f} s session on the critical path of each job (and the client's time "
+            "between jobs), by category, largest on top; they sum to the session. Whiskers: the 90% interval of "
+            "shares taken from samples (none where the time is measured exactly).", layout(fig, "seconds", ""))
+
+
+def findings_section(summary: dict) -> str:
+    found = summary.get("findings") or []
+    if not found:
+        return ("<section><h2>What to change</h2><p>No cause took 10% of the session or more, and no key was "
+                "computed twice.</p></section>")
+    items = "".join(
+        f"<li><b>{html.escape(f['title'])}</b>: {f['seconds']:.2f} s ({100 * f['share']:.0f}% of the session"
+        + (f"; 90% interval {f['interval_s'][0]:.2f}-{f['interval_s'][1]:.2f} s" if f.get("interval_s") else "")
+        + f"). {html.escape(f['evidence'][:1].upper() + f['evidence'][1:])}.<br><i>Try</i>: {html.escape(f['advice'])}</li>" for f in found)
+    return f"<section><h2>What to change</h2><ol>{items}</ol></section>"
 
 
 def critical_path(p: Page):

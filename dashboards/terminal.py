@@ -21,13 +21,17 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console.print(_split_table("where the session went (critical path), s", s, s["session_s"]))
     if len(jobs) > 1:
         console.print(_jobs_table(jobs))
-    again = s.get("recomputed", {})
-    if again.get("keys"):
-        top = ", ".join(f"{p} ({v['keys']} keys x{v['times'] / max(v['keys'], 1):.0f})"
-                        for p, v in list(again["by_prefix"].items())[:3])
-        console.print(f"[yellow]recomputed[/]: {again['keys']} keys computed again {again['times']} times "
-                      f"({again['compute_s']:.2f} s of compute): {top}")
     console.print(f"{FEW} rests on fewer than 20 samples; 'daskprobe explain CATEGORY' says what each means")
+    _print_findings(console, s.get("findings", []), s["session_s"])
+
+
+def _print_findings(console: Console, found: list[dict], session: float) -> None:
+    if not found:
+        return
+    console.print("[bold]what to change[/] (largest first; all in report.html):")
+    for f in found[:3]:
+        console.print(f"- [bold]{f['title']}[/]: {f['seconds']:.2f} s ({100 * f['share']:.0f}% of the session). "
+                      f"{f['evidence'][:1].upper()}{f['evidence'][1:]}.\n  [green]try[/]: {f['advice']}")
 
 
 def _ms(v) -> str:

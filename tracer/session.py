@@ -115,7 +115,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     """Run the command against a cluster behind the probes; the user's exit code."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
-                    sample_rate=sample_rate, cpu_hz=cpu_hz,
+                    sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "proxy_delay_us": spec.proxy_delay_us,
                              "scheduler": spec.scheduler, "worker": spec.worker,

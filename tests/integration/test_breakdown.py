@@ -33,6 +33,10 @@ def added(base, pert, category):
             pert["session_s"] - base["session_s"])
 
 
+def finding_ids(s: dict) -> list[str]:
+    return [f["id"] for f in s["findings"]]
+
+
 def preload():
     return "--config", f"distributed.scheduler.preload=['{INJECT}']"
 
@@ -53,6 +57,7 @@ def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
     decisions, more = added(base, pert, "scheduler_decisions")
     assert more > 1.0, "80 decisions x 20 ms"
     assert decisions >= 0.75 * more, (decisions, more, pert["critical_path_s"])
+    assert "scheduler-decisions" in finding_ids(pert), pert["findings"]
 
 
 def test_a_scheduler_thread_holding_the_gil_goes_to_gil_contention(tmp_path):
@@ -65,6 +70,8 @@ def test_a_scheduler_thread_holding_the_gil_goes_to_gil_contention(tmp_path):
     gil, more = added(base, pert, "gil_contention")
     assert more > 0.3, (base["session_s"], pert["session_s"])
     assert gil >= 0.7 * more, (gil, more, pert["critical_path_s"])
+    found = {f["id"]: f for f in pert["findings"]}
+    assert "'busy-plugin' of scheduler, in _hold" in found["gil-contention"]["evidence"], pert["findings"]
 
 
 def test_client_work_between_computations_is_the_clients(tmp_path):
@@ -73,6 +80,7 @@ def test_client_work_between_computations_is_the_clients(tmp_path):
     client, more = added(base, pert, "client")
     assert [len(s["jobs"]) for s in (base, pert)] == [2, 2], "two computations, two jobs"
     assert client >= 0.9 * more and more > 1.5, (client, more, pert["critical_path_s"])
+    assert finding_ids(pert)[0] == "client", pert["findings"]
 
 
 def test_known_compute_is_found_on_the_critical_path(tmp_path):

@@ -151,3 +151,14 @@ def test_nothing_to_measure_says_why():
     s.message("client", "scheduler", 0, 1, "register-client")
     s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
     assert "no update-graph" in split(s)["error"]
+
+
+def test_a_client_waiting_for_the_scheduler_to_answer_is_not_the_clients_own_time():
+    s = two_task_chain(Scenario())
+    s.message("client", "scheduler", 2, 2.1, "identity")
+    s.message("scheduler", "client", 8, 8.1, "reply")  # late: the scheduler's loop waited for the GIL
+    s.state("scheduler", "gil", 2.1, 8)
+    out = split(s)
+    assert ms(out, "gil_contention") == pytest.approx(5.9)
+    assert ms(out, "client") == pytest.approx(44 - 6.1)
+    assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])

@@ -1,0 +1,145 @@
+"""Findings: what the split says to change, in the user's terms.
+
+Each finding names a cause that took at least MIN_SHARE of the session (or
+recomputed keys, whatever their share), the seconds it cost with their 90%
+interval where they rest on samples, the evidence, and what to try. They are
+ordered by seconds; the terminal shows the first three, the report all.
+"""
+
+from __future__ import annotations
+
+MIN_SHARE = 0.10
+SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
+
+
+def findings(s: dict, t: dict, meta: dict) -> list[dict]:
+    """`s`: the summary so far; `t`: the decoded tables; `meta`: run.json."""
+    session = s["session_s"] or 1.0
+    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s), _starvation(s, meta),
+                         _gil(s, t), _decisions(s), _overhead(s), _network(s)) if f]
+    for f in found:
+        f["share"] = f["seconds"] / session
+    return sorted((f for f in found if f["share"] >= MIN_SHARE or f["id"] == "recomputed"),
+                  key=lambda f: -f["seconds"])
+
+
+def _finding(id_: str, seconds: float, title: str, evidence: str, advice: str, s: dict | None = None,
+             category: str | None = None) -> dict:
+    interval = (s or {}).get("critical_path_interval_s", {}).get(category or "", {})
+    return {"id": id_, "seconds": float(seconds), "interval_s": [interval["lo"], interval["hi"]]
+            if interval.get("samples") else None, "title": title, "evidence": evidence, "advice": advice}
+
+
+def _cat(s: dict, category: str) -> float:
+    return s["critical_path_s"].get(category, 0.0)
+
+
+def _parts(s: dict, text: str) -> float:
+    return sum(v for k, v in s["critical_path_parts_s"].items() if text in k)
+
+
+def _recomputed(s: dict) -> dict | None:
+    again = s["recomputed"]
+    if not again["keys"]:
+        return None
+    prefix, top = next(iter(again["by_prefix"].items()))
+    shuffle = any(p in prefix for p in SHUFFLE_PREFIXES)
+    advice = ("pass divisions= (or sorted=True) to set_index/sort_values, or persist() the frame before it: Dask "
+              "computes the frame once to find its divisions and again for the result") if shuffle else \
+        ("persist() what several computations share, or compute the outputs together with dask.compute(a, b)")
+    return _finding("recomputed", again["compute_s"],
+                    f"{again['keys']} keys were computed more than once",
+                    f"{again['times']} extra computations, {again['compute_s']:.2f} s of compute; most in "
+                    f"'{prefix}' ({top['keys']} keys, {top['times']} extra)", advice)
+
+
+def _saturation(s: dict, meta: dict) -> dict | None:
+    sec = _parts(s, "worker saturation")
+    c = meta.get("cluster", {})
+    return _finding("worker-saturation", sec, "tasks on the critical path waited for a worker thread",
+                    f"each waited for a thread held by another task, with {c.get('workers', '?')} "
+                    f"worker(s) x {c.get('threads', '?')} thread(s)",
+                    "the workers were saturated: more workers or threads shorten the path, if the machine has "
+                    "cores to spare (see cpu_starvation)") if sec else None
+
+
+def _client(s: dict) -> dict | None:
+    sec, jobs = _cat(s, "client"), len(s["jobs"])
+    return _finding("client", sec, "the cluster waited on the client",
+                    f"time in which no computation of the client's was in the cluster, or the client "
+                    f"had its result and had not yet submitted the next ({jobs} computation(s))",
+                    "compute outputs together (dask.compute(a, b)), submit the next work before processing "
+                    "results (futures, as_completed), or move the client's own work onto the cluster"
+                    ) if sec else None
+
+
+def _starvation(s: dict, meta: dict) -> dict | None:
+    sec = _cat(s, "cpu_starvation")
+    c = meta.get("cluster", {})
+    return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
+                    f"runnable without a CPU; the cluster ran {c.get('workers', '?')} worker(s) x "
+                    f"{c.get('threads', '?')} thread(s) plus the scheduler and client"
+                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""),
+                    "the machine has more busy threads than cores: fewer workers or threads, or more cores"
+                    ) if sec else None
+
+
+def _gil(s: dict, t: dict) -> dict | None:
+    sec = _cat(s, "gil_contention")
+    if not sec:
+        return None
+    holder = gil_holder(t)
+    return _finding("gil-contention", sec, "event loops waited for the GIL",
+                    "event-loop time on the path spent in take_gil"
+                    + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""),
+                    "another thread of the same process holds the GIL: a task that does not release it on a "
+                    "worker with several threads (use more processes with one thread each), or a plugin, "
+                    "preload or library thread in the scheduler")
+
+
+def gil_holder(t: dict) -> str | None:
+    """The function most often on top of a non-main thread's on-CPU, GIL-holding samples, with its process."""
+    smp = t["samples"]
+    if smp.empty or "owns_gil" not in smp:
+        return None
+    # on a CPU or not: a C call may sleep holding the GIL
+    held = smp[smp.owns_gil.fillna(False).astype(bool) & (smp.tid != smp.pid)]
+    if held.empty:
+        return None
+    process, thread, stack_id = held.groupby(["process", "thread_name", "stack_id"]).size().idxmax()
+    frames = t["stacks"].set_index("stack_id").frame_ids.get(stack_id)
+    if frames is None or not len(frames):
+        return f"thread '{thread}' of {process}"
+    f = t["frames"].set_index("frame_id").loc[frames[0]]
+    return f"thread '{thread}' of {process}, in {f.function} ({f.filename.rsplit('/', 1)[-1]}:{f.line})"
+
+
+def _decisions(s: dict) -> dict | None:
+    sec = _cat(s, "scheduler_decisions")
+    return _finding("scheduler-decisions", sec, "the scheduler spent the path's time choosing workers",
+                    "in worker choice, work stealing and occupancy estimates",
+                    "fewer, larger tasks; or try distributed.scheduler.work-stealing: false", s,
+                    "scheduler_decisions") if sec else None
+
+
+def _overhead(s: dict) -> dict | None:
+    sec, n = _cat(s, "runtime_bookkeeping"), s["tasks"]
+    compute_per_task = s["compute_s"] / n if n else 0.0
+    aot = s["aot_s"] or 0.0
+    if not sec or aot <= 2 * compute_per_task:
+        return None
+    return _finding("task-overhead", sec, "Dask's work per task outweighs the tasks' own",
+                    f"runtime bookkeeping on the path; {n} tasks, each computing "
+                    f"{compute_per_task * 1e3:.2f} ms on average against {aot * 1e3:.2f} ms of makespan per task",
+                    "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls (each task costs Dask "
+                    "about a millisecond whatever it does)", s, "runtime_bookkeeping")
+
+
+def _network(s: dict) -> dict | None:
+    sec = _cat(s, "network")
+    return _finding("network", sec, "messages on the path took long on the wire",
+                    "between first and last byte of messages on the path; "
+                    f"{(s['bytes_per_task'] or 0) / 1e3:.1f} kB on the wire per task",
+                    "move less data: keep intermediate results on the workers (persist, no gather), larger "
+                    "chunks so fewer transfers, results reduced before they reach the client") if sec else None
+
