@@ -2,6 +2,7 @@
 
     python -m daskprobe.experiments.attribution --repeat 3
     python -m daskprobe.experiments.attribution --flows chain,etl --causes none,decisions --repeat 1
+    python -m daskprobe.experiments.attribution --repeat 3 --reanalyze   # today's analysis on the same runs
 
 Each repeat runs every workload (experiments/flows.py) unperturbed, then with
 each cause, adjacent in time, as `daskprobe run --workers 2` with every probe.
@@ -65,11 +66,23 @@ def run_one(flow: str, cause: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--out", str(out), *opts,
            "--", sys.executable, "-m", "daskprobe.experiments.flows", flow]
     p = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True, timeout=900)
-    row = {"flow": flow, "cause": cause, "run_dir": str(out), "exit_code": p.returncode}
+    return measured({"flow": flow, "cause": cause, "run_dir": str(out), "exit_code": p.returncode}, p.stderr)
+
+
+def reanalyzed(row: dict) -> dict:
+    """The row of a run already made, from its captures analysed again by today's code."""
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "report", row["run_dir"]],
+                       capture_output=True, text=True, timeout=900)
+    keep = {k: row[k] for k in ("flow", "cause", "run_dir", "exit_code", "repeat")}
+    return measured(keep, p.stderr)
+
+
+def measured(row: dict, stderr: str) -> dict:
+    out = Path(row["run_dir"])
     try:
         s = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
-        return row | {"error": p.stderr[-500:]}
+        return row | {"error": stderr[-500:]}
     row |= {"session_s": s.get("session_s"), **{f"cat.{c}": v for c, v in s.get("critical_path_s", {}).items()}}
     for proc, c in s.get("cpu_check", {}).items():
         row |= {f"cpu_ratio.{proc}": c.get("ratio"), f"cpu_samples.{proc}": c.get("on_cpu_samples")}
@@ -124,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--causes", default=",".join(CAUSES))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", default="runs/attribution")
+    p.add_argument("--reanalyze", action="store_true",
+                   help="analyse the runs already in --out again (daskprobe report) before the matrix")
     args = p.parse_args(argv)
     flows, causes = args.flows.split(","), args.causes.split(",")
     if "none" not in causes:
@@ -141,6 +156,11 @@ def main(argv=None) -> int:
             done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
             done.to_csv(out / "runs.csv", index=False)  # resumable: the same command again goes on
             progress.advance(bar)
+    if args.reanalyze and len(done):
+        with Progress(console=Console(stderr=True)) as progress:
+            rows = [reanalyzed(r) for r in progress.track(done.to_dict("records"), description="analysing again")]
+        done = pd.DataFrame(rows)
+        done.to_csv(out / "runs.csv", index=False)
     matrix, quiet = cells(done), unperturbed(done)
     matrix.to_csv(out / "cells.csv", index=False)
     quiet.to_csv(out / "unperturbed.csv", index=False)
