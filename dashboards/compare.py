@@ -8,6 +8,7 @@ the paper's Table II.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
-from .html_report import layout, page_html, section
+from .html_report import COLOURS, layout, page_html, section
 from ..probes.rundir import RunDir
+
 
 def run_row(run: RunDir) -> dict:
     meta, summary = run.meta(), json.loads((run / "summary.json").read_text())
@@ -57,29 +59,55 @@ def speedups(makespans: pd.DataFrame, by: str, baseline, within: tuple[str, ...]
     return per_graph, geo
 
 
-def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> pd.DataFrame:
-    df = pd.DataFrame([run_row(RunDir(d)) for d in run_dirs]).sort_values([by, "graph"])
+def warnings(df: pd.DataFrame, by: str, baseline) -> list[str]:
+    """What the reader of a comparison must know: points resting on one run, graphs without a baseline."""
+    out = []
+    n = df.groupby(["graph", by]).size()
+    if (n < 3).any():
+        out.append(f"{int((n < 3).sum())} of {len(n)} points rest on fewer than 3 runs: on a shared machine single "
+                   "runs of the same command vary by up to 2x; repeat them (daskprobe bench --repeat 3)")
+    lacking = sorted(set(df.graph) - set(df[df[by] == baseline].graph))
+    if lacking:
+        out.append(f"no run with {by} = {baseline} for {len(lacking)} command(s), so no speedup for them: "
+                   + "; ".join(lacking[:3]))
+    return out
+
+
+def _stacked(df: pd.DataFrame, x: pd.Series, prefix: str) -> go.Figure:
+    """One bar per run, stacked by category, in the report's colours."""
+    cats = [c for c in df.columns if c.startswith(prefix) and df[c].fillna(0).any()]
+    return go.Figure([go.Bar(name=c[len(prefix):], x=x, y=df[c], marker_color=COLOURS.get(c[len(prefix):]))
+                      for c in cats]).update_layout(barmode="stack")
+
+
+def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.DataFrame, list[str]]:
+    df = pd.DataFrame([run_row(RunDir(d)) for d in run_dirs])
+    df = df.astype({"workers": "Int64", "threads": "Int64", "tasks": "Int64"}).sort_values([by, "graph"])
     baseline = df[by].iloc[0] if baseline is None else type(df[by].iloc[0])(baseline)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "compare.csv", index=False)
     table = speedups(df, by, baseline)[1]
     table.to_csv(out / "speedups.csv", index=False)
+    notes = warnings(df, by, baseline)
     x = df[by].astype(str)
-    aot = go.Figure(go.Scatter(x=x, y=df.aot_s, mode="markers", text=df.graph))
-    cats = [c for c in df.columns if c.startswith("scheduler_cpu_per_task_s.") and df[c].fillna(0).any()]
-    cpu = go.Figure([go.Bar(name=c.split(".", 1)[1], x=x, y=df[c]) for c in cats]).update_layout(barmode="stack")
+    aot = go.Figure(go.Box(x=x, y=df.aot_s, boxpoints="all", text=df.graph))
+    per_run = x + " · " + df.run.str.rsplit("/", n=1).str[-1]
+    cpu, path = (_stacked(df, per_run, prefix) for prefix in ("scheduler_cpu_per_task_s.", "critical_path_s."))
     sp = go.Figure(go.Bar(x=table[by].astype(str), y=table.geometric_mean_speedup))
     rows = "".join(f"<tr><td>{r[by]}</td><td>{r.geometric_mean_speedup:.3f}</td><td>{r.graphs}</td></tr>"
                    for _, r in table.iterrows())
     sections = [
-        section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}; one "
-                "point per run.", layout(aot, by, "s / task")),
-        section("Scheduler CPU per task, by category", "Scheduler CPU seconds per task (py-spy samples x "
-                f"period / tasks), stacked by category, against {by}; one bar per run.", layout(cpu, by, "s / task")),
+        "".join(f"<p class='warning'><b>Note</b>: {html.escape(n)}</p>" for n in notes),
+        section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}: each run a "
+                "point, the box its median and quartiles.", layout(aot, by, "s / task")),
+        section("Where the session went, per run", "Seconds of each run's session by category (its critical "
+                f"path and the client's time), runs ordered by {by}.", layout(path, by, "seconds")),
+        section("Scheduler CPU per task, by category", "Scheduler CPU seconds per task (samples x their thread's "
+                f"on-CPU time / tasks), stacked by category, against {by}; one bar per run.", layout(cpu, by, "s / task")),
         section("Makespan speedup", f"Geometric mean over graphs of (median makespan with {by} = {baseline}) / "
                 f"(median makespan), per value of {by}; above 1 is faster.", layout(sp, by, "speedup")),
         f"<section><h2>Speedups (as the paper's Table II)</h2><table><tr><th>{by}</th><th>geometric mean "
         f"speedup</th><th>graphs</th></tr>{rows}</table></section>",
     ]
     (out / "compare.html").write_text(page_html("daskprobe compare", f"by {by}, baseline {baseline}", sections))
-    return table
+    return table, notes

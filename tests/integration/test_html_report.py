@@ -75,7 +75,8 @@ def test_compare_runs_by_worker_count(tmp_path):
     expected = df.makespan_s.iloc[0] / df.makespan_s.iloc[1]
     assert abs(sp.loc[2, "geometric_mean_speedup"] - expected) < 1e-9
     body = drawn(tmp_path, out / "compare.html")
-    assert "data-errors" not in body and 'data-figures="3"' in body, body
+    assert "data-errors" not in body and 'data-figures="4"' in body, body
+    assert "rest on fewer than 3 runs" in p.stderr and "rest on fewer than 3 runs" in (out / "compare.html").read_text()
 
 
 def test_large_run_report_stays_small_and_draws(tmp_path):

@@ -29,7 +29,9 @@ def main(args, command: list[str]) -> int:
     if missing:
         raise SystemExit(f"daskprobe: no summary.json in {', '.join(missing)}: run 'daskprobe report' on them")
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    table = compare([str(r.path) for r in runs], args.by, out, args.baseline)
+    table, notes = compare([str(r.path) for r in runs], args.by, out, args.baseline)
     print(table.to_string(index=False))
+    for note in notes:
+        print(f"daskprobe: note: {note}", file=sys.stderr)
     print(f"daskprobe: comparison in {out}/compare.html", file=sys.stderr)
     return 0
