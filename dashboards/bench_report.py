@@ -21,7 +21,8 @@ POINT = ["graph", "workers", "scheduler", "worker", "server"]
 def medians(results: pd.DataFrame) -> pd.DataFrame:
     ok = results[results.status == "ok"].astype({"makespan_s": float, "aot_s": float, "tasks": float})
     return ok.groupby(POINT, as_index=False).agg(makespan_s=("makespan_s", "median"),
-                                                 aot_s=("aot_s", "median"), tasks=("tasks", "median"),
+                                                 aot_s=("aot_s", "median"), aot_lo=("aot_s", "min"),
+                                                 aot_hi=("aot_s", "max"), tasks=("tasks", "median"),
                                                  runs=("makespan_s", "size"))
 
 
@@ -33,12 +34,17 @@ def random_vs_ws(med: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, by: list[str]) -> go.Figure | None:
+    """One line per group; AOT lines carry the spread over repeats (min to max) as error bars."""
     if df.empty:
         return None
     fig = go.Figure()
     for key, g in df.sort_values(x).groupby(by):
         label = " ".join(map(str, key if isinstance(key, tuple) else (key,)))
-        fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=label))
+        spread = dict(type="data", symmetric=False, array=g.aot_hi - g[y], arrayminus=g[y] - g.aot_lo) \
+            if y == "aot_s" else None
+        fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=label, error_y=spread))
+    if x == "workers":  # whole workers only, at the counts that ran
+        fig.update_xaxes(tickmode="array", tickvals=sorted(df.workers.unique()))
     return fig
 
 
@@ -67,7 +73,10 @@ def strong_scaling(med: pd.DataFrame) -> go.Figure | None:
     base = normal.loc[normal.groupby(["graph", "scheduler", "server"]).workers.idxmin()]
     base = base.set_index(["graph", "scheduler", "server"]).makespan_s.rename("base_s")
     normal = normal.join(base, on=["graph", "scheduler", "server"]).assign(speedup=lambda d: d.base_s / d.makespan_s)
-    return _lines(normal, "workers", "speedup", ["graph", "scheduler"])
+    fig = _lines(normal, "workers", "speedup", ["graph", "scheduler"])
+    w = sorted(normal.workers.unique())
+    return fig.add_trace(go.Scatter(x=w, y=[v / w[0] for v in w], mode="lines", name="ideal (linear)",
+                                    line=dict(dash="dot", color="grey")))
 
 
 def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
@@ -80,19 +89,25 @@ def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
     sections = [
         section("Random vs work-stealing", "Speedup of the random scheduler over ws per graph: median makespan "
                 "under ws / median makespan under random (dimensionless; above 1, random is faster).",
-                (f := speedup_figure(speed)) and layout(f, "graph", "speedup of random over ws")),
+                (f := speedup_figure(speed)) and layout(f, "graph", "speedup of random over ws"),
+                empty="needs runs under both schedulers: --scheduler ws,random"),
         f"<section><h2>Geometric mean speedup of random over ws (as the paper's Table II)</h2><table><tr>"
         f"<th>workers</th><th>worker</th><th>server</th><th>geometric mean speedup</th><th>graphs</th></tr>"
         f"{rows}</table></section>",
         section("AOT against task count (zero worker)", "Average overhead per task, AOT = median makespan / "
-                "tasks, in seconds per task, against the graph's task count (log scale), zero worker only.",
-                (f := aot_vs_tasks(med)) and layout(f, "tasks", "AOT (s / task)")),
+                "tasks, in seconds per task, against the graph's task count (log scale), zero worker only; bars: "
+                "the fastest and slowest repeat.",
+                (f := aot_vs_tasks(med)) and layout(f, "tasks", "AOT (s / task)"),
+                empty="needs zero-worker runs of graphs of several sizes: --worker zero --graphs merge-1K,merge-5K"),
         section("AOT against worker count (zero worker)", "AOT = median makespan / tasks, seconds per task, "
-                "against the number of workers, per graph and scheduler, zero worker only.",
-                (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)")),
+                "against the number of workers, per graph and scheduler, zero worker only; bars: the fastest and "
+                "slowest repeat.",
+                (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)"),
+                empty="needs zero-worker runs: --worker zero"),
         section("Strong scaling", "Speedup against the fewest workers run: median makespan there / median "
-                "makespan, per graph and scheduler, normal worker only (dimensionless).",
-                (f := strong_scaling(med)) and layout(f, "workers", "speedup")),
+                "makespan, per graph and scheduler, normal worker only (dimensionless); dotted: linear speedup.",
+                (f := strong_scaling(med)) and layout(f, "workers", "speedup"),
+                empty="needs normal-worker runs at two or more worker counts: --workers 1,2,4"),
     ]
     subtitle = f"{len(results)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     (out / "bench.html").write_text(page_html("daskprobe bench", subtitle, sections))

@@ -68,8 +68,8 @@ CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%;text-align:left}")
 
 
-def section(title: str, caption: str, figure: go.Figure | None) -> str:
-    body = ("<p class='empty'>no data for this figure in this run</p>" if figure is None
+def section(title: str, caption: str, figure: go.Figure | None, empty: str = "no data for it in this run") -> str:
+    body = (f"<p class='empty'>Not drawn: {html.escape(empty)}.</p>" if figure is None
             else figure.to_html(full_html=False, include_plotlyjs=False))
     return f"<section><h2>{html.escape(title)}</h2><p class='caption'>{html.escape(caption)}</p>{body}</section>"
 
