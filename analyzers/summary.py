@@ -91,6 +91,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
     threads = threads_table(t["samples"], states)
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
     path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True).sort_values("start_ns", ignore_index=True)
+    if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send
+        path["batch_ns"] = path.batch_ns.where(path.kind != "scheduler", 0)  # interval to hold its messages
     attr = attribute(path, t["processes"], states, cpu, threads)
     cluster = threads[threads.pid.isin(_pids(t["processes"], CLUSTER))]
     cpu_in_window = cpu_time(cpu, states, cluster, _makespan(jobs))
