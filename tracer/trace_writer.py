@@ -124,7 +124,8 @@ def write(run: RunDir) -> None:
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
         threads = _Threads(run.table("samples"), tracks, proc_track)
-        slices = pd.concat([_compute_slices(tasks, tracks, proc_track),
+        pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
+        slices = pd.concat([_compute_slices(tasks, tracks, proc_track, threads, pids),
                             _message_slices(msgs, tracks, proc_track),
                             _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
                             _gil_slices(run.table("gil_waits"), threads),
@@ -144,14 +145,17 @@ def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> 
                          "args": args if args is not None else [None] * n})
 
 
-def _compute_slices(tasks, tracks, proc_track) -> pd.DataFrame:
+def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict) -> pd.DataFrame:
+    """Compute spans under the thread track that carries the same thread's samples (Dask names
+    the thread by its Python ident, which the sampler reads too), else on a track per ident."""
     t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
     t = t[t.compute_start_ns >= 0]
     if t.empty:
         return _slices([], [], [], [])
     thread = t.thread.fillna(-1)  # a task-finished may not name its thread
     thread_no = thread.groupby(t.worker).rank(method="dense").astype(int) - 1
-    track = [tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
+    track = [threads.child("compute", w, pids[w], tid) if (tid := threads.native.get((pids.get(w), th)))
+             else tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
              for w, th, k in zip(t.worker, thread, thread_no)]
     args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
     return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, args=args)
@@ -240,6 +244,8 @@ class _Threads:
         self.tracks, self.proc_track = tracks, proc_track
         named = samples.dropna(subset=["thread_name"]) if "thread_name" in samples else samples.iloc[:0]
         self.names = dict(zip(zip(named.pid, named.tid), named.thread_name))
+        idents = samples[samples.ident.fillna(0) > 0] if "ident" in samples else samples.iloc[:0]
+        self.native = dict(zip(zip(idents.pid, idents.ident.astype("int64")), idents.tid))  # (pid, ident) -> tid
 
     def track(self, process: str, pid: int, tid: int) -> int | None:
         if process not in self.proc_track:
