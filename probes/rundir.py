@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema
 
 
 class RunDir:
@@ -76,9 +80,16 @@ class RunDir:
         return self.path / name
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        """Write table `name`, checked against and cast to its schema (probes/schema.py):
+        a table or column that does not fit it is a SchemaError, and nothing is written."""
+        df = schema.conform(name, df)
         path = self.path / "tables" / f"{name}.parquet"
         path.parent.mkdir(exist_ok=True)
-        df.to_parquet(path, index=False)
+        try:
+            table = pa.Table.from_pandas(df, schema=schema.arrow_schema(name), preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise schema.SchemaError(f"table {name!r}: " + "; ".join(map(str, e.args))) from None
+        pq.write_table(table, path)
         return path
 
     def table(self, name: str) -> pd.DataFrame:

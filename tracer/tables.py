@@ -13,6 +13,7 @@ import pandas as pd
 from ..probes import ebpf_tables, procfs, pyspy
 from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
+from ..probes.schema import TABLES
 from .attempts import attempts_table, clock_table, undo_scheduler_delay
 from .messages import messages_table
 
@@ -94,7 +95,7 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     is not a cluster process is the user's command (or a child of it): client."""
     c = cap.connections.copy()
     if c.empty:
-        return pd.DataFrame(columns=["conn", "peer", "peer_role", "upstream_name", "upstream_role"])
+        return pd.DataFrame(columns=TABLES["connections"].names)
     by_pid = procs.dropna(subset=["pid"]).set_index("pid")
     by_name = procs.set_index("name")
     known = c.peer_pid.isin(by_pid.index)
