@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ..probes.base import Probe
 from .cluster import Cluster, ClusterSpec, StartError, interpreter_versions
@@ -110,6 +113,20 @@ def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen |
     return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
 
 
+def _check_client_python(command: list[str], cluster: dict) -> None:
+    """Warn when the command's interpreter cannot talk to the cluster: no distributed, or another
+    version than the scheduler's (Dask refuses or misbehaves across versions)."""
+    exe = shutil.which(command[0])
+    if not exe or not re.fullmatch(r"python[\d.]*", Path(exe).name):
+        return
+    mine = interpreter_versions(exe)
+    if not mine.get("distributed"):
+        say(f"warning: {command[0]} has no distributed: your command cannot connect a Client to the cluster")
+    elif cluster.get("distributed") and mine["distributed"] != cluster["distributed"]:
+        say(f"warning: {command[0]} has distributed {mine['distributed']}, the cluster {cluster['distributed']}: "
+            "Dask expects the same version on both sides (--python picks the cluster's interpreter)")
+
+
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
         signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99) -> int:
     """Run the command against a cluster behind the probes; the user's exit code."""
@@ -122,6 +139,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "server_cmd": spec.server_cmd, "python": spec.python},
                     versions={"daskprobe": _own_version(), "host": platform.platform(),
                               "cluster": interpreter_versions(spec.python)})
+    _check_client_python(command, run.meta()["versions"]["cluster"])
     cluster = Cluster(spec, run)
     code, client, started = 1, None, []
     try:

@@ -139,6 +139,17 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
     assert time.monotonic() - started < 30 and not out.exists(), "a cluster was started for a missing script"
 
 
+def test_an_interpreter_without_distributed_is_warned_about(tmp_path):
+    bare = tmp_path / "bare"  # a venv of our interpreter without site-packages: no distributed
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    out = tmp_path / "run"
+    p = daskprobe("run", "--no-trace", "--probes", "proxy", "--out", str(out), "--", str(bare / "bin" / "python"),
+                  "-c", "print('hello')")
+    assert p.returncode == 0 and "hello" in p.stdout
+    assert "has no distributed" in p.stderr, p.stderr
+    assert (out / "run.json").exists() and not (out / "trace.pftrace").exists()
+
+
 def _start_sleeping_run(tmp_path, **popen):
     marker = tmp_path / "started"
     flow = write_flow(tmp_path / "flow.py", f"""

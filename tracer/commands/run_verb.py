@@ -37,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
+    p.add_argument("--no-trace", action="store_true",
+                   help="leave trace.pftrace out (it takes longest to write; 'daskprobe build' writes it later)")
     p.add_argument("--start-timeout", type=options.positive_float, default=60.0, help="seconds for each process to start")
 
 
@@ -53,7 +55,7 @@ def main(args, command: list[str]) -> int:
     with Signals() as signals:
         code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
                    signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
-        finalize(run_dir)
+        finalize(run_dir, trace=not args.no_trace)
     if signals.signum and not code:  # interrupted while finalizing a run that had ended well
         code = 128 + signals.signum
     say(f"run directory: {run_dir.path}")
