@@ -7,15 +7,9 @@ added at any time; GIL waits are probed in the python ones. Prints "ready"
 once the BPF programs are loaded. Every POLL_S it drains the ring buffer (BPF
 never wakes it: a wake-up per event would cost more than the event) and
 appends to DIR:
-    ebpf_events.bin  the records of struct event below, as BPF wrote them,
-                     64 bytes each; symbolizing is the only per-event work
-                     done here, and only CPU samples need it:
-        kind 2 GIL wait:  pid tid t0=start t1=end                 (take_gil waits >= GIL_MIN_NS)
-        kind 3 off-CPU:   pid tid t0=out t1=wakeup t2=in v1=prev_state
-                          (off-CPU >= OFFCPU_MIN_NS; wakeup 0 = none seen)
-        kind 4 TCP:       t0 v1=local_port<<16|remote_port v2=data_len t1=skb_len
-                          (segments received, tcp:tcp_probe; data_len is 16 bits,
-                          skb_len from net:netif_receive_skb, 0 if unseen)
+    ebpf_events.bin  struct event records (ebpf_format.py: its fields, and the kinds
+                     GIL wait, off-CPU and TCP segment), as BPF wrote them; symbolizing
+                     is the only per-event work done here, and only CPU samples need it
     ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined)
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
@@ -34,6 +28,8 @@ import time
 
 from bcc import BPF, PerfSWConfig, PerfType
 
+import ebpf_format  # a sibling: sys.path[0] is this script's folder
+
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 POLL_S = 0.1
@@ -42,8 +38,7 @@ GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
-
-struct event { u32 kind; u32 pid; u32 tid; u32 cpu; u64 t0; u64 t1; u64 t2; s64 v1; s64 v2; };
+""" + ebpf_format.C_DECLARATIONS + r"""
 struct agg { u64 ns; u64 n; };
 
 // 4 MiB holds 58K events; merge-10K emits about 5K a second, and the agent drains every 100 ms
@@ -72,7 +67,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     u32 tgid = id >> 32;
     if (!watched.lookup(&tgid)) return 0;
     struct event e = {};
-    e.kind = 1; e.pid = tgid; e.tid = (u32)id; e.cpu = bpf_get_smp_processor_id();
+    e.kind = EVENT_CPU; e.pid = tgid; e.tid = (u32)id; e.cpu = bpf_get_smp_processor_id();
     e.t0 = bpf_ktime_get_ns();
     e.v1 = stacks.get_stackid(ctx, BPF_F_USER_STACK);
     e.v2 = stacks.get_stackid(ctx, 0);
@@ -99,10 +94,10 @@ int gil_exit(struct pt_regs *ctx) {
     u64 now = bpf_ktime_get_ns(), wait = now - *start;
     if (wait >= GIL_MIN_NS) {
         struct event e = {};
-        e.kind = 2; e.pid = tgid; e.tid = tid; e.t0 = *start; e.t1 = now;
+        e.kind = EVENT_GIL; e.pid = tgid; e.tid = tid; e.t0 = *start; e.t1 = now;
         emit(&e);
     } else {
-        add_small(2, tgid, tid, wait);
+        add_small(EVENT_GIL, tgid, tid, wait);
     }
     gil_start.delete(&tid);
     return 0;
@@ -125,10 +120,11 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         u64 d = now - o->out;
         if (d >= OFFCPU_MIN_NS) {
             struct event e = {};
-            e.kind = 3; e.pid = o->tgid; e.tid = next; e.t0 = o->out; e.t1 = o->wake; e.t2 = now; e.v1 = o->state;
+            e.kind = EVENT_OFFCPU; e.pid = o->tgid; e.tid = next;
+            e.t0 = o->out; e.t1 = o->wake; e.t2 = now; e.v1 = o->state;
             emit(&e);
         } else {
-            add_small(3, o->tgid, next, d);
+            add_small(EVENT_OFFCPU, o->tgid, next, d);
         }
         off_start.delete(&next);
     }
@@ -159,19 +155,13 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     u64 skb = (u64)args->skbaddr;
     u32 *len = skb_len.lookup(&skb);
     struct event e = {};
-    e.kind = 4; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
+    e.kind = EVENT_TCP; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
     e.t1 = len ? *len : 0;
     emit(&e);
     return 0;
 }
 #endif
 """
-
-
-class Event(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
-                ("cpu", ctypes.c_uint32), ("t0", ctypes.c_uint64), ("t1", ctypes.c_uint64),
-                ("t2", ctypes.c_uint64), ("v1", ctypes.c_int64), ("v2", ctypes.c_int64)]
 
 
 def libpython_of(pid: int) -> str | None:
@@ -261,10 +251,10 @@ class Agent:
 
     def on_event(self, ctx, data, size):
         raw = ctypes.string_at(data, size)
-        if raw[0] != 1:  # kind is the first field; only CPU samples are decoded here
+        if raw[0] != ebpf_format.CPU:  # kind leads, little-endian; only CPU samples are decoded here
             self.pending.append(raw)
             return
-        e = Event.from_buffer_copy(raw)
+        e = ebpf_format.Event.from_buffer_copy(raw)
         user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
         self.out("ebpf_cpu.tsv").write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
 
@@ -283,7 +273,7 @@ class Agent:
         for k, v in small.items():
             tid = k.value & 0xFFFFFFFF
             tgid = tgid_of.get(ctypes.c_uint32(tid))
-            kind = {2: "gil", 3: "offcpu"}[k.value >> 32]
+            kind = ebpf_format.NAMES[k.value >> 32]
             out.write(f"{kind}\t{tgid.value if tgid else -1}\t{tid}\t{v.ns}\t{v.n}\n")
         lost = self.b["lost"][ctypes.c_int(0)].value
         if lost:

@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import ebpf_format
 from .base import tsv_rows
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS = "ebpf_events.bin"
-# struct event of ebpf_agent.py, as BPF wrote it
-EVENT = np.dtype([("kind", "<u4"), ("pid", "<u4"), ("tid", "<u4"), ("cpu", "<u4"), ("t0", "<i8"),
-                  ("t1", "<i8"), ("t2", "<i8"), ("v1", "<i8"), ("v2", "<i8")])
-GIL, OFFCPU, TCP = 2, 3, 4
+EVENT = ebpf_format.numpy_dtype()
 
 
 def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -46,12 +44,15 @@ def read_events(path: Path) -> pd.DataFrame:
     return pd.DataFrame(np.frombuffer(raw, EVENT, count=len(raw) // EVENT.itemsize))
 
 
-def _of_kind(events: pd.DataFrame, kind: int, columns: dict[str, str]) -> pd.DataFrame:
-    return events.loc[events.kind == kind, list(columns)].rename(columns=columns).astype("int64").reset_index(drop=True)
+def _of_kind(events: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The events of a kind, their fields named by ebpf_format.KINDS."""
+    number, columns, _ = ebpf_format.KINDS[kind]
+    df = events.loc[events.kind == number, list(columns)].rename(columns=columns)
+    return df.astype("int64").reset_index(drop=True)
 
 
 def read_gil(events: pd.DataFrame) -> pd.DataFrame:
-    df = _of_kind(events, GIL, {"pid": "pid", "tid": "tid", "t0": "start_ns", "t1": "end_ns"})
+    df = _of_kind(events, "gil")
     df["wait_ns"] = df.end_ns - df.start_ns
     return df
 
@@ -59,8 +60,7 @@ def read_gil(events: pd.DataFrame) -> pd.DataFrame:
 def read_offcpu(events: pd.DataFrame) -> pd.DataFrame:
     """Off-CPU intervals. prev_state 0: preempted, runnable the whole time;
     else blocked until the wakeup, then runnable until back on a CPU."""
-    df = _of_kind(events, OFFCPU, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns",
-                                   "t2": "in_ns", "v1": "prev_state"})
+    df = _of_kind(events, "offcpu")
     woken = (df.prev_state != 0) & (df.wakeup_ns > 0)
     ready = df.wakeup_ns.where(woken, df.out_ns)
     df["blocked_ns"] = (ready - df.out_ns).where(df.prev_state != 0, 0)
@@ -80,7 +80,7 @@ def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     hop 'peer': between the connecting process and the proxy; 'upstream':
     between the proxy and the process it fronts. direction as in messages.
     bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length."""
-    df = _of_kind(events, TCP, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"})
+    df = _of_kind(events, "tcp")
     ports = df.pop("ports").to_numpy()
     df.insert(1, "local_port", ports >> 16)
     df.insert(2, "remote_port", ports & 0xFFFF)

@@ -1,12 +1,15 @@
-"""Read the proxy's capture file (layout: probes/proxy-core/src/record.rs).
+"""The proxy's capture file (captures/proxy.bin): its one definition (RECORDS),
+its reader, and a writer for synthetic runs and tests.
 
-Records are `u32 body_len | u8 kind | body`. A run killed mid-write leaves a
-torn last record: it is counted and dropped, everything before it is kept.
+Records are `u32 length | u8 kind | body`, little-endian, the length counting
+the kind byte. A run killed mid-write leaves a torn last record: it is counted
+and dropped, everything before it is kept.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,33 @@ import numpy as np
 import pandas as pd
 
 OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST = 1, 2, 3, 4, 5, 6
+# Each kind's body, field by field. u8, u32, i32, u64: fixed widths; str: u16 byte length, then
+# UTF-8; T[n]: n of T, n an earlier field; frame: u32 frame index, u32 length, that many bytes.
+# The proxy writes them (probes/proxy-core/src/record.rs), the reader and CaptureWriter below are
+# built from them, and tests/unit/test_formats.py holds all three to one file the proxy's code wrote.
+# Trailing fields were added later (upstream_local in 0.1): an older record ends before them.
+RECORDS = {
+    OPEN: ("open", "conn:u32 opened_ns:u64 label:str listen:str peer_addr:str upstream:str upstream_local:str"),
+    PEER: ("peer", "conn:u32 peer_pid:i32"),
+    MESSAGE: ("message", "conn:u32 direction:u8 framing:u8 truncated:u8 t_first_ns:u64 t_last_ns:u64 nframes:u32 "
+                         "lens:u64[nframes] nkept:u32 kept:frame[nkept]"),
+    CLOSE: ("close", "conn:u32 direction:u8 closed_ns:u64 bytes:u64"),
+    MALFORMED: ("malformed", "conn:u32 direction:u8 t_ns:u64 offset:u64 reason:str"),
+    LOST: ("lost", "t_ns:u64 label:str reason:str"),
+}
 FRAMINGS = {1: "current", 2: "legacy"}
+
+_FIELDS = {kind: [tuple(f.split(":")) for f in spec.split()] for kind, (_, spec) in RECORDS.items()}
+_CODES = {"u8": "B", "u32": "I", "i32": "i", "u64": "Q"}
+
+
+def _fixed(fields: list[tuple[str, str]]) -> tuple[list[str], struct.Struct]:
+    """The fixed-width fields a record starts with: their names, and one Struct for them all."""
+    lead = list(itertools.takewhile(lambda f: f[1] in _CODES, fields))
+    return [name for name, _ in lead], struct.Struct("<" + "".join(_CODES[t] for _, t in lead))
+
+
+_FIXED = {kind: _fixed(fields) for kind, fields in _FIELDS.items()}
 
 
 @dataclass
@@ -38,11 +67,10 @@ class Capture:
 
 
 _HEAD = struct.Struct("<IB")
-_MSG = struct.Struct("<IBBBQQI")
-_U32, _Q, _II, _IQ, _Ii, _IBQQ, _H = (struct.Struct(f) for f in ("<I", "<Q", "<II", "<IQ", "<Ii", "<IBQQ", "<H"))
+_MSG = _FIXED[MESSAGE][1]
+_U32, _II, _H = (struct.Struct(f) for f in ("<I", "<II", "<H"))
 _LENS: dict[int, struct.Struct] = {}
-MESSAGE_COLUMNS = ["conn", "direction", "framing", "truncated", "t_first_ns", "t_last_ns", "nframes",
-                   "msg_bytes", "at", "frame0_at", "frame0_len"]
+MESSAGE_COLUMNS = [*_FIXED[MESSAGE][0], "msg_bytes", "at", "frame0_at", "frame0_len"]
 
 
 def _lens(n: int) -> struct.Struct:
@@ -88,28 +116,21 @@ def read_capture(path: Path) -> Capture:
         if kind == MESSAGE:
             msgs.append(_message(data, body))
         elif kind == OPEN:
-            conn, t = _IQ.unpack_from(data, body)
-            label, listen, peer, upstream, *rest = _strs(data, body + 12, pos)
-            conns[conn] = {"conn": conn, "label": label, "listen": listen, "peer_addr": peer,
-                           "upstream": upstream, "upstream_local": rest[0] if rest else None,  # added in 0.1
-                           "opened_ns": t, "peer_pid": -1, "closed_ns": None,
-                           "bytes_to_upstream": 0, "bytes_from_upstream": 0}
+            r = _decode(OPEN, data, body, pos)
+            conns[r["conn"]] = {**r, "peer_pid": -1, "closed_ns": None, "bytes_to_upstream": 0,
+                                "bytes_from_upstream": 0}
         elif kind == PEER:
-            conn, pid = _Ii.unpack_from(data, body)
-            conns.setdefault(conn, {"conn": conn})["peer_pid"] = pid
+            r = _decode(PEER, data, body, pos)
+            conns.setdefault(r["conn"], {"conn": r["conn"]})["peer_pid"] = r["peer_pid"]
         elif kind == CLOSE:
-            conn, d, t, nbytes = _IBQQ.unpack_from(data, body)
-            c = conns.setdefault(conn, {"conn": conn})
-            c["bytes_to_upstream" if d == 0 else "bytes_from_upstream"] = nbytes
-            c["closed_ns"] = max(t, c.get("closed_ns") or 0)
+            r = _decode(CLOSE, data, body, pos)
+            c = conns.setdefault(r["conn"], {"conn": r["conn"]})
+            c["bytes_to_upstream" if r["direction"] == 0 else "bytes_from_upstream"] = r["bytes"]
+            c["closed_ns"] = max(r["closed_ns"], c.get("closed_ns") or 0)
         elif kind == MALFORMED:
-            conn, d, t, offset = _IBQQ.unpack_from(data, body)
-            bad.append({"conn": conn, "direction": d, "t_ns": t, "offset": offset,
-                        "reason": _strs(data, body + 21, pos)[0]})
+            bad.append(_decode(MALFORMED, data, body, pos))
         elif kind == LOST:
-            (t,) = _Q.unpack_from(data, body)
-            label, reason = _strs(data, body + 8, pos)
-            lost.append({"t_ns": t, "label": label, "reason": reason})
+            lost.append(_decode(LOST, data, body, pos))
     messages = pd.DataFrame(msgs, columns=MESSAGE_COLUMNS)
     # Each direction has its own thread, so records arrive in thread order: a
     # quick reply can be written before its request. Order by first byte.
@@ -119,12 +140,25 @@ def read_capture(path: Path) -> Capture:
     return Capture(
         messages=messages,
         connections=pd.DataFrame(list(conns.values())),
-        malformed=pd.DataFrame(bad, columns=["conn", "direction", "t_ns", "offset", "reason"]),
-        lost=pd.DataFrame(lost, columns=["t_ns", "label", "reason"]),
+        malformed=pd.DataFrame(bad, columns=_names(MALFORMED)),
+        lost=pd.DataFrame(lost, columns=_names(LOST)),
         torn_bytes=size - pos,
         data=data,
         path=path,
     )
+
+
+def _names(kind: int) -> list[str]:
+    return [name for name, _ in _FIELDS[kind]]
+
+
+def _decode(kind: int, data: bytes, pos: int, end: int) -> dict:
+    """A record of fixed-width fields then strs (every kind but MESSAGE), by field name;
+    the fields an older record ends before are None."""
+    fixed = _FIXED[kind][1]
+    values = [*fixed.unpack_from(data, pos), *_strs(data, pos + fixed.size, end)]
+    names = _names(kind)
+    return dict(zip(names, values + [None] * (len(names) - len(values))))
 
 
 def _message(data: bytes, pos: int) -> tuple:
@@ -146,26 +180,46 @@ class CaptureWriter:
     def __init__(self, f: io.BufferedWriter):
         self.f = f
 
-    def _record(self, kind: int, body: bytes) -> None:
-        self.f.write(struct.pack("<IB", len(body) + 1, kind) + body)
-
-    @staticmethod
-    def _str(s: str) -> bytes:
-        b = s.encode()
-        return struct.pack("<H", len(b)) + b
+    def record(self, kind: int, **fields) -> None:
+        """A record of RECORDS[kind] from its fields by name; an array's count is its length."""
+        body = _encode(kind, fields)
+        self.f.write(_HEAD.pack(len(body) + 1, kind) + body)
 
     def open(self, conn: int, t: int, label: str, peer_pid: int) -> None:
         addr = f"127.0.0.1:{10_000 + conn}"
-        self._record(OPEN, struct.pack("<IQ", conn, t) + b"".join(
-            self._str(s) for s in (label, addr, addr, addr, addr)))
-        self._record(PEER, struct.pack("<Ii", conn, peer_pid))
+        self.record(OPEN, conn=conn, opened_ns=t, label=label, listen=addr, peer_addr=addr, upstream=addr,
+                    upstream_local=addr)
+        self.record(PEER, conn=conn, peer_pid=peer_pid)
 
     def message(self, conn: int, direction: int, t_first: int, msg, opaque: int = 0, latency_ns: int = 40_000,
                 frame0: bytes | None = None) -> None:
         """One current-framing message: frame 0 (kept; msg packed, or given raw) and `opaque`
         pickled frames of 100 bytes, its last byte latency_ns after its first."""
         frame0 = msgpack.packb(msg, use_bin_type=True) if frame0 is None else frame0
-        lens = [len(frame0)] + [100] * opaque
-        body = struct.pack(f"<IBBBQQI{len(lens)}QI", conn, direction, 1, 0, t_first, t_first + latency_ns,
-                           len(lens), *lens, 1)
-        self._record(MESSAGE, body + struct.pack("<II", 0, len(frame0)) + frame0)
+        self.record(MESSAGE, conn=conn, direction=direction, framing=1, truncated=0, t_first_ns=t_first,
+                    t_last_ns=t_first + latency_ns, lens=[len(frame0)] + [100] * opaque, kept=[(0, frame0)])
+
+
+def _packer(t: str):
+    """How a field of type t is written."""
+    item, array, _ = t.partition("[")
+    if item == "str":
+        return lambda s: _H.pack(len(s.encode())) + s.encode()
+    if item == "frame":
+        return lambda frames: b"".join(_II.pack(idx, len(b)) + b for idx, b in frames)
+    if array:
+        return lambda xs: struct.pack(f"<{len(xs)}{_CODES[item]}", *xs)
+    return struct.Struct("<" + _CODES[item]).pack
+
+
+def _packers(fields: list[tuple[str, str]]) -> list[tuple]:
+    """(name, the array it counts or None, its packer) per field."""
+    counted = {t.partition("[")[2][:-1]: name for name, t in fields if "[" in t}
+    return [(name, counted.get(name), _packer(t)) for name, t in fields]
+
+
+_PACKERS = {kind: _packers(fields) for kind, fields in _FIELDS.items()}
+
+
+def _encode(kind: int, values: dict) -> bytes:
+    return b"".join(pack(len(values[array]) if array else values[name]) for name, array, pack in _PACKERS[kind])

@@ -14,6 +14,21 @@ from .procs import spawn, stop
 from .rundir import RunDir
 
 CAPTURE = "pyspy.tsv"
+# The capture's one definition: each line is its kind's letter, then these fields, tab-separated.
+# int; flag: 0 or 1; str: no tabs or newlines; ids: frame ids, leaf first, comma-separated.
+# daskprobe-sampler writes them (probes/sampler-core/src/lines.rs, frames.rs), read_samples reads
+# F and S lines by them, and tests/unit/test_formats.py holds both to one file the sampler's code wrote.
+LINES = {
+    "F": ("frame_id:int function:str filename:str line:int", "a frame, the first time it is seen"),
+    "S": ("t_ns:int pid:int tid:int active:flag owns_gil:flag thread_name:str frame_ids:ids ident:int",
+          "one thread's stack; ident: threading.get_ident() in that thread, 0 when unknown "
+          "(older captures end before it)"),
+    "A": ("t_ns:int pid:int name:str reader:str",
+          "attached; reader: ours (cpython310 to cpython313), py-spy, or py-spy (why not ours)"),
+    "E": ("t_ns:int pid:int message:str", "could not attach, or the process exited"),
+    "L": ("t_ns:int pid:int read_ns:int", "a sample dropped: the read took over 2 ms, too long to place it"),
+}
+_F, _S = (1 + len(LINES[kind][0].split()) for kind in "FS")  # fields of the line, its letter included
 
 
 def _ptrace_allowed() -> bool:
@@ -59,14 +74,16 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
     `S` lines without the thread's Python identifier (captures before it) get ident 0."""
     frames, samples, stacks = [], [], {}
-    for line in capture_lines(path):
-        f = line.split("\t")
-        if f[0] == "F" and len(f) == 5:
-            frames.append((int(f[1]), f[2], f[3], int(f[4])))
-        elif f[0] == "S" and len(f) in (8, 9):
-            stack = stacks.setdefault(f[7], len(stacks))
-            ident = int(f[8]) if len(f) == 9 else 0
-            samples.append((int(f[1]), int(f[2]), int(f[3]), f[6], f[4] == "1", f[5] == "1", stack, ident))
+    for text in capture_lines(path):
+        f = text.split("\t")
+        if f[0] == "F" and len(f) == _F:
+            _, frame_id, function, filename, line = f
+            frames.append((int(frame_id), function, filename, int(line)))
+        elif f[0] == "S" and len(f) in (_S - 1, _S):
+            _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident = f if len(f) == _S else f + ["0"]
+            stack = stacks.setdefault(frame_ids, len(stacks))
+            samples.append((int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", stack,
+                            int(ident)))
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "ident"])
     st = pd.DataFrame({"stack_id": list(stacks.values()),
                        "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})

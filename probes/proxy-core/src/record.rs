@@ -1,5 +1,7 @@
-//! Capture records: `u32 body_len | u8 kind | body`, little-endian.
-//! The layout is read back by daskprobe.probes.proxy_capture; keep the two in step.
+//! Capture records: `u32 length | u8 kind | body`, little-endian, the length
+//! counting the kind byte. Each kind's body is defined once, in RECORDS of
+//! daskprobe/probes/proxy_capture.py: the test below writes every kind into a
+//! file that tests/unit/test_formats.py reads back with that definition.
 
 use daskprobe_proxy::framing::{Event, Message};
 
@@ -89,4 +91,60 @@ fn message(conn: u32, dir: u8, m: Message) -> Vec<u8> {
         r.0.extend_from_slice(&bytes);
     }
     r.done()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/formats/proxy.bin");
+
+    /// Every kind, with values whose bytes all differ, so that a field written
+    /// at another width, place or byte order shows. tests/unit/test_formats.py
+    /// expects these values: change both or neither.
+    fn every_kind() -> Vec<u8> {
+        let message = Message {
+            t_first: 0x1122_3344_5566_7788,
+            t_last: 0x1122_3344_5566_9900,
+            framing: 1,
+            truncated: false,
+            lens: vec![9, 0x0001_0203_0405, 1],
+            kept: vec![(0, b"\x81\xa2op\xa4ping".to_vec()), (2, vec![0x80])],
+        };
+        let legacy = Message {
+            t_first: 0x2122_3344_5566_7788,
+            t_last: u64::MAX,
+            framing: 2,
+            truncated: true,
+            lens: vec![5],
+            kept: vec![],
+        };
+        let malformed = Event::Malformed { t: 0x3122_3344_5566_7788, offset: 0x0a0b_0c0d_0e0f, reason: "bad".into() };
+        [
+            open(7, 0x0102_0304_0506_0708, "worker-0", "127.0.0.1:8786", "127.0.0.1:50001", "127.0.0.1:40001",
+                 "127.0.0.1:50002"),
+            peer(7, 4242),
+            open(0xfedc_ba98, 9, "wörker-é", "[::1]:1", "", "x", ""),
+            peer(0xfedc_ba98, -1),
+            event(7, 0, Event::Message(message)),
+            event(0xfedc_ba98, 1, Event::Message(legacy)),
+            event(0xfedc_ba98, 1, malformed),
+            close(7, 0, 0x4122_3344_5566_7788, 0x0001_0203_0405_0607),
+            close(7, 1, 0x4122_3344_5566_7789, 3),
+            close(0xfedc_ba98, 0, 0x4122_3344_5566_7790, 0),
+            lost(0x5122_3344_5566_7788, "scheduler", "accept: Too many open files (os error 24)"),
+        ]
+        .concat()
+    }
+
+    /// DASKPROBE_BLESS=1 rewrites the file from this writer: then the Python
+    /// test says whether the reader still reads it.
+    #[test]
+    fn writes_every_kind_as_the_golden_file_holds() {
+        if std::env::var_os("DASKPROBE_BLESS").is_some() {
+            std::fs::write(GOLDEN, every_kind()).unwrap();
+        }
+        let golden = std::fs::read(GOLDEN).expect("tests/data/formats/proxy.bin (DASKPROBE_BLESS=1 writes it)");
+        assert!(golden == every_kind(), "the proxy no longer writes its records as {GOLDEN} holds them");
+    }
 }

@@ -5,21 +5,16 @@
 //! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy]
 //! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
 //!
-//! Output, one record per line, tab-separated, append-only, flushed per round:
-//!   F  frame_id  function  filename  line              (first time a frame is seen)
-//!   S  t_ns  pid  tid  active  owns_gil  thread_name  frame_ids  ident
-//!        frame_ids: leaf first, comma-separated; ident: the Python thread identifier
-//!        (threading.get_ident() in that thread), 0 when unknown
-//!   A  t_ns  pid  name  reader                          (attached; reader: cpython310 .. cpython313,
-//!                                                        py-spy, or py-spy (why not ours))
-//!   E  t_ns  pid  message                               (attach failed or process gone)
-//!   L  t_ns  pid  read_ns                               (sample dropped: the read took > 2 ms)
-//! t_ns is the midpoint of the read of that process's stacks, so it is within
-//! read_ns / 2 <= 1 ms of every stack it reports.
+//! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
+//! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
+//! per round. An S line's t_ns is the midpoint of the read of that process's
+//! stacks, so it is within read_ns / 2 <= 1 ms of every stack it reports; a
+//! read that took longer is dropped, as an L line.
 
 mod cpython;
 mod frames;
 mod layout;
+mod lines;
 mod linetable;
 mod procstat;
 mod pthread;
@@ -217,15 +212,13 @@ impl<W: Write> Sampler<W> {
         match read {
             // A read that took longer than 2 ms cannot be placed within 1 ms: drop it.
             true if took > MAX_READ_NS => {
-                let _ = writeln!(self.out, "L\t{at}\t{pid}\t{took}");
+                lines::dropped(&mut self.out, at, pid, took);
                 true
             }
             true => {
                 t.name_threads(&self.samples);
                 for s in &self.samples {
-                    let name = &t.names[&s.ident];
-                    let _ = writeln!(self.out, "S\t{at}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}",
-                                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident);
+                    lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident]);
                 }
                 true
             }
@@ -233,7 +226,7 @@ impl<W: Write> Sampler<W> {
                 // a failed read of a live process is a lost sample, not the end
                 let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
                 if !alive {
-                    let _ = writeln!(self.out, "E\t{at}\t{pid}\tprocess exited");
+                    lines::failed(&mut self.out, at, pid, "process exited");
                 }
                 alive
             }
@@ -262,11 +255,11 @@ fn main() {
         while let Ok((pid, name)) = new_pids.try_recv() {
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
-                    let _ = writeln!(s.out, "A\t{}\t{pid}\t{}\t{}", now_ns(), clean(&name), t.reader);
+                    lines::attached(&mut s.out, now_ns(), pid, &name, &t.reader);
                     targets.push(t);
                 }
                 Err(e) => {
-                    let _ = writeln!(s.out, "E\t{}\t{pid}\t{}", now_ns(), clean(&format!("{name}: {e}")));
+                    lines::failed(&mut s.out, now_ns(), pid, &format!("{name}: {e}"));
                 }
             }
         }

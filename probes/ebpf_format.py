@@ -1,0 +1,55 @@
+"""The eBPF agent's event record (ebpf_events.bin), defined once.
+
+FIELDS and KINDS give the C the BPF program is compiled with (C_DECLARATIONS),
+the agent's ctypes class (Event) and the readers' numpy dtype (numpy_dtype).
+Stdlib only: the agent, a script under Debian's python3, imports it as a
+sibling, and numpy is imported only by the readers' call.
+"""
+
+import ctypes
+
+# In order, each at its natural alignment, as C, BPF, ctypes and numpy (align=True) all place them.
+FIELDS = (("kind", "u32"), ("pid", "u32"), ("tid", "u32"), ("cpu", "u32"), ("t0", "u64"), ("t1", "u64"),
+          ("t2", "u64"), ("v1", "s64"), ("v2", "s64"))
+TYPES = {"u32": (ctypes.c_uint32, "<u4"), "u64": (ctypes.c_uint64, "<u8"), "s64": (ctypes.c_int64, "<i8")}
+
+# kind: (number, what its fields hold, named as the readers' columns, notes)
+KINDS = {
+    "cpu": (1, {"pid": "pid", "tid": "tid", "cpu": "cpu", "t0": "t_ns", "v1": "user_stack", "v2": "kernel_stack"},
+            "symbolized by the agent into ebpf_cpu.tsv, never written to ebpf_events.bin"),
+    "gil": (2, {"pid": "pid", "tid": "tid", "t0": "start_ns", "t1": "end_ns"},
+            "a wait in take_gil of at least GIL_MIN_NS; shorter ones are summed into ebpf_small.tsv"),
+    "offcpu": (3, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns", "t2": "in_ns", "v1": "prev_state"},
+               "off-CPU for at least OFFCPU_MIN_NS (shorter: ebpf_small.tsv); wakeup_ns 0: none seen; "
+               "prev_state 0: preempted"),
+    "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"},
+            "a segment received (tcp:tcp_probe); ports: (local << 16) + remote; data_len: 16 bits; "
+            "skb_len: the skb's full length (net:netif_receive_skb), 0 if unseen"),
+}
+NAMES = {number: kind for kind, (number, _, _) in KINDS.items()}
+CPU = KINDS["cpu"][0]
+
+Event = type("Event", (ctypes.Structure,), {"_fields_": [(name, TYPES[t][0]) for name, t in FIELDS]})
+SIZE = ctypes.sizeof(Event)
+
+
+def _c_declarations() -> str:
+    """struct event, EVENT_<KIND> per kind, and asserts that the BPF compiler lays the
+    struct out as ctypes does (each field's offset and size): should their rules ever
+    differ, the program fails to load instead of its events being misread."""
+    fields = " ".join(f"{t} {name};" for name, t in FIELDS)
+    lines = [f"struct event {{ {fields} }};"]
+    lines += [f"#define EVENT_{kind.upper()} {number}" for kind, (number, _, _) in KINDS.items()]
+    lines.append(f'_Static_assert(sizeof(struct event) == {SIZE}, "struct event: see ebpf_format.py");')
+    lines += [f"_Static_assert(__builtin_offsetof(struct event, {name}) == {field.offset} "
+              f'&& sizeof(((struct event *)0)->{name}) == {field.size}, "event.{name}");'
+              for name, field in ((name, getattr(Event, name)) for name, _ in FIELDS)]
+    return "\n".join(lines) + "\n"
+
+
+C_DECLARATIONS = _c_declarations()
+
+
+def numpy_dtype():
+    import numpy as np
+    return np.dtype([(name, TYPES[t][1]) for name, t in FIELDS], align=True)
