@@ -37,6 +37,7 @@ import pandas as pd
 from .jobs import asks
 
 COLUMNS = ["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]
+SATURATED_COMPUTE = "compute (worker saturation: holding the thread the next task waited for)"
 # distributed's batched-send intervals (BatchedSend), by sender and receiver
 BATCH_NS = {("scheduler", "worker"): 5_000_000, ("scheduler", "client"): 2_000_000,
             ("worker", "scheduler"): 2_000_000, ("client", "scheduler"): 10_000_000}
@@ -137,7 +138,8 @@ def _walk(w: _Walk, ix: _Index, job) -> None:
     while step is not None and w.cursor > w.start and step not in seen:
         seen.add(step)
         kind, ref = step
-        step = {"told": _at_told, "finish": _at_finish, "compute": _at_compute, "graph": _at_graph}[kind](w, ix, ref)
+        step = {"told": _at_told, "finish": _at_finish, "compute": _at_compute, "graph": _at_graph,
+                "held": lambda *a: _at_compute(*a, holding=True)}[kind](w, ix, ref)
 
 
 def _at_told(w: _Walk, ix: _Index, told_id):
@@ -169,13 +171,14 @@ def _at_finish(w: _Walk, ix: _Index, ref):
     return "compute", ref
 
 
-def _at_compute(w: _Walk, ix: _Index, ref):
+def _at_compute(w: _Walk, ix: _Index, ref, holding: bool = False):
+    """`holding`: this task held the thread the task after it on the path waited for (saturation)."""
     r = _row(ix, ref)
-    w.back_to(r.compute_start_ns, "compute", "compute", r.key, r.worker)
+    w.back_to(r.compute_start_ns, "compute", SATURATED_COMPUTE if holding else "compute", r.key, r.worker)
     held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns, r.compute_recv_ns, exclude=ref)
     if held is not None:
         w.back_to(stop, "worker", "worker saturation (waiting for a thread)", r.key, r.worker)
-        return "compute", held
+        return "held", held
     if pd.notna(r.transfer_stop_ns) and r.transfer_stop_ns > r.compute_recv_ns:
         w.back_to(r.transfer_stop_ns, "worker", "before compute", r.key, r.worker)
         _fetch(w, ix, r)

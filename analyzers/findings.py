@@ -16,7 +16,8 @@ def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     """`s`: the summary so far; `t`: the decoded tables; `meta`: run.json."""
     session = s["session_s"] or 1.0
     found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s), _starvation(s, meta),
-                         _gil(s, t), _decisions(s), _overhead(s), _network(s)) if f]
+                         _gil(s, t), _decisions(s), _overhead(s), _network(s), _materialization(s),
+                         _transfers(s), _workers_wait(s)) if f]
     for f in found:
         f["share"] = f["seconds"] / session
     return sorted((f for f in found if f["share"] >= MIN_SHARE or f["id"] == "recomputed"),
@@ -57,8 +58,8 @@ def _saturation(s: dict, meta: dict) -> dict | None:
     sec = _parts(s, "worker saturation")
     c = meta.get("cluster", {})
     return _finding("worker-saturation", sec, "tasks on the critical path waited for a worker thread",
-                    f"each waited for a thread held by another task, with {c.get('workers', '?')} "
-                    f"worker(s) x {c.get('threads', '?')} thread(s)",
+                    f"the path ran through tasks that held the thread the next one waited for (their compute and "
+                    f"the hand-over), with {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)",
                     "the workers were saturated: more workers or threads shorten the path, if the machine has "
                     "cores to spare (see cpu_starvation)") if sec else None
 
@@ -133,6 +134,37 @@ def _overhead(s: dict) -> dict | None:
                     f"{compute_per_task * 1e3:.2f} ms on average against {aot * 1e3:.2f} ms of makespan per task",
                     "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls (each task costs Dask "
                     "about a millisecond whatever it does)", s, "runtime_bookkeeping")
+
+
+def _materialization(s: dict) -> dict | None:
+    sec = _parts(s, "scheduler: graph to dispatch")
+    return _finding("graph-materialization", sec, "the scheduler took long from a graph's arrival to its first "
+                    "dispatch", "time on the path between an update-graph arriving and its first compute-task "
+                    "leaving: unpacking, materializing and ordering the graph",
+                    "submit fewer tasks (larger chunks or partitions), build collections rather than many "
+                    "delayed calls in a loop (each is a graph layer), or persist intermediate results"
+                    ) if sec else None
+
+
+def _transfers(s: dict) -> dict | None:
+    sec = _parts(s, "get_data") + _parts(s, "inputs")
+    return _finding("transfers", sec, "moving task inputs between workers held up the path",
+                    "time on the path fetching inputs from other workers (requests, replies and the work on "
+                    "both sides)", "place dependent tasks together (fewer, larger partitions; avoid shuffles "
+                    "where a map_partitions would do), or give workers more memory so inputs stay put"
+                    ) if sec else None
+
+
+def _workers_wait(s: dict) -> dict | None:
+    sec = sum(v for k, v in s["critical_path_parts_s"].items() if k.startswith("scheduler:"))
+    idle = s.get("worker_idle_s") or {}
+    mean_idle = sum(idle.values()) / len(idle) / s["makespan_s"] if idle and s["makespan_s"] else 0.0
+    if mean_idle < 0.5:
+        return None
+    return _finding("scheduler-bound", sec, "workers sat idle while the path ran through the scheduler",
+                    f"the workers held no task {100 * mean_idle:.0f}% of the makespan on average, while the "
+                    "path spent this long inside the scheduler", "the scheduler is the bottleneck: fewer, larger "
+                    "tasks; fewer workers will not slow it; see the scheduler's categories for where its time went")
 
 
 def _network(s: dict) -> dict | None:

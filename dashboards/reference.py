@@ -1,5 +1,6 @@
 """The reference sections of the README and docs/, rendered from the definitions
-the analysis itself carries, so that the text cannot drift from the code.
+the code itself carries (categories, summary keys, capture formats), so that the
+text cannot drift from the code.
 
     python -m daskprobe.dashboards.reference          # rewrite the generated blocks in place
 
@@ -15,6 +16,9 @@ from pathlib import Path
 
 from ..analyzers.categories import CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED
 from ..analyzers.summary import DEFINITIONS as SUMMARY_DEFINITIONS
+from ..probes import ebpf_format
+from ..probes.proxy_capture import RECORDS
+from ..probes.pyspy import LINES
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
@@ -35,8 +39,37 @@ def summary_keys() -> str:
     return _table(("key of summary.json", "definition"), SUMMARY_DEFINITIONS)
 
 
-BLOCKS = {"categories": categories, "summary-keys": summary_keys}
-FILES = ("README.md", "docs/attribution.md")
+def _fields(spec: str) -> str:
+    return ", ".join(f"`{name}` {kind}" for name, kind in (f.split(":") for f in spec.split()))
+
+
+def proxy_records() -> str:
+    lines = ["| kind | record | body |", "| --- | --- | --- |"]
+    lines += [f"| {number} | `{name}` | {_fields(spec)} |" for number, (name, spec) in RECORDS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def sampler_lines() -> str:
+    lines = ["| line | fields after the letter | what |", "| --- | --- | --- |"]
+    lines += [f"| `{kind}` | {_fields(spec)} | {what} |" for kind, (spec, what) in LINES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def ebpf_events() -> str:
+    Event = ebpf_format.Event
+    lines = [f"`struct event`, {ebpf_format.SIZE} bytes: "
+             + ", ".join(f"`{name}` {kind} at {getattr(Event, name).offset}" for name, kind in ebpf_format.FIELDS)
+             + ".", "",
+             "| kind | event | fields | notes |", "| --- | --- | --- | --- |"]
+    for name, (number, columns, notes) in ebpf_format.KINDS.items():
+        fields = ", ".join(f"`{field}`: {column}" for field, column in columns.items())
+        lines.append(f"| {number} | `{name}` | {fields} | {notes} |")
+    return "\n".join(lines) + "\n"
+
+
+BLOCKS = {"categories": categories, "summary-keys": summary_keys, "proxy-records": proxy_records,
+          "sampler-lines": sampler_lines, "ebpf-events": ebpf_events}
+FILES = ("README.md", "docs/attribution.md", "docs/formats.md")
 
 
 def render(text: str) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daskprobe.dashboards import formats_reference
 from daskprobe.probes import ebpf_format
 from daskprobe.probes.proxy_capture import (CLOSE, FRAMINGS, LOST, MALFORMED, MESSAGE, OPEN, PEER, CaptureWriter,
                                             read_capture)
@@ -159,9 +158,3 @@ def test_the_event_format_needs_no_more_than_the_agent_has():
     code = f"import sys; sys.path.insert(0, {str(Path(ebpf_format.__file__).parent)!r}); import ebpf_format; " \
            "assert 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-I", "-c", code], check=True)
-
-
-def test_formats_md_matches_the_definitions():
-    text = formats_reference.DOC.read_text()
-    assert formats_reference.render(text) == text, \
-        "docs/formats.md differs from the definitions: run python -m daskprobe.dashboards.formats_reference"
