@@ -11,13 +11,7 @@ def found(s: Scenario) -> dict:
 
 def short_session(s: Scenario) -> Scenario:
     """A chain whose client connects just before submitting and leaves just after its result."""
-    s.message("client", "scheduler", 9, 9.5, "register-client")
-    s.graph(10, 11, ["b-1"])
-    s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
-    s.task("b-1", "worker-0", 45, 46, 47, 57, 60, 61, deps=["a-0"])
-    s.told("b-1", 65, 66)
-    s.message("client", "scheduler", 66.5, 67, "close-client")
-    return s
+    return two_task_chain(s, connect=9, leave=67)
 
 
 def test_recomputed_keys_name_their_prefix_and_a_single_computation_names_none():
