@@ -129,7 +129,8 @@ def write(run: RunDir) -> None:
                             _message_slices(msgs, tracks, proc_track),
                             _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
                             _gil_slices(run.table("gil_waits"), threads),
-                            _offcpu_slices(run.table("offcpu"), threads)], ignore_index=True)
+                            _offcpu_slices(run.table("offcpu"), threads),
+                            _path_slices(run, tracks)], ignore_index=True)
         counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks),
                               _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
         samples = _cpu_samples(run, threads)
@@ -179,6 +180,19 @@ def _message_slices(msgs, tracks, proc_track) -> pd.DataFrame:
         _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=flow, args=args),
         _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=flow, args=args),
     ], ignore_index=True)
+
+
+def _path_slices(run: RunDir, tracks) -> pd.DataFrame:
+    """The critical path of each job on a track of its own: each segment named by its part, with
+    its key, process and category (the analysis' attribution), so the path reads left to right."""
+    if not run.has_table("critical_path"):
+        return _slices([], [], [], [])
+    path = run.table("critical_path")
+    top = tracks.get(("critical path",), "critical path (daskprobe)")
+    track = [tracks.get(("critical path", j), f"critical path, job {j}" if j >= 0 else "client, between jobs",
+                        parent=top) for j in path.job]
+    args = [{"kind": k, "key": key or "", "process": p or ""} for k, key, p in zip(path.kind, path.key, path.process)]
+    return _slices(track, path.start_ns, path.end_ns, path.part.to_numpy(), args=args)
 
 
 def _batch_name(ops: pd.Series) -> str:
