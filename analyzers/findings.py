@@ -156,14 +156,16 @@ def _transfers(s: dict) -> dict | None:
 
 
 def _workers_wait(s: dict) -> dict | None:
-    sec = sum(v for k, v in s["critical_path_parts_s"].items() if k.startswith("scheduler:"))
+    own = ("[runtime_bookkeeping]", "[scheduler_decisions]", "[uncategorized]")  # its own work, not its waits
+    sec = sum(v for k, v in s["critical_path_parts_s"].items() if k.startswith("scheduler:") and k.endswith(own))
     idle = s.get("worker_idle_s") or {}
     mean_idle = sum(idle.values()) / len(idle) / s["makespan_s"] if idle and s["makespan_s"] else 0.0
     if mean_idle < 0.5:
         return None
     return _finding("scheduler-bound", sec, "workers sat idle while the path ran through the scheduler",
                     f"the workers held no task {100 * mean_idle:.0f}% of the makespan on average, while the "
-                    "path spent this long inside the scheduler", "the scheduler is the bottleneck: fewer, larger "
+                    "path spent this long in the scheduler's own work (bookkeeping and decisions)",
+                    "the scheduler is the bottleneck: fewer, larger "
                     "tasks; fewer workers will not slow it; see the scheduler's categories for where its time went")
 
 

@@ -51,7 +51,8 @@ def write_html(run: RunDir) -> None:
     if "error" in summary:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
-        sections = [findings_section(summary)] + [section(*fig(page)) for fig in FIGURES]
+        drawn = [f for f in (fig(page) for fig in FIGURES) if f[2] is not None]  # no data: left out
+        sections = [headline(summary), findings_section(summary), prefix_table(page)] + [section(*f) for f in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -63,7 +64,7 @@ def page_html(title: str, subtitle: str, sections: list[str]) -> str:
             f"{''.join(sections)}{READY_SCRIPT}</body></html>")
 
 
-CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
+CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}.headline{font-size:120%}"
        "section{margin:2em 0}.caption{color:#444}table{border-collapse:collapse}"
        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%;text-align:left}")
 
@@ -99,6 +100,74 @@ def breakdown(p: Page):
             f"Seconds of the {total:.3f} s session on the critical path of each job (and the client's time "
             "between jobs), by category, largest on top; they sum to the session. Whiskers: the 90% interval of "
             "shares taken from samples (none where the time is measured exactly).", layout(fig, "seconds", ""))
+
+
+def headline(summary: dict) -> str:
+    jobs = summary.get("jobs", [])
+    return (f"<p class='headline'><b>{summary['session_s']:.2f} s</b> session, {len(jobs)} job(s), makespan "
+            f"<b>{summary['makespan_s']:.2f} s</b>, {summary['tasks']} tasks ({summary['dispatches']} dispatches), "
+            f"<b>{1e3 * (summary.get('aot_s') or 0):.2f} ms</b> of makespan per task (AOT).</p>")
+
+
+def prefix_table(p: Page) -> str:
+    """Per task prefix: how many, how long, how much overhead, how many bytes, how much of the path."""
+    tasks = p.run.table("tasks")
+    if tasks.empty:
+        return ""
+    t = tasks.assign(compute_s=(tasks.compute_stop_ns - tasks.compute_start_ns).astype("float64") / 1e9,
+                     nbytes=tasks.nbytes.astype("float64"))
+    t["overhead_s"] = pd.Series(task_overheads(tasks), index=t[(t.outcome == "finished")].dropna(
+        subset=["ready_ns", "compute_start_ns", "compute_stop_ns"]).index)
+    path = p.run.table("critical_path")
+    path = path.assign(s=(path.end_ns - path.start_ns) / 1e9, prefix=path.key.map(dict(zip(t.key, t.prefix))))
+    on_path = path.groupby("prefix").s.sum()
+    g = t.groupby("prefix").agg(tasks=("key", "size"), attempts=("attempts", "sum"), compute_s=("compute_s", "sum"),
+                                compute_ms=("compute_s", lambda x: 1e3 * x.mean()),
+                                overhead_ms=("overhead_s", lambda x: 1e3 * x.median()), mb=("nbytes", lambda x: x.sum() / 1e6))
+    g["path_share"] = on_path.reindex(g.index).fillna(0) / p.summary["session_s"]
+    g = g.sort_values("path_share", ascending=False).head(30)
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{r.tasks:.0f}</td><td>{r.attempts:.0f}</td><td>{r.compute_s:.2f}</td>"
+                   f"<td>{r.compute_ms:.2f}</td><td>{r.overhead_ms:.2f}</td><td>{r.mb:.1f}</td>"
+                   f"<td>{100 * r.path_share:.1f}%</td></tr>" for k, r in g.iterrows())
+    head = ("<tr><th>prefix</th><th>tasks</th><th>attempts</th><th>compute, s</th><th>compute per task, ms</th>"
+            "<th>overhead per task, ms (median)</th><th>result bytes, MB</th><th>share of the session on the "
+            "critical path</th></tr>")
+    return (f"<section><h2>Task prefixes</h2><p class='caption'>Per key prefix (the 30 with most of the critical "
+            "path): tasks (a key per job), attempts (dispatches; more than tasks when stolen or recomputed), compute "
+            "seconds summed, mean compute per task, median overhead per task ((task-finished reaching the "
+            "scheduler - ready) - compute), the results' sizes, and the share of the session its segments take on "
+            f"the critical path.</p><table>{head}{rows}</table></section>")
+
+
+def task_stream(p: Page):
+    """Dask's task stream: each compute span on its worker thread, coloured by prefix."""
+    t = p.run.table("attempts").dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    if t.empty or "session_window_ns" not in p.summary:
+        return "Task stream", "", None
+    start = p.summary["session_window_ns"][0]
+    thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
+    t = t.assign(row=t.worker + " / thread " + thread_no.astype("str"),
+                 s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
+    fig = go.Figure()
+    for prefix, g in t.groupby("prefix"):
+        fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.compute_start_ns - start) / 1e9, orientation="h",
+                    hovertext=g.key)
+    return ("Task stream", "Each task's compute span on the worker thread that ran it, coloured by key prefix, in "
+            f"seconds since the session began (at most the {MAX_POINTS} longest); gaps are a thread without work.",
+            layout(fig.update_layout(barmode="overlay"), "seconds since the session began", ""))
+
+
+def per_job(p: Page):
+    jobs = p.summary.get("jobs", [])
+    if len(jobs) < 2:
+        return "Where each job's time went", "", None
+    cats = [c for c in COLOURS if any(j["critical_path_s"].get(c) for j in jobs)]
+    x = [f"job {j['job']} ({j['tasks']} tasks)" for j in jobs[:50]]
+    fig = go.Figure([go.Bar(name=c, x=x, y=[j["critical_path_s"].get(c, 0) for j in jobs[:50]],
+                            marker_color=COLOURS[c]) for c in cats])
+    return ("Where each job's time went", "Each job's makespan split along its critical path by category, in "
+            "seconds (the first 50 jobs); a job is a computation the client submitted (a compute() or a batch of "
+            "futures in the cluster together).", layout(fig.update_layout(barmode="stack"), "", "seconds"))
 
 
 def findings_section(summary: dict) -> str:
@@ -148,23 +217,6 @@ def scheduler_cpu(p: Page):
             layout(fig.update_layout(barmode="stack"), "seconds since the first update-graph", "CPU s / s"))
 
 
-def message_latency(p: Page):
-    run = p.run
-    m = run.table("messages").drop_duplicates("msg_id")
-    m = m[~m.op.isin(["handshake"])]
-    if m.empty:
-        return "Message time on the wire, per op", "", None
-    top = m.op.value_counts().index[:12]
-    m = m[m.op.isin(top)]
-    m = m.sample(min(len(m), MAX_POINTS), random_state=0)
-    fig = go.Figure([go.Box(name=op, y=(g.t_last_ns - g.t_first_ns) / 1e3) for op, g in m.groupby("op")])
-    return ("Message time on the wire, per op",
-            "Per message (a batch counts once, named by its first op), microseconds from its first byte "
-            "read by the proxy to its last byte handed on; the 12 commonest ops"
-            f" (at most {MAX_POINTS} messages, sampled). 0 µs: the whole message came in one read.",
-            layout(fig, "op", "µs"))
-
-
 def overhead_cdf(p: Page):
     run = p.run
     over = np.sort(task_overheads(run.table("tasks")))
@@ -204,10 +256,11 @@ def gil_per_thread(p: Page):
     if waits.empty:
         return "GIL wait per thread", "", None
     per = waits.groupby(["process", "tid"]).ns.sum().sort_values(ascending=False).head(30) / 1e9
-    labels = [f"{p} / {tid}" for p, tid in per.index]
+    names = run.table("threads").set_index(["process", "tid"]).name.to_dict() if run.has_table("threads") else {}
+    labels = [f"{p} / {names.get((p, tid)) or tid}" for p, tid in per.index]
     return ("GIL wait per thread",
             "Seconds each thread waited in take_gil over the whole run (eBPF; short waits included), "
-            "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread id", "seconds"))
+            "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread", "seconds"))
 
 
 def top_functions(p: Page):
@@ -232,7 +285,7 @@ def top_functions(p: Page):
             "per category); sizes are sample counts.", fig.update_layout(height=500, margin=dict(t=10)))
 
 
-FIGURES = [breakdown, critical_path, scheduler_cpu, message_latency, overhead_cdf, worker_busy,
+FIGURES = [breakdown, per_job, critical_path, task_stream, scheduler_cpu, overhead_cdf, worker_busy,
            gil_per_thread, top_functions]
 
 
@@ -242,6 +295,15 @@ def metadata(run: RunDir, summary: dict) -> str:
             "cluster": meta.get("cluster"), "config": meta.get("config"), "probes": meta.get("probes"),
             "probes skipped": meta.get("skipped"), "exit code": meta.get("exit_code"),
             "partial": meta.get("partial"), "capture": meta.get("capture")}
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
-                    for k, v in rows.items())
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_readable(v)}</td></tr>" for k, v in rows.items())
     return f"<section><h2>Run</h2><p class='caption'>What ran, with what, and what was not captured.</p><table>{cells}</table></section>"
+
+
+def _readable(v) -> str:
+    """A run.json value as lines of `key: value` (nested one level), not raw JSON."""
+    if isinstance(v, dict):
+        return "<br>".join(f"{html.escape(str(k))}: {html.escape(json.dumps(x, default=str) if isinstance(x, (dict, list)) else str(x))}"
+                           for k, x in v.items()) or "-"
+    if isinstance(v, list):
+        return html.escape(", ".join(map(str, v))) or "-"
+    return html.escape(str(v))
