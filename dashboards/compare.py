@@ -73,6 +73,22 @@ def warnings(df: pd.DataFrame, by: str, baseline) -> list[str]:
     return out
 
 
+def differences(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:
+    """Per graph, value of `by` and category: the median seconds of the session split, its difference
+    from the baseline's median, and the spread (max - min) of both groups' runs; `noisy` when the
+    spread is larger than the difference, so the difference is not measured."""
+    cols = [c for c in df.columns if c.startswith("critical_path_s.")]
+    long = df.melt(id_vars=["graph", by], value_vars=cols, var_name="category", value_name="s").dropna()
+    long["category"] = long.category.str[len("critical_path_s."):]
+    g = long.groupby(["graph", "category", by]).s.agg(median="median", spread=lambda x: x.max() - x.min())
+    g = g.reset_index()
+    base = g[g[by] == baseline].set_index(["graph", "category"])
+    g = g.join(base[["median", "spread"]].rename(columns=lambda c: f"baseline_{c}"), on=["graph", "category"])
+    g["difference_s"] = g["median"] - g.baseline_median
+    g["noisy"] = g[["spread", "baseline_spread"]].max(axis=1) > g.difference_s.abs()
+    return g[(g[by] != baseline) & g.difference_s.notna()].sort_values("difference_s", key=abs, ascending=False)
+
+
 def _stacked(df: pd.DataFrame, x: pd.Series, prefix: str) -> go.Figure:
     """One bar per run, stacked by category, in the report's colours."""
     cats = [c for c in df.columns if c.startswith(prefix) and df[c].fillna(0).any()]
@@ -89,6 +105,8 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
     table = speedups(df, by, baseline)[1]
     table.to_csv(out / "speedups.csv", index=False)
     notes = warnings(df, by, baseline)
+    diff = differences(df, by, baseline)
+    diff.to_csv(out / "differences.csv", index=False)
     x = df[by].astype(str)
     aot = go.Figure(go.Box(x=x, y=df.aot_s, boxpoints="all", text=df.graph))
     per_run = x + " · " + df.run.str.rsplit("/", n=1).str[-1]
@@ -98,6 +116,7 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
                    for _, r in table.iterrows())
     sections = [
         "".join(f"<p class='warning'><b>Note</b>: {html.escape(n)}</p>" for n in notes),
+        _diff_table(diff.head(20), by, baseline),
         section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}: each run a "
                 "point, the box its median and quartiles.", layout(aot, by, "s / task")),
         section("Where the session went, per run", "Seconds of each run's session by category (its critical "
@@ -111,3 +130,16 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
     ]
     (out / "compare.html").write_text(page_html("daskprobe compare", f"by {by}, baseline {baseline}", sections))
     return table, notes
+
+
+def _diff_table(diff: pd.DataFrame, by: str, baseline) -> str:
+    rows = "".join(f"<tr><td>{html.escape(str(r.graph))[:60]}</td><td>{r[by]}</td><td>{r.category}</td>"
+                   f"<td>{r.baseline_median:.3f}</td><td>{r['median']:.3f}</td><td>{r.difference_s:+.3f}</td>"
+                   f"<td>{max(r.spread, r.baseline_spread):.3f}{' (noisy)' if r.noisy else ''}</td></tr>"
+                   for _, r in diff.iterrows())
+    return ("<section><h2>What grew, what shrank</h2><p class='caption'>Per command and category, the median "
+            f"seconds of the session split with {by} = {baseline} and with each other value, their difference, and "
+            "the larger spread (max - min over runs) of the two: where the spread exceeds the difference, the "
+            "difference is within run-to-run noise (the 20 largest differences; all in differences.csv).</p>"
+            f"<table><tr><th>command</th><th>{by}</th><th>category</th><th>baseline, s</th><th>median, s</th>"
+            f"<th>difference, s</th><th>spread, s</th></tr>{rows}</table></section>")

@@ -79,6 +79,8 @@ def test_compare_runs_by_worker_count(tmp_path):
     assert abs(sp.loc[2, "geometric_mean_speedup"] - expected) < 1e-9
     body = drawn(tmp_path, out / "compare.html")
     assert "data-errors" not in body and 'data-figures="4"' in body, body
+    diff = pd.read_csv(out / "differences.csv")
+    assert set(diff.workers) == {2} and diff.noisy.all(), "one run per point: every difference is within noise"
     assert "rest on fewer than 3 runs" in p.stderr and "rest on fewer than 3 runs" in (out / "compare.html").read_text()
 
 
