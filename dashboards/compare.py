@@ -76,16 +76,18 @@ def warnings(df: pd.DataFrame, by: str, baseline) -> list[str]:
 def differences(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:
     """Per graph, value of `by` and category: the median seconds of the session split, its difference
     from the baseline's median, and the spread (max - min) of both groups' runs; `noisy` when the
-    spread is larger than the difference, so the difference is not measured."""
+    spread is larger than the difference, or unknown (a single run), so the difference is not measured."""
     cols = [c for c in df.columns if c.startswith("critical_path_s.")]
     long = df.melt(id_vars=["graph", by], value_vars=cols, var_name="category", value_name="s").dropna()
     long["category"] = long.category.str[len("critical_path_s."):]
-    g = long.groupby(["graph", "category", by]).s.agg(median="median", spread=lambda x: x.max() - x.min())
+    g = long.groupby(["graph", "category", by]).s.agg(
+        median="median", spread=lambda x: x.max() - x.min() if len(x) > 1 else np.nan)  # one run: unknown
     g = g.reset_index()
     base = g[g[by] == baseline].set_index(["graph", "category"])
     g = g.join(base[["median", "spread"]].rename(columns=lambda c: f"baseline_{c}"), on=["graph", "category"])
     g["difference_s"] = g["median"] - g.baseline_median
-    g["noisy"] = g[["spread", "baseline_spread"]].max(axis=1) > g.difference_s.abs()
+    spread = g[["spread", "baseline_spread"]]
+    g["noisy"] = spread.isna().any(axis=1) | (spread.max(axis=1) > g.difference_s.abs())
     return g[(g[by] != baseline) & g.difference_s.notna()].sort_values("difference_s", key=abs, ascending=False)
 
 
@@ -135,7 +137,7 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
 def _diff_table(diff: pd.DataFrame, by: str, baseline) -> str:
     rows = "".join(f"<tr><td>{html.escape(str(r.graph))[:60]}</td><td>{r[by]}</td><td>{r.category}</td>"
                    f"<td>{r.baseline_median:.3f}</td><td>{r['median']:.3f}</td><td>{r.difference_s:+.3f}</td>"
-                   f"<td>{max(r.spread, r.baseline_spread):.3f}{' (noisy)' if r.noisy else ''}</td></tr>"
+                   f"<td>{_spread(r)}{' (noisy)' if r.noisy else ''}</td></tr>"
                    for _, r in diff.iterrows())
     return ("<section><h2>What grew, what shrank</h2><p class='caption'>Per command and category, the median "
             f"seconds of the session split with {by} = {baseline} and with each other value, their difference, and "
@@ -143,3 +145,8 @@ def _diff_table(diff: pd.DataFrame, by: str, baseline) -> str:
             "difference is within run-to-run noise (the 20 largest differences; all in differences.csv).</p>"
             f"<table><tr><th>command</th><th>{by}</th><th>category</th><th>baseline, s</th><th>median, s</th>"
             f"<th>difference, s</th><th>spread, s</th></tr>{rows}</table></section>")
+
+
+def _spread(r) -> str:
+    both = (r.spread, r.baseline_spread)
+    return "unknown (one run)" if any(pd.isna(v) for v in both) else f"{max(both):.3f}"
