@@ -32,6 +32,10 @@ class Probe:
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         """Begin capturing into run/captures; ports are the cluster's listening ports."""
 
+    def ready(self) -> None:
+        """Return once capturing works; raise if it cannot. start() returns before, so that a slow
+        start (the eBPF agent compiles its programs) overlaps the cluster's."""
+
     def partly_skipped(self) -> dict[str, str]:
         """Parts of this probe that could not run here, and why."""
         return {}

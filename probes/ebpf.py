@@ -61,9 +61,12 @@ class Ebpf(Probe):
         if "tcp" in self.kinds:
             cmd += ["--tcp", ",".join(map(str, sorted(ports)))]
         self.proc = spawn(cmd, run.log("ebpf"), nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.log = run.log("ebpf")
+
+    def ready(self) -> None:
         if self.proc.stdout.readline().strip() != b"ready":
             stop([self.proc])
-            raise RuntimeError(f"the eBPF agent did not start: see {run.log('ebpf')}")
+            raise RuntimeError(f"the eBPF agent did not start: see {self.log}")
 
     def watch(self, proc: dict) -> None:
         kind = "native" if proc["role"] == "proxy" else "python"  # a --server-cmd scheduler says so itself

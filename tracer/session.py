@@ -72,6 +72,21 @@ class Signals:
         return 0.2 if self.hurry else 5.0
 
 
+def _ready(started: list[Probe], run: RunDir) -> None:
+    """Wait for each started probe to capture; one that cannot is stopped and recorded as skipped."""
+    skipped = {}
+    for p in list(started):
+        try:
+            p.ready()
+        except Exception as e:  # a probe that fails to start must not cost the run
+            started.remove(p)
+            p.stop(0.5)
+            skipped.update(dict.fromkeys(p.name.split(","), f"failed to start: {e}"))
+            say(f"probe {p.name} skipped: failed to start: {e}")
+    if skipped:
+        run.update_meta(skipped=run.meta().get("skipped", {}) | skipped)
+
+
 def _start_probes(probes: list[Probe], run: RunDir, ports: set[int], started: list[Probe]) -> None:
     """Start what can run here (into `started`, so that an interrupted start-up
     still stops what did start); say why the rest cannot and record it."""
@@ -143,14 +158,21 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     cluster = Cluster(spec, run)
     code, client, started = 1, None, []
     try:
+        phases = [("layout", time.perf_counter())]
         cluster.layout()
         _start_probes(probes, run, cluster.ports(), started)
+        phases.append(("probes", time.perf_counter()))
         cluster.start()
+        phases.append(("cluster", time.perf_counter()))
+        _ready(started, run)
+        phases.append(("probes ready", time.perf_counter()))
         _watch(started, _processes(cluster, started))
         run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
         client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+        phases.append(("command started", time.perf_counter()))
+        run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
         code = client.wait()

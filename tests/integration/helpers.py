@@ -86,6 +86,7 @@ class probe_session:
 
     def __enter__(self):
         self.probe.start(self.run, self.ports)
+        self.probe.ready()
         return self
 
     def watch(self, pid: int, name: str = "target", role: str = "client", attached: str = "watching"):
