@@ -94,12 +94,14 @@ def breakdown(p: Page):
     hi = [ci.get(c, {}).get("hi", v) - v if ci.get(c, {}).get("samples") else 0 for c, v in cp.items()]
     fig = go.Figure(go.Bar(x=list(cp.values()), y=list(cp), orientation="h",
                            marker_color=[COLOURS.get(c, "#7f7f7f") for c in cp],
-                           text=[f"{v:.3f} s ({100 * v / total:.1f}%)" for v in cp.values()], textposition="auto",
+                           text=[f"{v:.3f} s ({100 * v / total:.1f}%)" + ("*" if ci.get(c, {}).get("few_samples") else "")
+                                 for c, v in cp.items()], textposition="auto",
                            error_x=dict(type="data", symmetric=False, array=hi, arrayminus=lo)))
     return ("Where the session went",
             f"Seconds of the {total:.3f} s session on the critical path of each job (and the client's time "
             "between jobs), by category, largest on top; they sum to the session. Whiskers: the 90% interval of "
-            "shares taken from samples (none where the time is measured exactly).", layout(fig, "seconds", ""))
+            "shares taken from samples (none where the time is measured exactly); * rests on fewer than 20 "
+            "samples.", layout(fig, "seconds", ""))
 
 
 def headline(summary: dict) -> str:
