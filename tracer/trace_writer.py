@@ -167,7 +167,7 @@ def _message_slices(msgs, tracks, proc_track) -> pd.DataFrame:
     slice starts at the last byte. Both are observed at the proxy."""
     ops = msgs.groupby("msg_id", sort=False)
     m = ops.first()
-    names = ops.op.agg(_batch_name)
+    names = _batch_names(msgs).reindex(m.index)
     keys = ops.n_keys.sum()
     send = [tracks.get(("send", c, d), f"send → {dst} (conn {c})", parent=proc_track.get(src))
             for c, d, src, dst in zip(m.conn, m.direction, m.src, m.dst)]
@@ -195,11 +195,14 @@ def _path_slices(run: RunDir, tracks) -> pd.DataFrame:
     return _slices(track, path.start_ns, path.end_ns, path.part.to_numpy(), args=args)
 
 
-def _batch_name(ops: pd.Series) -> str:
-    if len(ops) == 1:
-        return ops.iloc[0]
-    counts = ops.value_counts()
-    return "batch: " + ", ".join(f"{op}×{n}" for op, n in counts.items())
+def _batch_names(msgs: pd.DataFrame) -> pd.Series:
+    """Per message: its op, or for a batch "batch: op×n, ..." (commonest first)."""
+    counts = msgs.groupby(["msg_id", "op"], sort=False).size().rename("n").reset_index()
+    counts = counts.sort_values(["msg_id", "n"], ascending=[True, False], kind="stable")
+    single = counts.groupby("msg_id").op.transform("size").eq(1) & counts.n.eq(1)
+    part = counts.op.where(single, counts.op + "×" + counts.n.astype("str"))
+    names = part.groupby(counts.msg_id, sort=False).agg(", ".join)
+    return names.where(names.index.isin(counts.msg_id[single]), "batch: " + names)
 
 
 def _dispatch_slices(msgs, graphs, tracks, proc_track) -> pd.DataFrame:
@@ -283,7 +286,8 @@ def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
     s = s[native]
     frames = run.table("frames").set_index("frame_id")
     label = (frames.function + " (" + frames.filename.map(_short) + ")").to_dict()
-    stacks = {r.stack_id: [(label[i], frames.filename[i]) for i in reversed(r.frame_ids)]
+    path = frames.filename.to_dict()
+    stacks = {r.stack_id: [(label[i], path[i]) for i in reversed(r.frame_ids)]
               for r in run.table("stacks").itertuples()}
     for pid, tid, process in s[["pid", "tid", "process"]].drop_duplicates().itertuples(index=False):
         threads.track(process, pid, tid)
