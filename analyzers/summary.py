@@ -24,7 +24,8 @@ from .thread_state import thread_states, threads_table
 from .whole_run import cpu_check, scheduler_cpu, task_overhead, worker_idle
 
 SCHEMA = 2
-INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc")
+INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
+          "thread_names")
 FEW_SAMPLES = 20  # a share resting on fewer samples is marked as such
 DEFINITIONS = {
     "session_s": "seconds from the client's first byte to its last at the proxy (widened to hold every job): the "
@@ -88,7 +89,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
     category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
     cpu = classify_samples(t["samples"], t["processes"], states, category, attempts,
                            meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
-    threads = threads_table(t["samples"], states)
+    threads = threads_table(t["samples"], states, t["thread_names"])
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
     path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True).sort_values("start_ns", ignore_index=True)
     if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send

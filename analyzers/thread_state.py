@@ -58,10 +58,10 @@ def of_thread(states: pd.DataFrame, pid: int, tid: int) -> dict[str, tuple[np.nd
             for s in STATES}
 
 
-def threads_table(samples: pd.DataFrame, states: pd.DataFrame) -> pd.DataFrame:
-    """Every thread seen: pid, tid, process, name, when it was first and last seen (by a
-    sample or an eBPF interval), whether eBPF states cover it, and whether it is its
-    process's main thread (the event loop of Dask's scheduler and workers)."""
+def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
+    """Every thread seen: pid, tid, process, name (Python's, else the kernel's), when it was first
+    and last seen (by a sample or an eBPF interval), whether eBPF states cover it, and whether it
+    is its process's main thread (the event loop of Dask's scheduler and workers)."""
     s = samples.dropna(subset=["process"])
     seen = s.groupby(["pid", "tid"]).agg(process=("process", "first"), first_ns=("t_ns", "min"),
                                          last_ns=("t_ns", "max"))
@@ -76,6 +76,8 @@ def threads_table(samples: pd.DataFrame, states: pd.DataFrame) -> pd.DataFrame:
     with_states = set(states.pid.unique())
     t["ebpf_states"] = t.pid.isin(with_states)
     t["main"] = t.pid == t.tid
+    comm = t.set_index(["pid", "tid"]).index.map(comms.set_index(["pid", "tid"]).comm.to_dict().get)
+    t["name"] = t.name.where(t.name.notna(), pd.Series(comm, index=t.index))
     t["name"] = t.name.where(t.name.notna(), np.where(t.main, "main", "thread " + t.tid.astype(str)))
     return t[["pid", "tid", "process", "name", "main", "ebpf_states", "first_ns", "last_ns"]]
 

@@ -1,8 +1,12 @@
-"""CPU time and RSS of every watched process from /proc, 10 times a second.
+"""CPU time and RSS of every watched process from /proc, 10 times a second, and
+the name of each of their threads.
 
 A thread in daskprobe itself: one open+read of /proc/PID/stat per process
-and tick. The capture is text, one line per process per tick:
-    t_ns  pid  utime_ticks  stime_ticks  rss_pages
+and tick. The captures are text, one line per process per tick:
+    proc.tsv     t_ns  pid  utime_ticks  stime_ticks  rss_pages
+and, once a second, one line per thread not seen before (its kernel name, so
+that threads no Python sampler names, native ones included, have one):
+    threads.tsv  pid  tid  comm
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from .base import CLUSTER_ROLES, Probe, tsv_rows
 from .rundir import RunDir
 
 CAPTURE = "proc.tsv"
+THREADS = "threads.tsv"
+NAMES_EVERY = 10  # ticks between scans for new threads
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -44,6 +50,7 @@ class ProcFS(Probe):
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         self.out = open(run / "captures" / CAPTURE, "a")
+        self.names, self.named = open(run / "captures" / THREADS, "a"), set()
         self.thread = threading.Thread(target=self._loop, name="daskprobe-procfs", daemon=True)
         self.thread.start()
 
@@ -54,10 +61,11 @@ class ProcFS(Probe):
         if self.thread:
             self.done.set()
             self.thread.join()
-            try:
-                self.out.close()
-            except OSError as e:
-                self.error = self.error or f"closing {CAPTURE}: {e.strerror}"
+            for f in (self.out, self.names):
+                try:
+                    f.close()
+                except OSError as e:
+                    self.error = self.error or f"closing {Path(f.name).name}: {e.strerror}"
 
     def _loop(self) -> None:
         try:
@@ -66,8 +74,11 @@ class ProcFS(Probe):
             self.error = f"writing {CAPTURE}: {e.strerror}"
 
     def _sample(self) -> None:
-        next_tick = time.monotonic()
+        next_tick, tick = time.monotonic(), 0
         while not self.done.is_set():
+            if tick % NAMES_EVERY == 0:
+                self._name_threads()
+            tick += 1
             lines = []
             for pid in list(self.pids):
                 try:
@@ -81,6 +92,30 @@ class ProcFS(Probe):
             self.out.flush()
             next_tick += self.period
             self.done.wait(max(0.0, next_tick - time.monotonic()))
+
+
+    def _name_threads(self) -> None:
+        lines = []
+        for pid in list(self.pids):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                if (pid, tid) not in self.named:
+                    try:
+                        comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip().replace("\t", " ")
+                    except OSError:
+                        continue
+                    self.named.add((pid, tid))
+                    lines.append(f"{pid}\t{tid}\t{comm}\n")
+        self.names.write("".join(lines))
+        self.names.flush()
+
+
+def read_thread_names(path: Path) -> pd.DataFrame:
+    """One row per thread: its kernel name (comm, at most 15 characters)."""
+    return tsv_rows(path, {"pid": "int64", "tid": "int64", "comm": "str"})
 
 
 def read_proc(path: Path) -> pd.DataFrame:

@@ -92,8 +92,12 @@ class RunDir:
         pq.write_table(table, path)
         return path
 
-    def table(self, name: str) -> pd.DataFrame:
-        return pd.read_parquet(self.path / "tables" / f"{name}.parquet")
+    def table(self, name: str, missing_ok: bool = False) -> pd.DataFrame:
+        """A table; with missing_ok, one this run directory lacks (decoded by an older daskprobe) is empty."""
+        path = self.path / "tables" / f"{name}.parquet"
+        if missing_ok and not path.exists():
+            return schema.arrow_schema(name).empty_table().to_pandas()
+        return pd.read_parquet(path)
 
     def has_table(self, name: str) -> bool:
         return (self.path / "tables" / f"{name}.parquet").exists()

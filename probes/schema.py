@@ -220,6 +220,13 @@ DECODED = {
         C("rss_bytes", "int64", "bytes", "resident memory"),
         PROCESS,
     )),
+    "thread_names": Table("One row per thread of a watched process, named by the kernel (captures/threads.tsv, "
+                          "scanned once a second; a thread that lived less may be missing).", (
+        PID,
+        TID,
+        C("comm", "str", "", "the thread's kernel name (/proc/PID/task/TID/comm, at most 15 characters)"),
+        PROCESS,
+    )),
 }
 
 ANALYSIS = {

@@ -53,7 +53,7 @@ def analysis(run: RunDir, rules=()) -> None:
     """The analysis stage: the decoded tables in, its tables and summary.json out."""
     from ..analyzers.summary import INPUTS, analyze
     from ..dashboards.terminal import print_summary
-    result = analyze({name: run.table(name) for name in INPUTS}, run.meta(), list(rules))
+    result = analyze({name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta(), list(rules))
     for name, df in result.tables.items():
         run.write_table(name, df)
     summary = result.summary | {"run": str(run.path)}

@@ -65,7 +65,8 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
               "offcpu": ebpf_tables.read_offcpu(events),
               "short_waits": ebpf_tables.read_small(cap / "ebpf_small.tsv"),
               "tcp": ebpf_tables.read_tcp(events, conns),
-              "proc": procfs.read_proc(cap / procfs.CAPTURE)}
+              "proc": procfs.read_proc(cap / procfs.CAPTURE),
+              "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
     names = procs.dropna(subset=["pid"]).set_index("pid").name
     for name, df in tables.items():
         if "pid" in df:

@@ -123,7 +123,7 @@ def write(run: RunDir) -> None:
         tracks = _Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
-        threads = _Threads(run.table("samples"), tracks, proc_track)
+        threads = _Threads(run.table("samples"), run.table("thread_names", missing_ok=True), tracks, proc_track)
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         slices = pd.concat([_compute_slices(tasks, tracks, proc_track, threads, pids),
                             _message_slices(msgs, tracks, proc_track),
@@ -254,13 +254,15 @@ def _proc_counters(proc, tracks, proc_track) -> pd.DataFrame:
 
 
 class _Threads:
-    """Thread tracks (named from py-spy where it saw the thread), made on first use,
+    """Thread tracks (named by the Python sampler where it saw the thread, else by the kernel), made on first use,
     with child tracks for the thread's GIL waits and off-CPU time."""
 
-    def __init__(self, samples: pd.DataFrame, tracks: _Tracks, proc_track: dict):
+    def __init__(self, samples: pd.DataFrame, comms: pd.DataFrame, tracks: _Tracks, proc_track: dict):
         self.tracks, self.proc_track = tracks, proc_track
         named = samples.dropna(subset=["thread_name"]) if "thread_name" in samples else samples.iloc[:0]
-        self.names = dict(zip(zip(named.pid, named.tid), named.thread_name))
+        named = named[named.thread_name != ""]
+        self.names = dict(zip(zip(comms.pid, comms.tid), comms.comm)) | dict(zip(zip(named.pid, named.tid),
+                                                                                named.thread_name))
         idents = samples[samples.ident.fillna(0) > 0] if "ident" in samples else samples.iloc[:0]
         self.native = dict(zip(zip(idents.pid, idents.ident.astype("int64")), idents.tid))  # (pid, ident) -> tid
 

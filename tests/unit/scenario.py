@@ -86,7 +86,8 @@ class Scenario:
                 "gil_waits": pd.DataFrame(self.gil, columns=["pid", "tid", "start_ns", "end_ns", "wait_ns"]),
                 "offcpu": pd.DataFrame(self.offcpu, columns=["pid", "tid", "out_ns", "wakeup_ns", "in_ns",
                                                              "prev_state", "blocked_ns", "runnable_ns"]),
-                "proc": pd.DataFrame(columns=["t_ns", "pid", "cpu_s", "cpu_percent", "rss_bytes", "process"])}
+                "proc": pd.DataFrame(columns=["t_ns", "pid", "cpu_s", "cpu_percent", "rss_bytes", "process"]),
+                "thread_names": pd.DataFrame({"pid": [PIDS["scheduler"]], "tid": [101], "comm": ["Dask-Offload_0"]})}
 
 
 GRAPH_COLUMNS = ["msg_id", "src", "src_role", "t_first_ns", "t_last_ns", "msg_bytes", "keys", "graph_id"]
