@@ -10,6 +10,7 @@ per worker, messages per second). All event names are interned.
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -73,7 +74,8 @@ class _Writer:
         p.track_descriptor.CopyFrom(d)
         self.b.write_packet(p)
 
-    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out=None, flow_in=None,
+    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out: list | None = None,
+              flow_in: list | None = None,
               args: dict | None = None) -> None:
         p = self._packet()
         p.timestamp = int(ts)
@@ -85,10 +87,8 @@ class _Writer:
                                       lambda iid: p.interned_data.event_names.add(iid=iid, name=name))
         if value is not None:
             e.double_counter_value = float(value)
-        if flow_out is not None:
-            e.flow_ids.append(flow_out)
-        if flow_in is not None:
-            e.terminating_flow_ids.append(flow_in)
+        e.flow_ids.extend(flow_out or ())  # flows that start at this slice or pass through it
+        e.terminating_flow_ids.extend(flow_in or ())
         for k, v in (args or {}).items():
             a = e.debug_annotations.add(name=k)
             if isinstance(v, (int, np.integer)):
@@ -125,8 +125,9 @@ def write(run: RunDir) -> None:
                       for r in procs.itertuples() if pd.notna(r.pid)}
         threads = _Threads(run.table("samples"), run.table("thread_names", missing_ok=True), tracks, proc_track)
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
-        slices = pd.concat([_compute_slices(tasks, tracks, proc_track, threads, pids),
-                            _message_slices(msgs, tracks, proc_track),
+        flows = _task_flows(tasks, msgs)
+        slices = pd.concat([_compute_slices(tasks, tracks, proc_track, threads, pids, flows),
+                            _message_slices(msgs, tracks, proc_track, flows),
                             _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
                             _gil_slices(run.table("gil_waits"), threads),
                             _offcpu_slices(run.table("offcpu"), threads),
@@ -146,7 +147,29 @@ def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> 
                          "args": args if args is not None else [None] * n})
 
 
-def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict) -> pd.DataFrame:
+class _TaskFlows(NamedTuple):
+    """One flow per finished attempt: from its compute-task's arrival through its compute slice to
+    its task-finished leaving. starts/ends: msg_id -> flow ids; attempt: attempts row -> flow id."""
+    starts: dict
+    ends: dict
+    attempt: dict
+
+
+def _task_flows(attempts: pd.DataFrame, msgs: pd.DataFrame) -> _TaskFlows:
+    a = attempts.dropna(subset=["compute_start_ns", "compute_stop_ns", "finished_sent_ns"]).reset_index()
+    a = a.astype({"compute_sent_ns": "int64", "finished_sent_ns": "int64"})
+    m = msgs.dropna(subset=["key"])[["msg_id", "op", "key", "t_first_ns"]]
+    sent = m[m.op == "compute-task"].rename(columns={"msg_id": "start", "t_first_ns": "compute_sent_ns"})
+    done = m[m.op.isin(["task-finished", "task-erred"])].rename(columns={"msg_id": "end", "t_first_ns": "finished_sent_ns"})
+    a = a.merge(sent[["key", "compute_sent_ns", "start"]], on=["key", "compute_sent_ns"])
+    a = a.merge(done[["key", "finished_sent_ns", "end"]], on=["key", "finished_sent_ns"])
+    a = a.drop_duplicates("index")
+    a["flow"] = int(msgs.msg_id.max() if len(msgs) else 0) + 2 + np.arange(len(a))
+    return _TaskFlows(a.groupby("start").flow.agg(list).to_dict(), a.groupby("end").flow.agg(list).to_dict(),
+                      dict(zip(a["index"], a.flow)))
+
+
+def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict, flows: _TaskFlows) -> pd.DataFrame:
     """Compute spans under the thread track that carries the same thread's samples (Dask names
     the thread by its Python ident, which the sampler reads too), else on a track per ident."""
     t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
@@ -159,10 +182,11 @@ def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict) 
              else tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
              for w, th, k in zip(t.worker, thread, thread_no)]
     args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
-    return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, args=args)
+    through = [[f] if (f := flows.attempt.get(i)) is not None else None for i in t.index]
+    return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, flow_out=through, args=args)
 
 
-def _message_slices(msgs, tracks, proc_track) -> pd.DataFrame:
+def _message_slices(msgs, tracks, proc_track, task_flows: _TaskFlows) -> pd.DataFrame:
     """A send slice spans the first to last byte at the proxy; the receive
     slice starts at the last byte. Both are observed at the proxy."""
     ops = msgs.groupby("msg_id", sort=False)
@@ -177,8 +201,10 @@ def _message_slices(msgs, tracks, proc_track) -> pd.DataFrame:
     args = [{"bytes": int(b), "ops": int(n), "keys": int(k)}
             for b, n, k in zip(m.msg_bytes, m.batch_size, keys)]
     return pd.concat([
-        _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=flow, args=args),
-        _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=flow, args=args),
+        _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=[[f] for f in flow],
+                flow_in=[task_flows.ends.get(i) for i in m.index], args=args),
+        _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=[[f] for f in flow],
+                flow_out=[task_flows.starts.get(i) for i in m.index], args=args),
     ], ignore_index=True)
 
 
@@ -343,13 +369,9 @@ def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.
         if e.kind == SAMPLE:
             w.sample(e.ts, e.pid, e.tid, e.frames)
         elif e.kind == BEGIN:
-            w.event(e.ts, BEGIN, e.track, name=e.name, flow_out=_opt(e.flow_out), flow_in=_opt(e.flow_in),
+            w.event(e.ts, BEGIN, e.track, name=e.name, flow_out=e.flow_out, flow_in=e.flow_in,
                     args=e.args)
         elif e.kind == END:
             w.event(e.ts, END, e.track)
         else:
             w.event(e.ts, COUNTER, e.track, value=e.value)
-
-
-def _opt(v):
-    return None if v is None or (isinstance(v, float) and np.isnan(v)) else int(v)

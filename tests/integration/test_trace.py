@@ -12,7 +12,10 @@ TE = pb.TrackEvent
 def test_trace_is_valid_for_the_ui(pinned_run):
     run, _, _ = pinned_run
     counts = check_trace(load(run.trace))
-    assert counts["flows"] == run.table("messages").msg_id.nunique()
+    done = run.table("attempts").dropna(subset=["compute_start_ns", "finished_sent_ns"])
+    # a flow per message, and one per task from its compute-task through its compute to its task-finished
+    assert counts["chained_flows"] == len(done) > 0
+    assert counts["flows"] == run.table("messages").msg_id.nunique() + len(done)
 
 
 def test_trace_has_the_expected_tracks(pinned_run):
