@@ -68,9 +68,9 @@ def cause_options(flow: str, cause: str) -> tuple[list[str], dict]:
             "think": ([], {"THINK_S": str(THINK_S[flow])})}[cause]
 
 
-def run_one(flow: str, cause: str, out: Path) -> dict:
+def run_one(flow: str, cause: str, out: Path, workers: int = 2) -> dict:
     opts, env = cause_options(flow, cause)
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--out", str(out), *opts,
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", str(workers), "--out", str(out), *opts,
            "--", sys.executable, "-m", "daskprobe.experiments.flows", flow]
     p = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True, timeout=900)
     return measured({"flow": flow, "cause": cause, "run_dir": str(out), "exit_code": p.returncode}, p.stderr)
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--flows", default=",".join(FLOWS))
     p.add_argument("--causes", default=",".join(CAUSES))
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="workers of each run (1 thread each on a 2-core machine)")
     p.add_argument("--out", default="runs/attribution")
     p.add_argument("--reanalyze", action="store_true",
                    help="analyse the runs already in --out again (daskprobe report) before the matrix")
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
         bar = progress.add_task("attribution", total=len(todo))
         for r, flow, cause in todo:
             progress.update(bar, description=f"r{r} {flow} {cause}")
-            row = run_one(flow, cause, out / f"{flow}-{cause}-r{r}") | {"repeat": r}
+            row = run_one(flow, cause, out / f"{flow}-{cause}-r{r}", args.workers) | {"repeat": r}
             done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
             done.to_csv(out / "runs.csv", index=False)  # resumable: the same command again goes on
             progress.advance(bar)
