@@ -21,7 +21,7 @@ from .findings import findings
 from .jobs import client_gaps, graph_jobs, job_of, session, told
 from .tasks import assign_jobs, recomputed, tasks_table
 from .thread_state import thread_states, threads_table
-from .whole_run import cpu_check, scheduler_cpu, task_overhead, worker_idle
+from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle
 
 SCHEMA = 2
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
@@ -108,6 +108,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
         "thread_states": "ebpf" if len(states) else "samples"}
     summary["findings"] = findings(summary, t, meta)
     out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
+           "in_flight": in_flight(attempts),
            "critical_path": path,
            "attribution": attr, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
     return Analysis(out, summary)

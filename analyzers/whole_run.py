@@ -22,6 +22,18 @@ def worker_idle(attempts: pd.DataFrame, window: tuple[int, int]) -> dict:
     return out
 
 
+def in_flight(attempts: pd.DataFrame) -> pd.DataFrame:
+    """Per worker, the tasks it holds after each change: +1 when a compute-task reaches it, -1 when
+    a task-finished leaves it (table in_flight; the trace's counters and the report's figure)."""
+    t = attempts.dropna(subset=["compute_recv_ns"])
+    up = pd.DataFrame({"worker": t.worker, "t_ns": t.compute_recv_ns.astype("int64"), "d": 1})
+    t = t.dropna(subset=["finished_sent_ns"])
+    down = pd.DataFrame({"worker": t.worker, "t_ns": t.finished_sent_ns.astype("int64"), "d": -1})
+    ev = pd.concat([up, down]).sort_values(["t_ns", "d"], kind="stable")
+    ev["tasks"] = ev.groupby("worker").d.cumsum()
+    return ev[["worker", "t_ns", "tasks"]].reset_index(drop=True)
+
+
 def task_overhead(tasks: pd.DataFrame) -> dict:
     over = task_overheads(tasks)
     return {"mean": float(over.mean()), "p50": float(np.percentile(over, 50)),

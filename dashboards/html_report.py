@@ -233,17 +233,14 @@ def overhead_cdf(p: Page):
 
 def worker_busy(p: Page):
     run, summary = p.run, p.summary
-    t = run.table("attempts").dropna(subset=["compute_recv_ns", "finished_sent_ns"])
-    if t.empty or "window_ns" not in summary:
+    ev = run.table("in_flight", missing_ok=True)
+    if ev.empty or "window_ns" not in summary:
         return "Per-worker tasks in flight", "", None
     start = summary["window_ns"][0]
     fig = go.Figure()
-    for worker, g in t.groupby("worker"):
-        ev = pd.concat([pd.DataFrame({"t": g.compute_recv_ns, "d": 1}), pd.DataFrame({"t": g.finished_sent_ns, "d": -1})])
-        ev = ev.sort_values("t")
-        ev["n"] = ev.d.cumsum()
-        ev = ev.iloc[:: max(1, len(ev) // MAX_POINTS)]
-        fig.add_scatter(name=worker, x=(ev.t - start) / 1e9, y=ev.n, mode="lines", line_shape="hv")
+    for worker, g in ev.groupby("worker"):
+        g = g.iloc[:: max(1, len(g) // MAX_POINTS)]
+        fig.add_scatter(name=worker, x=(g.t_ns - start) / 1e9, y=g.tasks, mode="lines", line_shape="hv")
     return ("Per-worker tasks in flight (busy vs idle)",
             "Tasks each worker holds, from a compute-task reaching it to its task-finished leaving; 0 means idle, "
             "waiting on the scheduler.", layout(fig, "seconds since the first update-graph", "tasks"))

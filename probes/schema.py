@@ -263,6 +263,13 @@ ANALYSIS = {
         C("end_ns", "int64", MONO, "its end"),
         C("state", "str", "", "gil (waiting to take the GIL), runnable (no CPU free) or blocked"),
     )),
+    "in_flight": Table("One row per change of the tasks a worker holds: a compute-task reaching it (+1) or a "
+                       "task-finished leaving it (-1).", (
+        C("worker", "str", "", "the worker"),
+        C("t_ns", "int64", MONO, "when the message's last byte (compute-task) or first byte (task-finished) passed "
+          "the proxy"),
+        C("tasks", "int64", "count", "tasks it holds from then on; 0: idle, waiting on the scheduler"),
+    )),
     "threads": Table("One row per thread seen by a sample or an eBPF interval.", (
         PID,
         TID,

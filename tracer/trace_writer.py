@@ -132,7 +132,7 @@ def write(run: RunDir) -> None:
                             _gil_slices(run.table("gil_waits"), threads),
                             _offcpu_slices(run.table("offcpu"), threads),
                             _path_slices(run, tracks)], ignore_index=True)
-        counters = pd.concat([_in_flight(tasks, tracks, proc_track), _message_rate(msgs, tracks),
+        counters = pd.concat([_in_flight(run, tracks, proc_track), _message_rate(msgs, tracks),
                               _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
         samples = _cpu_samples(run, threads)
         _emit(w, _no_overlap(slices), counters, samples)
@@ -245,17 +245,11 @@ def _dispatch_slices(msgs, graphs, tracks, proc_track) -> pd.DataFrame:
     return _slices(track, start, out.t_first_ns, "dispatch")
 
 
-def _in_flight(tasks, tracks, proc_track) -> pd.DataFrame:
-    """Tasks a worker holds: +1 when compute-task reaches it, -1 when its task-finished leaves."""
-    t = tasks.dropna(subset=["compute_recv_ns"])
-    up = pd.DataFrame({"worker": t.worker, "ts": t.compute_recv_ns.astype("int64"), "d": 1})
-    t = t.dropna(subset=["finished_sent_ns"])
-    down = pd.DataFrame({"worker": t.worker, "ts": t.finished_sent_ns.astype("int64"), "d": -1})
-    ev = pd.concat([up, down]).sort_values(["ts", "d"])
-    ev["value"] = ev.groupby("worker").d.cumsum()
-    ev["track"] = [tracks.get(("inflight", w), "tasks in flight", parent=proc_track.get(w), counter=True)
-                   for w in ev.worker]
-    return ev[["ts", "track", "value"]]
+def _in_flight(run: RunDir, tracks, proc_track) -> pd.DataFrame:
+    """Counters: the tasks each worker holds (table in_flight)."""
+    ev = run.table("in_flight", missing_ok=True)
+    track = [tracks.get(("inflight", w), "tasks in flight", parent=proc_track.get(w), counter=True) for w in ev.worker]
+    return pd.DataFrame({"ts": ev.t_ns, "track": track, "value": ev.tasks})
 
 
 def _message_rate(msgs, tracks) -> pd.DataFrame:
