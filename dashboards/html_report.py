@@ -204,18 +204,18 @@ def critical_path(p: Page):
 
 def scheduler_cpu(p: Page):
     run, summary = p.run, p.summary
-    s, procs = run.table("samples"), run.table("processes")
-    pid = procs[procs.role == "scheduler"].pid
-    s = s[s.pid.isin(pid) & (s.source == "pyspy") & s.active.astype(bool)]
-    if s.empty or "window_ns" not in summary:
+    c = run.table("cpu_samples", missing_ok=True)
+    c = c[(c.process == "scheduler") & c.on_cpu]
+    if c.empty or "window_ns" not in summary:
         return "Scheduler CPU over time", "", None
-    s = s.assign(category=s.stack_id.map(p.category).fillna(UNCATEGORIZED), t=(s.t_ns - summary["window_ns"][0]) // BIN_NS)
-    per = 1 / run.meta().get("sample_rate", 100.0)
-    binned = s.groupby(["t", "category"]).size().unstack(fill_value=0) * per / (BIN_NS / 1e9)
-    fig = go.Figure([go.Bar(name=c, x=binned.index * BIN_NS / 1e9, y=binned[c]) for c in binned])
+    c = c.assign(t=(c.t_ns - summary["window_ns"][0]) // BIN_NS)
+    binned = c.groupby(["t", "category"]).weight_s.sum().unstack(fill_value=0) / (BIN_NS / 1e9)
+    fig = go.Figure([go.Bar(name=k, x=binned.index * BIN_NS / 1e9, y=binned[k], marker_color=COLOURS.get(k))
+                     for k in binned])
     return ("Scheduler CPU over time, by category",
-            "CPU of the scheduler's threads (py-spy samples on CPU x sampling period), in CPU-seconds per "
-            "second, in 100 ms bins, by the category of each sample's stack.",
+            "CPU of the scheduler's threads in CPU-seconds per second, in 100 ms bins, by the category of each "
+            "on-CPU sample's stack; each sample weighs the CPU time it stands for (table cpu_samples, as "
+            "cpu_by_category_s).",
             layout(fig.update_layout(barmode="stack"), "seconds since the first update-graph", "CPU s / s"))
 
 
