@@ -120,7 +120,7 @@ def undo_scheduler_delay(a: pd.DataFrame, clock: pd.DataFrame, anchor: dict) -> 
     before the worker reads it, so the wire estimate is an upper bound. Within
     one heartbeat epoch the delay is constant: take the wire estimate, clamped
     so that every compute span lies between its compute-task arriving and its
-    task-finished leaving. On one host the true offset is zero, so what is
+    task-finished leaving (per span where the epoch's cannot all fit). On one host the true offset is zero, so what is
     taken off is exactly the worker's own error."""
     a["scheduler_delay_ns"] = 0
     if clock.empty or a.compute_stop_ns.isna().all():
@@ -142,6 +142,11 @@ def undo_scheduler_delay(a: pd.DataFrame, clock: pd.DataFrame, anchor: dict) -> 
     chosen = np.where(lo <= hi, np.clip(wire_delay, lo, hi), lo).astype("int64")
     t["delay_ns"] = pd.Series(chosen, index=wire_delay.index).reindex(
         pd.MultiIndex.from_frame(t[["worker", "epoch"]])).to_numpy()
+    # Where an epoch's spans cannot all fit (a heartbeat read late by a busy worker puts a task in
+    # the wrong epoch), each span is still kept between its own messages.
+    own_lo = (t.compute_stop_ns - t.finished_sent_ns).astype("float64")
+    own_hi = (t.compute_start_ns - t.compute_recv_ns).astype("float64")
+    t["delay_ns"] = np.where(own_lo <= own_hi, np.clip(t.delay_ns, own_lo, own_hi), own_lo)
     delay = t.set_index("index").delay_ns.reindex(a.index, fill_value=0).astype("int64")
     for col in SPAN_COLUMNS:
         a[col] = a[col] - delay
