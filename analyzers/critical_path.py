@@ -243,14 +243,3 @@ def _at_graph(w: _Walk, ix: _Index, graph_id):
         return None
     w.back_to(at, "client", "client: between a result and its next submission", None, g.src)
     return "told", ref
-
-
-def exchanges(msgs: pd.DataFrame) -> pd.DataFrame:
-    """get_data exchanges between workers: requester (src), server (dst), request and reply times."""
-    req = msgs[(msgs.op == "get_data") & (msgs.src_role == "worker") & (msgs.dst_role == "worker")]
-    req = req.drop_duplicates("msg_id").set_index("msg_id")
-    rep = msgs[msgs.reply_to.isin(req.index)].drop_duplicates("reply_to").set_index("reply_to")
-    x = req.join(rep[["t_first_ns", "t_last_ns"]].rename(columns={"t_first_ns": "rep_first", "t_last_ns": "rep_last"}),
-                 how="inner")
-    return pd.DataFrame({"src": x.src, "dst": x.dst, "req_first": x.t_first_ns, "req_last": x.t_last_ns,
-                         "rep_first": x.rep_first, "rep_last": x.rep_last}).reset_index(drop=True)

@@ -80,6 +80,18 @@ def job_of(times, jobs: pd.DataFrame) -> np.ndarray:
     return np.searchsorted(starts, np.asarray(times, dtype="float64"), side="right") - 1
 
 
+def exchanges(msgs: pd.DataFrame, src_role: str = "worker", op: str | None = "get_data") -> pd.DataFrame:
+    """Requests from a process of `src_role` to a worker (of `op`, or any) with their replies: requester
+    (src), server (dst), request and reply times. get_data between workers by default."""
+    req = msgs[(msgs.src_role == src_role) & (msgs.dst_role == "worker") & (op is None or msgs.op == op)]
+    req = req.drop_duplicates("msg_id").set_index("msg_id")
+    rep = msgs[msgs.reply_to.isin(req.index)].drop_duplicates("reply_to").set_index("reply_to")
+    x = req.join(rep[["t_first_ns", "t_last_ns"]].rename(columns={"t_first_ns": "rep_first", "t_last_ns": "rep_last"}),
+                 how="inner")
+    return pd.DataFrame({"src": x.src, "dst": x.dst, "req_first": x.t_first_ns, "req_last": x.t_last_ns,
+                         "rep_first": x.rep_first, "rep_last": x.rep_last}).reset_index(drop=True)
+
+
 ANSWERS = ("reply", "handshake", "stream-start")  # what the scheduler sends a client that is waiting for it
 
 
@@ -118,6 +130,29 @@ def client_gaps(window: tuple[int, int], jobs: pd.DataFrame, msgs: pd.DataFrame)
     own0, own1 = subtract(starts, ends, s0, s1)
     own = pd.DataFrame({"start_ns": own0, "end_ns": own1, "kind": "client",
                         "part": "client: " + names[np.searchsorted(starts, own0, side="right") - 1]})
-    out = pd.concat([own, waited], ignore_index=True)
-    return out.assign(job=-1, key=None, process=out.kind.map({"client": "client", "scheduler": "scheduler"}),
-                      batch_ns=0)[["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]]
+    waited = _through_workers(waited.assign(process=waited.kind.map({"scheduler": "scheduler"})),
+                              exchanges(msgs, "scheduler", None))
+    out = pd.concat([own.assign(process="client"), waited], ignore_index=True)
+    return out.assign(job=-1, key=None, batch_ns=0)[["job", "start_ns", "end_ns", "kind", "part", "key", "process",
+                                                     "batch_ns"]]
+
+
+def _through_workers(waited: pd.DataFrame, x: pd.DataFrame) -> pd.DataFrame:
+    """The scheduler answering the client after asking a worker itself (a gather): the exchange whose
+    reply came last is the wire's and that worker's time, not the scheduler's."""
+    rows = []
+    for seg in waited.itertuples(index=False):
+        inside = x[(x.req_first >= seg.start_ns) & (x.rep_last <= seg.end_ns)] if seg.kind == "scheduler" else x.iloc[:0]
+        if inside.empty:
+            rows.append(seg._asdict())
+            continue
+        e = inside.loc[inside.rep_last.idxmax()]
+        for start, end, kind, part, process in (
+                (seg.start_ns, e.req_first, "scheduler", seg.part, "scheduler"),
+                (e.req_first, e.req_last, "network", "scheduler's request to a worker", None),
+                (e.req_last, e.rep_first, "worker", "answering the scheduler", e.dst),
+                (e.rep_first, e.rep_last, "network", "worker's reply to the scheduler", None),
+                (e.rep_last, seg.end_ns, "scheduler", seg.part, "scheduler")):
+            if end > start:
+                rows.append({"start_ns": start, "end_ns": end, "kind": kind, "part": part, "process": process})
+    return pd.DataFrame(rows, columns=["start_ns", "end_ns", "kind", "part", "process"])

@@ -16,9 +16,9 @@ from .attribution import attribute, totals
 from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED, classify_stacks,
                          default_rules, load_rules)
 from .cpu import classify_samples, cpu_by_category, cpu_time
-from .critical_path import critical_paths, exchanges
+from .critical_path import critical_paths
 from .findings import findings
-from .jobs import client_gaps, graph_jobs, job_of, session, told
+from .jobs import client_gaps, exchanges, graph_jobs, job_of, session, told
 from .tasks import assign_jobs, recomputed, tasks_table
 from .thread_state import thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle

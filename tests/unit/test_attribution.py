@@ -162,3 +162,18 @@ def test_a_client_waiting_for_the_scheduler_to_answer_is_not_the_clients_own_tim
     assert ms(out, "gil_contention") == pytest.approx(5.9)
     assert ms(out, "client") == pytest.approx(44 - 6.1)
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
+
+
+def test_a_gather_the_scheduler_passes_on_to_a_worker_is_the_wire_and_that_worker():
+    s = two_task_chain(Scenario())
+    s.message("client", "scheduler", 70, 70.1, "gather")                # after the job: no job in the cluster
+    ask = s.message("scheduler", "worker-0", 71, 75, "get_data")        # 4 ms on the wire
+    s.message("worker-0", "scheduler", 80, 84, "reply")                  # the worker 5 ms, 4 ms back
+    s.msgs[-1]["reply_to"] = ask
+    s.message("scheduler", "client", 85, 85.1, "reply")
+    out = split(s)
+    parts = out["critical_path_parts_s"]
+    assert parts["network: scheduler's request to a worker [network]"] == pytest.approx(0.004)
+    assert parts["network: worker's reply to the scheduler [network]"] == pytest.approx(0.004)
+    assert sum(v for k, v in parts.items() if k.startswith("worker: answering the scheduler")) == pytest.approx(0.005)
+XX
