@@ -176,4 +176,4 @@ def test_a_gather_the_scheduler_passes_on_to_a_worker_is_the_wire_and_that_worke
     assert parts["network: scheduler's request to a worker [network]"] == pytest.approx(0.004)
     assert parts["network: worker's reply to the scheduler [network]"] == pytest.approx(0.004)
     assert sum(v for k, v in parts.items() if k.startswith("worker: answering the scheduler")) == pytest.approx(0.005)
-XX
+    assert ms(out, "client") == pytest.approx(44 - 15.1)  # the client's own: all but 70 -> 85.1
