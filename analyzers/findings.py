@@ -156,7 +156,7 @@ def _transfers(s: dict) -> dict | None:
 
 
 def _workers_wait(s: dict) -> dict | None:
-    own = ("[runtime_bookkeeping]", "[scheduler_decisions]", "[uncategorized]")  # its own work, not its waits
+    own = ("[runtime_bookkeeping]", "[scheduler_decisions]")  # its own work (by samples), not its waits
     sec = sum(v for k, v in s["critical_path_parts_s"].items() if k.startswith("scheduler:") and k.endswith(own))
     idle = s.get("worker_idle_s") or {}
     mean_idle = sum(idle.values()) / len(idle) / s["makespan_s"] if idle and s["makespan_s"] else 0.0

@@ -33,8 +33,9 @@ class Scenario:
         self.message("scheduler", dst, t0, t1, "key-in-memory", key)
 
     def task(self, key, worker, sent, recv, start, stop, fsent, frecv, deps=(), thread=1, outcome="finished",
-             moved=None) -> None:
-        """One dispatch: compute-task sent/received, compute span, task-finished sent/received (ms)."""
+             moved=None, transfer=(None, None)) -> None:
+        """One dispatch: compute-task sent/received, compute span, task-finished sent/received (ms);
+        transfer: the span in which the worker fetched its inputs."""
         self.message("scheduler", worker, sent, recv, "compute-task", key)
         done = outcome == "finished"
         if done:
@@ -44,8 +45,8 @@ class Scenario:
             "key": key, "attempt": sum(a["key"] == key for a in self.attempts), "run_id": len(self.attempts),
             "worker": worker, "deps": list(deps), "compute_sent_ns": int(sent * MS), "compute_recv_ns": int(recv * MS),
             "finished_sent_ns": ns(fsent), "finished_recv_ns": ns(frecv), "nbytes": 8, "thread": thread,
-            "compute_start_ns": ns(start), "compute_stop_ns": ns(stop), "transfer_start_ns": pd.NA,
-            "transfer_stop_ns": pd.NA, "outcome": outcome, "moved_ns": pd.NA if moved is None else int(moved * MS),
+            "compute_start_ns": ns(start), "compute_stop_ns": ns(stop), "transfer_start_ns": ns(transfer[0]),
+            "transfer_stop_ns": ns(transfer[1]), "outcome": outcome, "moved_ns": pd.NA if moved is None else int(moved * MS),
             "prefix": key.rsplit("-", 1)[0], "scheduler_delay_ns": 0})
 
     def state(self, process: str, state: str, t0: float, t1: float, tid: int | None = None) -> None:

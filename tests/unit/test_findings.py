@@ -57,3 +57,72 @@ def test_gil_contention_names_the_thread_that_held_the_gil():
     f = found(s)["gil-contention"]
     assert "thread 'busy-plugin' of scheduler, in spin (plugin.py:1)" in f["evidence"], f
     assert "gil-contention" not in found(short_session(Scenario()))
+
+
+def test_a_scheduler_short_of_cpu_is_cpu_starvation():
+    s = short_session(Scenario())
+    s.state("scheduler", "runnable", 36, 44)
+    assert "cpu-starvation" in found(s)
+    assert "cpu-starvation" not in found(short_session(Scenario()))
+
+
+def test_slow_worker_choice_is_a_decisions_finding():
+    s = short_session(Scenario())
+    for t in (37, 39, 41, 43):
+        s.sample("scheduler", t, "SchedulerState.decide_worker_non_rootish")
+    assert "scheduler-decisions" in found(s)
+    assert "scheduler-decisions" not in found(short_session(Scenario()))
+
+
+def test_tasks_small_for_their_overhead():
+    s = short_session(Scenario())
+    for t in (37, 39, 41, 43):
+        s.sample("scheduler", t, "SchedulerState._transition_waiting_processing")
+    assert "task-overhead" in found(s)  # 10 ms of compute per task, 28 ms of makespan per task
+    assert "task-overhead" not in found(short_session(Scenario()))
+
+
+def test_a_graph_slow_to_dispatch_is_a_materialization_finding():
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["a-0"])
+    s.task("a-0", "worker-0", 40, 41, 42, 52, 55, 56)  # 29 ms from the graph to its first dispatch
+    s.told("a-0", 57, 58)
+    s.message("client", "scheduler", 58.5, 59, "close-client")
+    assert "graph-materialization" in found(s)
+    assert "graph-materialization" not in found(two_task_chain(Scenario()))  # 9 ms of 100
+
+
+def test_inputs_fetched_from_another_worker_are_a_transfers_finding():
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["b-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 25, 26)
+    ask = s.message("worker-1", "worker-0", 30, 31, "get_data")
+    s.message("worker-0", "worker-1", 45, 46, "reply")  # 14 ms serving, fetched over 28-47
+    s.msgs[-1]["reply_to"] = ask
+    s.task("b-0", "worker-1", 27, 28, 48, 58, 59, 60, deps=["a-0"], transfer=(28, 47))
+    s.told("b-0", 61, 62)
+    s.message("client", "scheduler", 62.5, 63, "close-client")
+    assert "transfers" in found(s)
+    assert "transfers" not in found(short_session(Scenario()))
+
+
+def test_a_slow_wire_is_a_network_finding():
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["a-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 25, 45)  # task-finished 20 ms on the wire
+    s.told("a-0", 46, 47)
+    s.message("client", "scheduler", 47.5, 48, "close-client")
+    assert next(iter(found(s))) == "network"
+    assert "network" not in found(two_task_chain(Scenario()))  # 6 ms of 100
+
+
+def test_idle_workers_behind_a_busy_scheduler_are_scheduler_bound():
+    s = short_session(Scenario())
+    for t in range(12, 66, 2):  # the scheduler's loop busy in its own work the whole job
+        s.sample("scheduler", t, "SchedulerState._transition_waiting_processing")
+    s.task("c-0", "worker-1", 62, 62.5, 63, 63.5, 63.7, 64)  # worker-1 held one task for 2 ms
+    assert "scheduler-bound" in found(s)
+    assert "scheduler-bound" not in found(short_session(Scenario()))
