@@ -104,8 +104,12 @@ def client_waits(msgs: pd.DataFrame) -> pd.DataFrame:
     c = c.sort_values(["conn", "t_first_ns"], kind="stable")
     nxt = c.groupby("conn")[["src_role", "op", "t_first_ns", "t_last_ns"]].shift(-1)
     hit = (c.src_role == "client") & (nxt.src_role == "scheduler") & nxt.op.isin(ANSWERS)
-    w = pd.DataFrame({"op": c.op[hit], "req_first": c.t_first_ns[hit], "req_last": c.t_last_ns[hit],
-                      "rep_first": nxt.t_first_ns[hit].astype("int64"), "rep_last": nxt.t_last_ns[hit].astype("int64")})
+    req_last = c.t_last_ns[hit].astype("int64")
+    # Handshakes cross: on a slow link the scheduler's can reach the proxy before the client's has
+    # left it. The overlap is the request's wire time, counted once.
+    rep_first = np.maximum(nxt.t_first_ns[hit].astype("int64"), req_last)
+    w = pd.DataFrame({"op": c.op[hit], "req_first": c.t_first_ns[hit], "req_last": req_last,
+                      "rep_first": rep_first, "rep_last": np.maximum(nxt.t_last_ns[hit].astype("int64"), rep_first)})
     w = w.sort_values("req_first", ignore_index=True)
     return w[w.req_first.to_numpy() >= np.r_[0, np.maximum.accumulate(w.rep_last.to_numpy())[:-1]]]
 

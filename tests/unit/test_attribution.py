@@ -164,6 +164,15 @@ def test_a_client_waiting_for_the_scheduler_to_answer_is_not_the_clients_own_tim
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
 
 
+def test_handshakes_that_cross_on_a_slow_link_are_counted_once():
+    s = two_task_chain(Scenario())
+    s.message("client", "scheduler", 1, 5, "handshake")      # 4 ms on a delayed link
+    s.message("scheduler", "client", 1.1, 5.1, "handshake")  # sent on connect: reaches the proxy first
+    out = split(s)
+    assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
+    assert ms(out, "network") == pytest.approx(6 + 4 + 0.1)
+
+
 def test_a_gather_the_scheduler_passes_on_to_a_worker_is_the_wire_and_that_worker():
     s = two_task_chain(Scenario())
     s.message("client", "scheduler", 70, 70.1, "gather")                # after the job: no job in the cluster
