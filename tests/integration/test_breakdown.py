@@ -85,4 +85,5 @@ def test_client_work_between_computations_is_the_clients(tmp_path):
 
 def test_known_compute_is_found_on_the_critical_path(tmp_path):
     s = summary(tmp_path, "sleep", "chain", "--probes", "proxy", env={"TASK_S": "0.05"})
-    assert s["critical_path_s"]["compute"] == pytest.approx(2 * 40 * 0.05, rel=0.05)
+    # each task sleeps 50 ms: no less, and a loaded machine wakes a sleeper late (a few ms per task)
+    assert 0.98 * 2 * 40 * 0.05 <= s["critical_path_s"]["compute"] <= 1.15 * 2 * 40 * 0.05

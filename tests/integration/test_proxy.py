@@ -124,6 +124,12 @@ def accounted(capture: Path) -> int:
     return len(cap.connections) + len(cap.lost)
 
 
+def listen_drops() -> int:
+    """Connections the kernel dropped from full accept queues, machine-wide (TcpExt ListenDrops)."""
+    head, values = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines()[:2]]
+    return int(dict(zip(head, values))["ListenDrops"])
+
+
 def wait_for(predicate, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -248,7 +254,7 @@ def test_route_serves_on_after_running_out_of_fds(proxied, tmp_path):
 
 def test_route_serves_on_after_ten_thousand_resets(proxied):
     echo, port, capture, proc = proxied
-    cpu, start = cpu_s(proc.pid), time.monotonic()
+    cpu, start, dropped = cpu_s(proc.pid), time.monotonic(), listen_drops()
     for _ in range(10_000):
         reset(port)
     busy, wall = cpu_s(proc.pid) - cpu, time.monotonic() - start
@@ -257,7 +263,10 @@ def test_route_serves_on_after_ten_thousand_resets(proxied):
     time.sleep(1)
     idle = cpu_s(proc.pid) - before
     still_serves(port, 6)
-    wait_for(lambda: accounted(capture) == 10_001, timeout=60)
+    # A connection the kernel dropped from a full accept queue was reset before any accept could
+    # see it: the kernel counts it (ListenDrops), and only it may be missing.
+    dropped = listen_drops() - dropped
+    wait_for(lambda: 10_001 - dropped <= accounted(capture) <= 10_001, timeout=60)
     print(f"10,000 resets: {wall:.1f} s, proxy CPU {busy:.2f} s, then {idle:.2f} s in 1 s idle")
     assert busy < 5.0, "over 0.5 ms of proxy CPU per connection"
     assert idle < 0.1, "the proxy spins after the resets"
