@@ -201,7 +201,9 @@ class Agent:
 
     def out(self, name: str, mode: str = "a"):
         if name not in self.files:
-            self.files[name] = open(os.path.join(self.args.out, name), mode)
+            # never through a symlink planted where a capture goes (ELOOP instead)
+            fd = os.open(os.path.join(self.args.out, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+            self.files[name] = os.fdopen(fd, mode)
         return self.files[name]
 
     def watch(self, pid: int, name: str, python: bool) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .base import CLUSTER_ROLES, Probe, tsv_rows
-from .rundir import RunDir
+from .rundir import RunDir, open_append
 
 CAPTURE = "proc.tsv"
 THREADS = "threads.tsv"
@@ -49,8 +49,8 @@ class ProcFS(Probe):
         self.thread = None
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
-        self.out = open(run / "captures" / CAPTURE, "a")
-        self.names, self.named = open(run / "captures" / THREADS, "a"), set()
+        self.out = open_append(run / "captures" / CAPTURE, text=True)
+        self.names, self.named = open_append(run / "captures" / THREADS, text=True), set()
         self.thread = threading.Thread(target=self._loop, name="daskprobe-procfs", daemon=True)
         self.thread.start()
 

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .rundir import open_append
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -27,7 +29,7 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
     only the user's command), logging to `log`, dying if daskprobe dies.
     nice > 0 lowers its priority (for helpers that must not slow what they measure)."""
-    out = open(log, "ab")
+    out = open_append(log)
     kw.setdefault("stdout", out)
     kw.setdefault("stdin", subprocess.DEVNULL)
 

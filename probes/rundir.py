@@ -35,6 +35,7 @@ class RunDir:
             out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
         run = cls(out)
         run.path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_if_others_can_move(run.path.parent)
         try:
             run.path.mkdir(mode=0o755)
         except FileExistsError:
@@ -89,7 +90,8 @@ class RunDir:
             table = pa.Table.from_pandas(df, schema=schema.arrow_schema(name), preserve_index=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise schema.SchemaError(f"table {name!r}: " + "; ".join(map(str, e.args))) from None
-        pq.write_table(table, path)
+        with open_new(path) as f:
+            pq.write_table(table, f)
         return path
 
     def table(self, name: str, missing_ok: bool = False) -> pd.DataFrame:
@@ -117,10 +119,31 @@ def _refuse_unless_ours_and_empty(path: Path) -> None:
         raise FileExistsError(f"{path} exists and is not empty")
 
 
-def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write a file afresh without following a symlink planted where it goes."""
+def _refuse_if_others_can_move(parent: Path) -> None:
+    """A directory on the way to the run that another user owns, or may write to without the
+    sticky bit, lets that user swap the run directory for a symlink after daskprobe made it."""
+    for d in [parent.resolve(), *parent.resolve().parents]:
+        st = os.stat(d)
+        theirs = st.st_uid not in (0, os.geteuid())
+        if theirs or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise PermissionError(f"{d} belongs to another user or is writable by others: a run directory under "
+                                  "it could be swapped for a symlink; give an --out elsewhere")
+
+
+def open_new(path: Path, mode: int = 0o644):
+    """A file opened afresh for writing (binary) without following a symlink planted where it goes."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as f:
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb")
+
+
+def open_append(path: Path, text: bool = False):
+    """A capture or log file opened for appending; a symlink where it goes is refused (ELOOP)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "a" if text else "ab")
+
+
+def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a file afresh without following a symlink planted where it goes."""
+    with open_new(path, mode) as f:
         f.write(data)

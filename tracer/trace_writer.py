@@ -17,7 +17,7 @@ import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from ..probes.rundir import RunDir
+from ..probes.rundir import RunDir, open_new
 
 SEQ = 1
 BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
@@ -118,7 +118,7 @@ class _Writer:
 
 def write(run: RunDir) -> None:
     procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("attempts")
-    with open(run.trace, "wb") as f:
+    with open_new(run.trace) as f:
         w = _Writer(f)
         tracks = _Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)

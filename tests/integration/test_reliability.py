@@ -135,6 +135,34 @@ def test_an_out_directory_others_control_is_refused(tmp_path):
     assert "Traceback" not in p.stderr and not any(theirs.iterdir())
 
 
+def test_a_run_under_a_directory_others_control_is_refused(tmp_path):
+    # they could swap the run directory for a symlink once daskprobe has made it
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534) if os.geteuid() == 0 else theirs.chmod(0o777)
+    p = daskprobe("run", "--out", str(theirs / "a" / "run"), "--", sys.executable, "-c", "pass")
+    assert p.returncode != 0 and "could be swapped for a symlink" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_no_file_of_a_run_is_written_through_a_planted_symlink(tmp_path):
+    from daskprobe.probes.rundir import open_append, open_new
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name, opener in (("log", open_append), ("table", open_new)):
+        (tmp_path / name).symlink_to(victim)
+        try:
+            opener(tmp_path / name).close()
+        except OSError:
+            pass  # refused (ELOOP)
+    (tmp_path / "proxy.bin").symlink_to(victim)
+    from daskprobe.probes.base import native_binary
+    p = subprocess.run([native_binary("daskprobe-proxy"), "--capture", str(tmp_path / "proxy.bin"),
+                        "--route", "127.0.0.1:0,127.0.0.1:9,x"], capture_output=True, text=True, timeout=10)
+    assert p.returncode != 0 and "cannot open capture file" in p.stderr, p.stderr
+    assert victim.read_text() == "precious"
+
+
 def test_run_json_is_not_written_through_a_planted_symlink(tmp_path):
     run = RunDir.create(str(tmp_path / "run"), ["x"])
     victim = tmp_path / "victim"
@@ -317,8 +345,32 @@ def test_open_serves_past_a_silent_peer_and_only_to_its_own_host(pinned_run):
         server.wait(10)
 
 
-@pytest.mark.parametrize("option", [["--delay-ms", "-1"], ["--sample-rate", "0"], ["--cpu-hz", "0"],
-                                    ["--workers", "0"], ["--threads", "-1"]])
+@pytest.mark.parametrize("option", [["--delay-ms", "-1"], ["--delay-ms", "inf"], ["--sample-rate", "0"],
+                                    ["--sample-rate", "nan"], ["--cpu-hz", "0"], ["--workers", "0"],
+                                    ["--threads", "-1"]])
 def test_bad_options_are_refused_with_a_message(option):
     p = daskprobe("run", *option, "--", sys.executable, "-c", "pass")
     assert p.returncode == 2 and option[0] in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("kind", ["not empty", "a file", "read-only"])
+def test_an_unusable_out_is_refused_with_a_message(tmp_path, kind):
+    out = tmp_path / "out"
+    if kind == "not empty":
+        out.mkdir()
+        (out / "mine").write_text("keep")
+    elif kind == "a file":
+        out.write_text("keep")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a read-only filesystem needs root")
+        (tmp_path / "ro").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(tmp_path / "ro")], check=True)
+        out = tmp_path / "ro" / "run"
+    try:
+        p = daskprobe("run", "--out", str(out), "--", sys.executable, "-c", "pass")
+    finally:
+        if kind == "read-only":
+            subprocess.run(["umount", "-l", str(tmp_path / "ro")])
+    assert p.returncode != 0 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert kind == "read-only" or "keep" in ((out / "mine") if kind == "not empty" else out).read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ def _number(kind, low: float, what: str):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if v < low or (low == 0 and what == "positive" and v == 0) or v != v:
+        if v < low or (low == 0 and what == "positive" and v == 0) or not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{text} must be {what}")
         return v
     return parse
@@ -93,7 +94,7 @@ def new_run(RunDir, out: str | None, command: list[str]):
     """A new run directory, or a clear refusal (see RunDir.create)."""
     try:
         return RunDir.create(out, command)
-    except (FileExistsError, PermissionError, NotADirectoryError) as e:
+    except OSError as e:  # exists, not ours, not a directory, a read-only or full filesystem
         raise SystemExit(f"daskprobe: --out: {e}")
 
 

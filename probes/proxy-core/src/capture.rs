@@ -4,6 +4,7 @@
 
 use crate::failures::log;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::io::{self, Write};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread;
@@ -11,6 +12,12 @@ use std::time::Duration;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const WRITE_AT: usize = 1 << 20;
+
+// <fcntl.h>'s O_NOFOLLOW (std has no libc constants; arm's differs)
+#[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
+const O_NOFOLLOW: i32 = 0o100000;
+#[cfg(not(any(target_arch = "aarch64", target_arch = "arm")))]
+const O_NOFOLLOW: i32 = 0o400000;
 
 pub struct Capture {
     file: File,
@@ -20,7 +27,8 @@ pub struct Capture {
 
 impl Capture {
     pub fn open(path: &str) -> io::Result<Capture> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        // never through a symlink planted where the capture goes (ELOOP instead)
+        let file = OpenOptions::new().create(true).append(true).custom_flags(O_NOFOLLOW).open(path)?;
         let end = file.metadata()?.len();
         Ok(Capture { file, end, buf: Vec::with_capacity(WRITE_AT) })
     }

@@ -29,6 +29,7 @@ use py_spy::{Config, PythonSpy};
 use remote::Remote;
 use std::collections::HashMap;
 use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::io::{BufRead, BufWriter, Write};
 use std::rc::Rc;
 use std::sync::mpsc::{channel, Receiver};
@@ -244,7 +245,9 @@ fn main() {
     // Pausing the target costs it time; read its memory while it runs unless
     // native stacks are wanted (they need the pause).
     config.blocking = if args.native { LockingStrategy::Lock } else { LockingStrategy::NonBlocking };
-    let file = OpenOptions::new().create(true).append(true).open(&args.out).expect("cannot open --out");
+    // never through a symlink planted where the capture goes (ELOOP instead)
+    let file = OpenOptions::new().create(true).append(true).custom_flags(libc::O_NOFOLLOW).open(&args.out)
+        .expect("cannot open --out");
     let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default(), samples: Vec::new() };
     let new_pids = read_pids();
     let mut targets: Vec<Target> = Vec::new();
