@@ -151,13 +151,14 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "proxy_delay_us": spec.proxy_delay_us,
                              "scheduler": spec.scheduler, "worker": spec.worker,
-                             "server_cmd": spec.server_cmd, "python": spec.python},
-                    versions={"daskprobe": _own_version(), "host": platform.platform(),
-                              "cluster": interpreter_versions(spec.python)})
-    _check_client_python(command, run.meta()["versions"]["cluster"])
-    cluster = Cluster(spec, run)
-    code, client, started = 1, None, []
-    try:
+                             "server_cmd": spec.server_cmd, "python": spec.python})
+    code, client, started, cluster = 1, None, [], None
+    try:  # from here on a signal, at whatever phase, unwinds through the same teardown
+        versions = {"daskprobe": _own_version(), "host": platform.platform(),
+                    "cluster": interpreter_versions(spec.python)}
+        run.update_meta(versions=versions)
+        _check_client_python(command, versions["cluster"])
+        cluster = Cluster(spec, run)
         phases = [("layout", time.perf_counter())]
         cluster.layout()
         _start_probes(probes, run, cluster.ports(), started)
@@ -185,15 +186,18 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         code = 128 + e.signum
     finally:
         signals.unwinding = False
-        _teardown(run, signals, client, cluster, started, command)
-    record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry)
+        stopped_early = _teardown(run, signals, client, cluster, started, command)
+    record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code
 
 
-def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster, started: list[Probe], command) -> None:
-    """Stop everything, each step whatever the others did: no orphans, whatever failed."""
-    steps = [("the command", lambda: _reap(client, signals.grace)), ("the cluster", lambda: cluster.stop(signals.grace))]
+def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, started: list[Probe],
+              command) -> bool:
+    """Stop everything, each step whatever the others did: no orphans, whatever failed.
+    True if a probe (or the proxy's capture) stopped before the end: the run is partial."""
+    steps = [("the command", lambda: _reap(client, signals.grace))]
+    steps += [("the cluster", lambda: cluster.stop(signals.grace))] if cluster else []
     steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
     for what, step in steps:
         try:
@@ -201,9 +205,24 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster, started: 
         except Exception as e:  # one failed stop must not leave the rest running
             say(f"stopping {what} failed: {type(e).__name__}: {e}")
     errors = {p.name: p.error for p in started if getattr(p, "error", None)}
-    record(run, processes=_processes(cluster, started, client, command), probe_errors=errors)
+    if cluster and (stopped := _proxy_capture_stopped(run)):
+        errors["proxy"] = stopped
+    if cluster:
+        record(run, processes=_processes(cluster, started, client, command))
+    record(run, probe_errors=errors)
     for name, error in errors.items():
-        say(f"probe {name} stopped early: {error}")
+        full = "No space left" in error or "quota" in error.lower()
+        say(f"probe {name} stopped early: {error}" + (f" ({disk_of(run.path)})" if full else ""))
+    return bool(errors)
+
+
+def _proxy_capture_stopped(run: RunDir) -> str | None:
+    """The proxy forwards on when its capture cannot be written; its log says why it stopped capturing."""
+    try:
+        log = run.log("proxy").read_text(errors="replace")
+    except OSError:
+        return None
+    return next((ln.strip() for ln in log.splitlines() if "capture stopped" in ln), None)
 
 
 def record(run: RunDir, **fields) -> None:

@@ -226,6 +226,17 @@ def test_a_signal_during_probe_startup_stops_everything(tmp_path):
     assert run.meta()["exit_code"] == 128 + signal.SIGINT and not marker.exists()
 
 
+def test_a_signal_before_the_cluster_starts_is_recorded(tmp_path):
+    # while daskprobe asks the cluster's interpreter for its versions, before anything is started
+    p, run, marker, go = start(tmp_path, "--workers", "1")
+    wait_for(lambda: (run / "run.json").exists(), what="the run directory")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM and not ours_in_a_traceback(err), err
+    meta = run.meta()
+    assert meta["exit_code"] == 128 + signal.SIGTERM and meta["partial"] is False and "ended" in meta
+
+
 def test_a_second_ctrl_c_hurries_the_teardown_and_still_records_the_run(tmp_path):
     p, run, marker, go = start(tmp_path, "--workers", "1")
     wait_for(marker.exists, what="the flow to start")
@@ -291,7 +302,7 @@ with Client() as c:
         assert not ours_in_a_traceback(p.stderr.split("stage failed")[0])
         assert f"filesystem at {disk}" in p.stderr, p.stderr[-3000:]
         run = RunDir(disk / "run")
-        json.loads((run / "run.json").read_text())  # still a whole file
+        assert json.loads((run / "run.json").read_text())["partial"] is True  # a whole file, and says so
         filler.unlink()
         b = daskprobe("build", str(run.path))
         assert b.returncode == 0, b.stderr[-3000:]
