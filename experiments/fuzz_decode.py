@@ -5,8 +5,8 @@
 Each input is one message a peer could send: random bytes, random msgpack
 values, or Dask ops (compute-task, task-finished, update-graph, ...) whose
 fields hold random values. They are written as the proxy writes captures, in
-batches, and decoded into the messages, attempts and graphs tables as a run's
-tables stage does. Every input must end up as at least one row (decoded, or
+batches, decoded into the messages, attempts and graphs tables and written
+against their schemas, as a run's tables stage does. Every input must end up as at least one row (decoded, or
 `undecodable` with its error); any exception is a failure and is printed with
 the input that caused it. Prints inputs, seconds, rows by kind and failures.
 (tests/unit/test_decode.py runs a few hundred such inputs under hypothesis.)
@@ -25,6 +25,7 @@ from pathlib import Path
 import msgpack
 
 from ..probes.proxy_capture import CaptureWriter, read_capture
+from ..probes.rundir import RunDir
 from ..tracer import tables
 from ..tracer.messages import messages_table
 from .workloads import count
@@ -79,8 +80,11 @@ def decode_batch(frames: list[bytes], path: Path) -> dict:
         w.f.flush()
     cap = read_capture(path)
     msgs, events = messages_table(cap, tables.connections_table(cap, PROCS), jobs=1)
-    tables.task_tables(events, msgs, ANCHOR)
-    tables.graphs_table(events["graphs"], msgs)
+    run = RunDir(path.parent)  # written as the tables stage writes them: checked against their schemas
+    (run / "tables").mkdir(exist_ok=True)
+    run.write_table("messages", msgs)
+    run.write_table("attempts", tables.task_tables(events, msgs, ANCHOR))
+    run.write_table("graphs", tables.graphs_table(events["graphs"], msgs))
     missing = set(range(len(frames))) - set(msgs.msg_id)
     if missing:
         raise AssertionError(f"{len(missing)} inputs left no row, e.g. {frames[min(missing)]!r}")

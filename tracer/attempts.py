@@ -24,6 +24,7 @@ def attempts_table(ev: dict, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
     first = msgs.drop_duplicates("msg_id").set_index("msg_id")
     at = lambda col, msg: first[col].reindex(msg).to_numpy()
     c = ev["compute"]
+    c = c[c.key.notna()]  # a compute-task without a key dispatches nothing (its message row stays)
     a = pd.DataFrame({"key": c.key, "run_id": c.run_id.astype("Int64"), "worker": at("dst", c.message),
                       "deps": c.deps, "compute_sent_ns": at("t_first_ns", c.message).astype("int64"),
                       "compute_recv_ns": at("t_last_ns", c.message).astype("int64")})

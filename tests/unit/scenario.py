@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 MS = 1_000_000
+META = {"sample_rate": 100.0, "cpu_hz": 99}
 PIDS = {"scheduler": 100, "worker-0": 200, "worker-1": 300, "client": 400}
 
 
@@ -97,3 +98,14 @@ SAMPLE_COLUMNS = ["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "st
 
 def _role(name: str) -> str:
     return name.split("-")[0]
+
+
+def two_task_chain(s: Scenario, connect: float = 0, leave: float = 100) -> Scenario:
+    """a-0 then b-1 on worker-0; the client connects at `connect` ms and leaves at `leave` ms."""
+    s.message("client", "scheduler", connect, connect + 0.5, "register-client")
+    s.graph(10, 11, ["b-1"])
+    s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
+    s.task("b-1", "worker-0", 45, 46, 47, 57, 60, 61, deps=["a-0"])
+    s.told("b-1", 65, 66)
+    s.message("client", "scheduler", leave - 0.5, leave, "close-client")
+    return s

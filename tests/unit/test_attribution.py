@@ -3,20 +3,7 @@
 import pytest
 
 from daskprobe.analyzers.summary import analyze
-from scenario import MS, Scenario
-
-META = {"sample_rate": 100.0, "cpu_hz": 99}
-
-
-def two_task_chain(s: Scenario, connect: float = 0, leave: float = 100) -> Scenario:
-    """a-0 then b-1 on worker-0; the client connects at `connect` ms and leaves at `leave` ms."""
-    s.message("client", "scheduler", connect, connect + 0.5, "register-client")
-    s.graph(10, 11, ["b-1"])
-    s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
-    s.task("b-1", "worker-0", 45, 46, 47, 57, 60, 61, deps=["a-0"])
-    s.told("b-1", 65, 66)
-    s.message("client", "scheduler", leave - 0.5, leave, "close-client")
-    return s
+from scenario import META, MS, Scenario, two_task_chain
 
 
 def split(s: Scenario, **kw) -> dict:

@@ -1,8 +1,7 @@
 """Findings fire on the evidence that calls for them, and stay quiet without it."""
 
 from daskprobe.analyzers.summary import analyze
-from scenario import Scenario
-from test_attribution import META, two_task_chain
+from scenario import META, Scenario, two_task_chain
 
 
 def found(s: Scenario) -> dict:
