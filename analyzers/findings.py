@@ -8,6 +8,8 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
+from .intervals import inside, union
+
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
 
@@ -15,7 +17,7 @@ SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "
 def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     """`s`: the summary so far; `t`: the decoded tables; `meta`: run.json."""
     session = s["session_s"] or 1.0
-    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s), _starvation(s, meta),
+    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s), _starvation(s, t, meta),
                          _gil(s, t), _decisions(s), _overhead(s), _network(s), _materialization(s),
                          _transfers(s), _workers_wait(s)) if f]
     for f in found:
@@ -74,15 +76,35 @@ def _client(s: dict) -> dict | None:
                     ) if sec else None
 
 
-def _starvation(s: dict, meta: dict) -> dict | None:
+def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
     sec = _cat(s, "cpu_starvation")
+    if not sec:
+        return None
     c = meta.get("cluster", {})
+    held = cpu_holders(t)
     return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
                     f"runnable without a CPU; the cluster ran {c.get('workers', '?')} worker(s) x "
                     f"{c.get('threads', '?')} thread(s) plus the scheduler and client"
-                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""),
-                    "the machine has more busy threads than cores: fewer workers or threads, or more cores"
-                    ) if sec else None
+                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else "")
+                    + (f"; meanwhile the CPUs ran {held}" if held else ""),
+                    "the machine has more busy threads than cores: fewer workers or threads, or more cores; "
+                    "or less of the work that held the CPUs")
+
+
+def cpu_holders(t: dict, top: int = 3) -> str | None:
+    """What the sampled threads on a CPU were doing while an event loop waited for one: the
+    largest (process, category) shares of on-CPU samples inside event loops' runnable intervals."""
+    states, cpu = t.get("thread_states"), t.get("cpu_samples")
+    if states is None or cpu is None or states.empty or cpu.empty:
+        return None
+    waits = states[(states.state == "runnable") & (states.tid == states.pid)]
+    running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
+    inside_ = inside(running.t_ns.to_numpy(), *union(waits.start_ns, waits.end_ns))
+    share = running[inside_].groupby(["process", "category"]).size()
+    if share.empty:
+        return None
+    share = (share / share.sum()).sort_values(ascending=False).head(top)
+    return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {int(inside_.sum())} samples)"
 
 
 def _gil(s: dict, t: dict) -> dict | None:

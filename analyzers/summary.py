@@ -106,7 +106,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
         "task_overhead_s": task_overhead(tasks),
         "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], _makespan(jobs), len(tasks)),
         "thread_states": "ebpf" if len(states) else "samples"}
-    summary["findings"] = findings(summary, t, meta)
+    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states}, meta)
     out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
            "in_flight": in_flight(attempts),
            "critical_path": path,

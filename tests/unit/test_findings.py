@@ -61,6 +61,10 @@ def test_gil_contention_names_the_thread_that_held_the_gil():
 def test_a_scheduler_short_of_cpu_is_cpu_starvation():
     s = short_session(Scenario())
     s.state("scheduler", "runnable", 36, 44)
+    for t in (37, 38, 39):  # meanwhile a worker's thread ran on the CPU
+        s.sample("worker-0", t, "SchedulerState.decide_worker_non_rootish")  # any stack: its category counts
+    starved = next(f for f in analyze(s.tables(), META).summary["findings"] if f["id"] == "cpu-starvation")
+    assert "worker-0 scheduler_decisions 100% (of 3 samples)" in starved["evidence"], starved
     assert "cpu-starvation" in found(s)
     assert "cpu-starvation" not in found(short_session(Scenario()))
 
