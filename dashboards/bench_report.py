@@ -7,6 +7,8 @@ status is ok. AOT (average overhead per task) = makespan / tasks.
 
 from __future__ import annotations
 
+import html
+
 from pathlib import Path
 
 import pandas as pd
@@ -86,29 +88,36 @@ def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
     rows = "".join(f"<tr><td>{r.workers}</td><td>{r.worker}</td><td>{r.server}</td>"
                    f"<td>{r.geometric_mean_speedup:.3f}</td><td>{r.graphs}</td></tr>" for r in table.itertuples())
     counts = results.status.value_counts().to_dict()
-    sections = [
-        section("Random vs work-stealing", "Speedup of the random scheduler over ws per graph: median makespan "
-                "under ws / median makespan under random (dimensionless; above 1, random is faster).",
-                (f := speedup_figure(speed)) and layout(f, "graph", "speedup of random over ws"),
-                empty="needs runs under both schedulers: --scheduler ws,random"),
-        f"<section><h2>Geometric mean speedup of random over ws (as the paper's Table II)</h2><table><tr>"
-        f"<th>workers</th><th>worker</th><th>server</th><th>geometric mean speedup</th><th>graphs</th></tr>"
-        f"{rows}</table></section>",
-        section("AOT against task count (zero worker)", "Average overhead per task, AOT = median makespan / "
-                "tasks, in seconds per task, against the graph's task count (log scale), zero worker only; bars: "
-                "the fastest and slowest repeat.",
-                (f := aot_vs_tasks(med)) and layout(f, "tasks", "AOT (s / task)"),
-                empty="needs zero-worker runs of graphs of several sizes: --worker zero --graphs merge-1K,merge-5K"),
-        section("AOT against worker count (zero worker)", "AOT = median makespan / tasks, seconds per task, "
-                "against the number of workers, per graph and scheduler, zero worker only; bars: the fastest and "
-                "slowest repeat.",
-                (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)"),
-                empty="needs zero-worker runs: --worker zero"),
-        section("Strong scaling", "Speedup against the fewest workers run: median makespan there / median "
-                "makespan, per graph and scheduler, normal worker only (dimensionless); dotted: linear speedup.",
-                (f := strong_scaling(med)) and layout(f, "workers", "speedup"),
-                empty="needs normal-worker runs at two or more worker counts: --workers 1,2,4"),
+    figures = [  # (title, caption, figure or None, the sweep that would draw it)
+        ("Random vs work-stealing", "Speedup of the random scheduler over ws per graph: median makespan "
+         "under ws / median makespan under random (dimensionless; above 1, random is faster).",
+         (f := speedup_figure(speed)) and layout(f, "graph", "speedup of random over ws"),
+         "runs under both schedulers: --scheduler ws,random"),
+        ("AOT against task count (zero worker)", "Average overhead per task, AOT = median makespan / "
+         "tasks, in seconds per task, against the graph's task count (log scale), zero worker only; bars: "
+         "the fastest and slowest repeat.",
+         (f := aot_vs_tasks(med)) and layout(f, "tasks", "AOT (s / task)"),
+         "zero-worker runs of graphs of several sizes: --worker zero --graphs merge-1K,merge-5K"),
+        ("AOT against worker count (zero worker)", "AOT = median makespan / tasks, seconds per task, "
+         "against the number of workers, per graph and scheduler, zero worker only; bars: the fastest and "
+         "slowest repeat.",
+         (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)"),
+         "zero-worker runs: --worker zero"),
+        ("Strong scaling", "Speedup against the fewest workers run: median makespan there / median "
+         "makespan, per graph and scheduler, normal worker only (dimensionless); dotted: linear speedup.",
+         (f := strong_scaling(med)) and layout(f, "workers", "speedup"),
+         "normal-worker runs at two or more worker counts: --workers 1,2,4"),
     ]
+    table_html = (f"<section><h2>Geometric mean speedup of random over ws (as the paper's Table II)</h2><table><tr>"
+                  f"<th>workers</th><th>worker</th><th>server</th><th>geometric mean speedup</th><th>graphs</th></tr>"
+                  f"{rows}</table></section>")
+    # a figure without data is left out; one line at the end says which sweep would draw it
+    sections = [section(t, c, f) for t, c, f, _ in figures[:1] if f is not None] + [table_html]
+    sections += [section(t, c, f) for t, c, f, _ in figures[1:] if f is not None]
+    missing = [f"{t} (needs {n})" for t, _, f, n in figures if f is None]
+    if missing:
+        sections.append("<section><p class='caption'>Not drawn, for lack of runs: "
+                        + html.escape("; ".join(missing)) + ".</p></section>")
     subtitle = f"{len(results)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     (out / "bench.html").write_text(page_html("daskprobe bench", subtitle, sections))
     return table

@@ -52,7 +52,8 @@ def write_html(run: RunDir) -> None:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
         drawn = [f for f in (fig(page) for fig in FIGURES) if f[2] is not None]  # no data: left out
-        sections = [headline(summary), findings_section(summary), prefix_table(page)] + [section(*f) for f in drawn]
+        titles = {f[0] for f in drawn} | ({"Task prefixes"} if not page.run.table("tasks").empty else set())
+        sections = [headline(summary), findings_section(summary, titles), prefix_table(page)] + [section(*f) for f in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -69,10 +70,26 @@ CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}.he
        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%;text-align:left}")
 
 
+def anchor(title: str) -> str:
+    """A section's id, from its title: what a finding links to."""
+    return "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+
+
 def section(title: str, caption: str, figure: go.Figure | None, empty: str = "no data for it in this run") -> str:
     body = (f"<p class='empty'>Not drawn: {html.escape(empty)}.</p>" if figure is None
             else figure.to_html(full_html=False, include_plotlyjs=False))
-    return f"<section><h2>{html.escape(title)}</h2><p class='caption'>{html.escape(caption)}</p>{body}</section>"
+    return (f"<section id='{anchor(title)}'><h2>{html.escape(title)}</h2><p class='caption'>{html.escape(caption)}"
+            f"</p>{body}</section>")
+
+
+# The figure (or table) that shows each finding's evidence, by its title; the first one drawn is linked.
+EVIDENCE = {"recomputed": ["Task prefixes"], "worker-saturation": ["Task stream", "Per-worker tasks in flight (busy vs idle)"],
+            "client": ["The critical path on a timeline"], "cpu-starvation": ["Where each job's time went"],
+            "gil-contention": ["GIL wait per thread"], "scheduler-decisions": ["Top functions in each category (scheduler)",
+                                                                                "Scheduler CPU over time, by category"],
+            "task-overhead": ["Per-task overhead (CDF)", "Task prefixes"],
+            "graph-materialization": ["The critical path on a timeline"], "transfers": ["Task stream"],
+            "scheduler-bound": ["Per-worker tasks in flight (busy vs idle)"], "network": ["The critical path on a timeline"]}
 
 
 def layout(fig: go.Figure, x: str, y: str) -> go.Figure:
@@ -134,7 +151,7 @@ def prefix_table(p: Page) -> str:
     head = ("<tr><th>prefix</th><th>tasks</th><th>attempts</th><th>compute, s</th><th>compute per task, ms</th>"
             "<th>overhead per task, ms (median)</th><th>result bytes, MB</th><th>share of the session on the "
             "critical path</th></tr>")
-    return (f"<section><h2>Task prefixes</h2><p class='caption'>Per key prefix (the 30 with most of the critical "
+    return (f"<section id='{anchor('Task prefixes')}'><h2>Task prefixes</h2><p class='caption'>Per key prefix (the 30 with most of the critical "
             "path): tasks (a key per job), attempts (dispatches; more than tasks when stolen or recomputed), compute "
             "seconds summed, mean compute per task, median overhead per task ((task-finished reaching the "
             "scheduler - ready) - compute), the results' sizes, and the share of the session its segments take on "
@@ -172,7 +189,7 @@ def per_job(p: Page):
             "futures in the cluster together).", layout(fig.update_layout(barmode="stack"), "", "seconds"))
 
 
-def findings_section(summary: dict) -> str:
+def findings_section(summary: dict, drawn: set[str] = frozenset()) -> str:
     found = summary.get("findings") or []
     if not found:
         return ("<section><h2>What to change</h2><p>No cause took 10% of the session or more, and no key was "
@@ -180,8 +197,14 @@ def findings_section(summary: dict) -> str:
     items = "".join(
         f"<li><b>{html.escape(f['title'])}</b>: {f['seconds']:.2f} s ({100 * f['share']:.0f}% of the session"
         + (f"; 90% interval {f['interval_s'][0]:.2f}-{f['interval_s'][1]:.2f} s" if f.get("interval_s") else "")
-        + f"). {html.escape(f['evidence'][:1].upper() + f['evidence'][1:])}.<br><i>Try</i>: {html.escape(f['advice'])}</li>" for f in found)
+        + f"). {html.escape(f['evidence'][:1].upper() + f['evidence'][1:])}.{_see(f['id'], drawn)}<br><i>Try</i>: "
+        f"{html.escape(f['advice'])}</li>" for f in found)
     return f"<section><h2>What to change</h2><ol>{items}</ol></section>"
+
+
+def _see(finding: str, drawn: set[str]) -> str:
+    title = next((t for t in EVIDENCE.get(finding, []) if t in drawn), None)
+    return f" <a href='#{anchor(title)}'>See: {html.escape(title.lower())}.</a>" if title else ""
 
 
 def critical_path(p: Page):

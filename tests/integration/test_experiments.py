@@ -98,7 +98,9 @@ def test_bench_sweeps_resumes_and_times_out(tmp_path):
     body = drawn(tmp_path, out / "bench.html")
     # speedups, AOT vs tasks, AOT vs workers; strong scaling needs the normal worker
     assert "data-errors" not in body and 'data-figures="3"' in body, body
-    assert "Not drawn: needs normal-worker runs at two or more worker counts" in (out / "bench.html").read_text()
+    page = (out / "bench.html").read_text()
+    assert "<h2>Strong scaling</h2>" not in page, "a figure without data is left out"
+    assert "Strong scaling (needs normal-worker runs at two or more worker counts" in page, "and says what would draw it"
 
     again = daskprobe(*sweep, timeout=60)
     assert again.returncode == 0 and "8 of 8 runs already done" in again.stderr
