@@ -15,11 +15,12 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
 from ..probes.rundir import RunDir, open_new
+from . import proto_wire as W
 
 SEQ = 1
+SEQ_HEAD = W.T.seq + W.varint(SEQ)
 BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
 RATE_BIN_NS = 100_000_000
 
@@ -49,71 +50,90 @@ class _Tracks:
 
 
 class _Writer:
+    """Packets as bytes (proto_wire), flushed in large writes; interned names, frames and stacks
+    are sent with the first packet that uses them."""
+
     def __init__(self, f):
-        self.b, self.first = StreamingTraceProtoBuilder(f), True
+        self.f, self.chunks, self.first = f, [], True
         self.names, self.functions, self.paths, self.mappings, self.frames, self.stacks = ({} for _ in range(6))
+        self.by_stack, self.frame_iid = {}, {}  # the run's stack_id -> callstack iid; (function, file) -> frame iid
 
     @staticmethod
-    def _intern(table: dict, key, add) -> int:
-        """The iid of key, adding it to this packet's interned data the first time."""
-        if key not in table:
-            table[key] = len(table) + 1
-            add(table[key])
-        return table[key]
+    def _intern(table: dict, key, new: list, entry) -> int:
+        """The iid of key; the first time, entry(iid) goes into this packet's interned data."""
+        iid = table.get(key)
+        if iid is None:
+            iid = table[key] = len(table) + 1
+            new.append(entry(iid))
+        return iid
 
-    def _packet(self) -> pb.TracePacket:
-        p = self.b.create_packet()
-        p.trusted_packet_sequence_id = SEQ
-        if self.first:
-            p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-            self.first = False
-        return p
+    def _packet(self, body: bytes, interned: bool = False) -> None:
+        flags = (pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED if self.first else 0) | \
+            (pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE if interned else 0)
+        self.first = False
+        head = SEQ_HEAD + (W.T.flags + W.varint(flags) if flags else b"")
+        self.chunks.append(W.sub(W.T.packet, head + body))
+        if len(self.chunks) >= 8192:
+            self.flush()
+
+    def raw(self, packet: bytes) -> None:
+        """A whole packet, encoded elsewhere (it must need no incremental state)."""
+        assert not self.first
+        self.chunks.append(packet)
+
+    def flush(self) -> None:
+        self.f.write(b"".join(self.chunks))
+        self.chunks.clear()
 
     def descriptor(self, d: pb.TrackDescriptor) -> None:
-        p = self._packet()
-        p.track_descriptor.CopyFrom(d)
-        self.b.write_packet(p)
+        self._packet(W.sub(W.T.descriptor, d.SerializeToString()))
 
-    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out: list | None = None,
-              flow_in: list | None = None,
+    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out=None, flow_in=None,
               args: dict | None = None) -> None:
-        p = self._packet()
-        p.timestamp = int(ts)
-        e = p.track_event
-        e.type, e.track_uuid = kind, track
+        e = W.T.ev_type + W.varint(kind) + W.T.ev_track + W.varint(track)
+        new = []
         if name is not None:
-            p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-            e.name_iid = self._intern(self.names, name,
-                                      lambda iid: p.interned_data.event_names.add(iid=iid, name=name))
+            e += W.T.ev_name + W.varint(self._intern(self.names, name, new, lambda i: W.sub(
+                W.T.in_event_names, W.T.iid + W.varint(i) + W.sub(W.T.name, name.encode()))))
         if value is not None:
-            e.double_counter_value = float(value)
-        e.flow_ids.extend(flow_out or ())  # flows that start at this slice or pass through it
-        e.terminating_flow_ids.extend(flow_in or ())
+            e += W.double(W.T.ev_value, float(value))
+        for f in flow_out or ():  # flows that start at this slice or pass through it
+            e += W.fixed64(W.T.ev_flow, f)
+        for f in flow_in or ():
+            e += W.fixed64(W.T.ev_flow_end, f)
         for k, v in (args or {}).items():
-            a = e.debug_annotations.add(name=k)
-            if isinstance(v, (int, np.integer)):
-                a.int_value = int(v)
-            else:
-                a.string_value = str(v)
-        self.b.write_packet(p)
+            v = W.T.arg_int + W.varint(int(v) & W.U64) if isinstance(v, (int, np.integer)) \
+                else W.sub(W.T.arg_str, str(v).encode())
+            e += W.sub(W.T.ev_arg, W.sub(W.T.arg_name, k.encode()) + v)
+        interned = W.sub(W.T.interned, b"".join(new)) if new else b""
+        self._packet(W.T.ts + W.varint(int(ts)) + interned + W.sub(W.T.track_event, e), name is not None)
 
+    def sample(self, ts: int, pid: int, tid: int, stack_id: int, frames: list[tuple[str, str]]) -> None:
+        """A CPU sample; frames are (function, file), root first, of the run's stack stack_id."""
+        new, cs = [], self.by_stack.get(stack_id)
+        if cs is None:
+            cs = self.by_stack[stack_id] = self._callstack(frames, new)
+        body = (W.T.sample_pid + W.varint(int(pid)) + W.T.sample_tid + W.varint(int(tid))
+                + W.T.sample_stack + W.varint(cs))
+        interned = W.sub(W.T.interned, b"".join(new)) if new else b""
+        self._packet(W.T.ts + W.varint(int(ts)) + interned + W.sub(W.T.perf_sample, body), True)
 
-    def sample(self, ts: int, pid: int, tid: int, frames: list[tuple[str, str]]) -> None:
-        """A CPU sample; frames are (function, file), root first."""
-        p = self._packet()
-        p.timestamp = int(ts)
-        p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-        d = p.interned_data
-        ids = []
-        for function, path in frames:
-            fn = self._intern(self.functions, function, lambda i: d.function_names.add(iid=i, str=function.encode()))
-            pth = self._intern(self.paths, path, lambda i: d.mapping_paths.add(iid=i, str=path.encode()))
-            mp = self._intern(self.mappings, pth, lambda i: d.mappings.add(iid=i, path_string_ids=[pth]))
-            ids.append(self._intern(self.frames, (fn, mp),
-                                    lambda i: d.frames.add(iid=i, function_name_id=fn, mapping_id=mp)))
-        cs = self._intern(self.stacks, tuple(ids), lambda i: d.callstacks.add(iid=i, frame_ids=ids))
-        p.perf_sample.pid, p.perf_sample.tid, p.perf_sample.callstack_iid = int(pid), int(tid), cs
-        self.b.write_packet(p)
+    def _callstack(self, frames: list[tuple[str, str]], new: list) -> int:
+        ids = [self.frame_iid.get(f) or self._frame(*f, new) for f in frames]
+        return self._intern(self.stacks, tuple(ids), new, lambda i: W.sub(
+            W.T.in_stacks, W.T.iid + W.varint(i) + b"".join(W.T.stack_frame + W.varint(f) for f in ids)))
+
+    def _frame(self, function: str, path: str, new: list) -> int:
+        fn = self._intern(self.functions, function, new, lambda i: W.sub(
+            W.T.in_functions, W.T.iid + W.varint(i) + W.sub(W.T.string, function.encode())))
+        pth = self._intern(self.paths, path, new, lambda i: W.sub(
+            W.T.in_paths, W.T.iid + W.varint(i) + W.sub(W.T.string, path.encode())))
+        mp = self._intern(self.mappings, pth, new, lambda i: W.sub(
+            W.T.in_mappings, W.T.iid + W.varint(i) + W.T.mapping_path + W.varint(pth)))
+        iid = self.frame_iid[(function, path)] = self._intern(self.frames, (fn, mp), new, lambda i: W.sub(
+            W.T.in_frames, W.T.iid + W.varint(i) + W.T.frame_function + W.varint(fn)
+            + W.T.frame_mapping + W.varint(mp)))
+        return iid
 
 
 def write(run: RunDir) -> None:
@@ -313,7 +333,8 @@ def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
               for r in run.table("stacks").itertuples()}
     for pid, tid, process in s[["pid", "tid", "process"]].drop_duplicates().itertuples(index=False):
         threads.track(process, pid, tid)
-    return pd.DataFrame({"ts": s.t_ns, "pid": s.pid, "tid": s.tid, "frames": s.stack_id.map(stacks)})
+    return pd.DataFrame({"ts": s.t_ns, "pid": s.pid, "tid": s.tid, "stack_id": s.stack_id,
+                         "frames": s.stack_id.map(stacks)})
 
 
 def _gil_slices(gil: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
@@ -359,13 +380,27 @@ def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.
     smp = samples.assign(order=1, kind=SAMPLE, track=0)
     ev = pd.concat([begins, ends, cnt, smp], ignore_index=True).sort_values(["ts", "order"], kind="stable")
     ev["track"] = ev.track.astype("int64")
-    for e in ev.itertuples(index=False):
-        if e.kind == SAMPLE:
-            w.sample(e.ts, e.pid, e.tid, e.frames)
-        elif e.kind == BEGIN:
-            w.event(e.ts, BEGIN, e.track, name=e.name, flow_out=e.flow_out, flow_in=e.flow_in,
-                    args=e.args)
-        elif e.kind == END:
-            w.event(e.ts, END, e.track)
+    ev["packet"] = None  # ends and counters need no interning: encoded together, in bulk
+    for kind, extra in ((END, []), (COUNTER, ["value"])):
+        mask = (ev.kind == kind).to_numpy()
+        if mask.any():
+            ev.loc[mask, "packet"] = pd.Series(_bulk(ev[mask], kind, extra), index=ev.index[mask], dtype=object)
+    cols = ["kind", "ts", "track", "name", "flow_out", "flow_in", "args", "pid", "tid", "stack_id", "frames", "packet"]
+    for kind, ts, track, name, flow_out, flow_in, args, pid, tid, stack_id, frames, packet in zip(
+            *(ev[c].tolist() if c in ev else [None] * len(ev) for c in cols)):
+        if kind == SAMPLE:
+            w.sample(ts, pid, tid, stack_id, frames)
+        elif kind == BEGIN:
+            w.event(ts, BEGIN, track, name=name, flow_out=flow_out, flow_in=flow_in, args=args)
         else:
-            w.event(e.ts, COUNTER, e.track, value=e.value)
+            w.raw(packet)
+    w.flush()
+
+
+def _bulk(ev: pd.DataFrame, kind: int, extra: list[str]) -> list[bytes]:
+    """Whole packets (no interned data) for track events of one kind, encoded together."""
+    te = [W.T.ev_type + W.varint(kind) + W.T.ev_track, W.varints(ev.track.to_numpy("int64"))]
+    if extra:  # the counter's value, a little-endian double
+        te += [W.T.ev_value, ev.value.to_numpy("float64").astype("<f8").view(np.uint8).reshape(-1, 8)]
+    body = [SEQ_HEAD + W.T.ts, W.varints(ev.ts.to_numpy("int64")), W.T.track_event, W.sized(te), *te]
+    return W.rows([W.T.packet, W.sized(body), *body])
