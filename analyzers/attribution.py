@@ -5,7 +5,10 @@ their own category. Time inside a process (scheduler or worker) is split by
 what that process's event-loop thread (its main thread) was doing:
 
 - waiting for the GIL (in take_gil): gil_contention;
-- runnable, with no CPU free: cpu_starvation;
+- runnable, with no CPU free: cpu_starvation; but while another thread of
+  the same process held the GIL on a CPU, gil_contention (given a CPU, the
+  loop would have waited for the GIL): the share of the process's sample
+  reads inside the loop's runnable time that found such a thread;
 - blocked: if another thread of the process did Dask work meanwhile (the
   scheduler materializes graphs on its offload thread while its loop waits),
   that work's category; else, in the last batched-send interval before the
@@ -114,10 +117,27 @@ def _by_states(segs: pd.DataFrame, states: pd.DataFrame, proc_cpu: pd.DataFrame,
     oncpu = np.clip(total - gil - runnable - batching - rest_blocked, 0, None)
     loop = proc_cpu[(proc_cpu.tid == pid) & proc_cpu.on_cpu]
     counts = loop[inside(loop.t_ns.to_numpy(), s0, s1)].category.value_counts()
-    fixed = [_all(segs.assign(seconds=x / 1e9), cat) for x, cat in
-             ((gil, "gil_contention"), (runnable, "cpu_starvation"), (idle, "idle"))]
+    fixed = [_all(segs.assign(seconds=x / 1e9), cat) for x, cat in ((gil, "gil_contention"), (idle, "idle"))]
+    fixed.append(_runnable(segs, runnable / 1e9, proc_cpu, pid, st["runnable"], s0, s1, f"{pool}:runnable"))
     fixed.append(_all(segs.assign(seconds=batching / 1e9, part=segs.part + " (batching)"), "runtime_bookkeeping"))
     return pd.concat([*fixed, work_rows, _split(segs, oncpu / 1e9, counts, f"{pool}:on-cpu", fallback)], ignore_index=True)
+
+
+def _runnable(segs, seconds, proc_cpu, pid, runnable, s0, s1, pool) -> pd.DataFrame:
+    """The loop's runnable time: gil_contention in the share of the process's sample reads inside
+    it (within the segments) that found another of its threads on a CPU holding the GIL, the rest
+    cpu_starvation. Without such reads (no Python sampler, no runnable time hit), all starvation."""
+    r0, r1, _ = intersect(s0, s1, *runnable)
+    reads = proc_cpu[proc_cpu.source == "pyspy"]
+    reads = reads[inside(reads.t_ns.to_numpy(), r0, r1)]
+    if reads.empty:
+        return _all(segs.assign(seconds=seconds), "cpu_starvation")
+    held = reads.on_cpu & reads.owns_gil.fillna(False).astype(bool) & (reads.tid != pid)
+    per_read = held.groupby(reads.t_ns).any()
+    counts = pd.Series({"gil_contention": int(per_read.sum()), "cpu_starvation": int((~per_read).sum())})
+    out = _split(segs, seconds, counts[counts > 0], pool)
+    out.loc[out.category == "gil_contention", "part"] += " (runnable, GIL held by another thread)"
+    return out
 
 
 def _offload(segs, b0, b1, seg, window, rest_blocked, proc_cpu, threads, states, pid, pool):

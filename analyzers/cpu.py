@@ -27,7 +27,8 @@ from .categories import UNCATEGORIZED
 from .intervals import inside, union
 from .thread_state import on_cpu_ns
 
-COLUMNS = ["t_ns", "pid", "tid", "process", "role", "source", "stack_id", "on_cpu", "category", "weight_s"]
+COLUMNS = ["t_ns", "pid", "tid", "process", "role", "source", "stack_id", "on_cpu", "owns_gil", "category",
+           "weight_s"]
 MAX_PERIODS = 3
 
 
@@ -44,6 +45,7 @@ def classify_samples(samples: pd.DataFrame, processes: pd.DataFrame, states: pd.
                         "role": s.pid.map(role).fillna("?"), "source": s.source, "stack_id": s.stack_id})
     out["weight_s"] = _weights(s, rate, cpu_hz)
     out["on_cpu"] = _on_cpu(s, states)
+    out["owns_gil"] = s.owns_gil.astype("boolean") if "owns_gil" in s else pd.array([pd.NA] * len(s), "boolean")
     out["category"] = s.stack_id.map(stack_category).fillna(UNCATEGORIZED).to_numpy(object)
     out.loc[out.role == "client", "category"] = "client"
     out.loc[_in_compute(s, attempts), "category"] = "compute"

@@ -291,6 +291,7 @@ ANALYSIS = {
         C("stack_id", "int64", "", "its stack (stacks.stack_id)"),
         C("on_cpu", "bool", "", "the thread was on a CPU: outside its eBPF off-CPU and GIL intervals where it has "
           "them, else the sampler's active; always for ebpf"),
+        C("owns_gil", "boolean", "", "the thread held the GIL (the Python sampler's flag); null for ebpf"),
         C("category", "str", "", "compute inside a task's compute span on the thread that ran it, client for the "
           "client's, else its stack's (stack_categories)"),
         C("weight_s", "float64", "s", "time it stands for without eBPF states: since its process's previous read "

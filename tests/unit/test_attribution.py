@@ -173,3 +173,16 @@ def test_a_gather_the_scheduler_passes_on_to_a_worker_is_the_wire_and_that_worke
     assert parts["network: worker's reply to the scheduler [network]"] == pytest.approx(0.004)
     assert sum(v for k, v in parts.items() if k.startswith("worker: answering the scheduler")) == pytest.approx(0.005)
     assert ms(out, "client") == pytest.approx(44 - 15.1)  # the client's own: all but 70 -> 85.1
+
+
+def test_a_loop_runnable_while_its_own_process_holds_the_gil_waits_for_the_gil():
+    s = two_task_chain(Scenario())
+    s.state("scheduler", "runnable", 36, 44)  # 8 ms on the path without a CPU
+    for t in (37, 39, 41, 43):  # four reads of the scheduler, its loop off the CPU in each
+        s.sample("scheduler", t, "SchedulerState.transition", active=False)
+    for t in (37, 39):  # in two, a thread of its own ran Python on a CPU
+        s.sample("scheduler", t, "spin", file="plugin.py", tid=101, name="busy-plugin")
+    out = split(s)
+    assert ms(out, "gil_contention") == pytest.approx(4) and ms(out, "cpu_starvation") == pytest.approx(4)
+    assert out["critical_path_interval_s"]["gil_contention"]["samples"] == 2
+    assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
