@@ -85,6 +85,10 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
             samples.append((int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", stack,
                             int(ident)))
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "ident"])
+    # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above
+    # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.
+    main = (s.tid > 2**31 - 1) & (s.thread_name == "MainThread")
+    s.loc[main, "tid"] = s.pid[main]
     st = pd.DataFrame({"stack_id": list(stacks.values()),
                        "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})
     fr = pd.DataFrame(frames, columns=["frame_id", "function", "filename", "line"])
