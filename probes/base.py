@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -47,6 +48,10 @@ class Probe:
     def stop(self, grace: float = 5.0) -> None:
         """Stop capturing; a helper process gets `grace` seconds to exit on its own."""
 
+    def died(self) -> str | None:
+        """Why its helper process ended while it should have been capturing, if it did."""
+        return ended_early(self.proc)
+
     def process_row(self) -> dict | None:
         """Its helper process as a `processes` row (role "probe"), so its cost is measured too."""
         if self.proc is None:
@@ -84,3 +89,12 @@ def tsv_rows(path: Path, columns: dict[str, str]) -> pd.DataFrame:
     for c in ints:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df.dropna(subset=ints).astype(columns).reset_index(drop=True)
+
+
+def ended_early(proc) -> str | None:
+    """How a helper process that should still run has ended (None if it runs or there is none)."""
+    code = proc.poll() if proc is not None else None
+    if code is None:
+        return None
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return f"its process ended during the run ({how}): nothing was captured after that"

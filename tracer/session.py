@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..probes.base import Probe
+from ..probes.base import Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, interpreter_versions
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
@@ -115,7 +115,10 @@ def _watch(probes: list[Probe], rows: list[dict]) -> None:
         if row["pid"]:
             for p in probes:
                 if row["role"] in p.roles:
-                    p.watch(row)
+                    try:
+                        p.watch(row)
+                    except OSError:  # its helper died (a broken pipe): teardown records that, the run goes on
+                        pass
 
 
 def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen | None = None,
@@ -196,6 +199,9 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
               command) -> bool:
     """Stop everything, each step whatever the others did: no orphans, whatever failed.
     True if a probe (or the proxy's capture) stopped before the end: the run is partial."""
+    died = {p.name: why for p in started if (why := p.died())}  # before stopping: then all have ended
+    if cluster and (why := ended_early(cluster.proxy)):
+        died["proxy"] = why
     steps = [("the command", lambda: _reap(client, signals.grace))]
     steps += [("the cluster", lambda: cluster.stop(signals.grace))] if cluster else []
     steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
@@ -204,7 +210,7 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
             step()
         except Exception as e:  # one failed stop must not leave the rest running
             say(f"stopping {what} failed: {type(e).__name__}: {e}")
-    errors = {p.name: p.error for p in started if getattr(p, "error", None)}
+    errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
     if cluster and (stopped := _proxy_capture_stopped(run)):
         errors["proxy"] = stopped
     if cluster:

@@ -385,3 +385,19 @@ def test_an_unusable_out_is_refused_with_a_message(tmp_path, kind):
             subprocess.run(["umount", "-l", str(tmp_path / "ro")])
     assert p.returncode != 0 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert kind == "read-only" or "keep" in ((out / "mine") if kind == "not empty" else out).read_text()
+
+
+@pytest.mark.parametrize("victim", ["probe:pyspy", "proxy"])
+def test_a_helper_killed_mid_run_makes_the_run_partial_and_says_so(tmp_path, victim):
+    p, run, marker, go = start(tmp_path, "--workers", "1", "--probes", "proxy,pyspy,proc")
+    wait_for(marker.exists, what="the flow to start")
+    pid = next(r["pid"] for r in run.meta()["processes"] if r["name"] == victim)
+    os.kill(pid, signal.SIGKILL)
+    go.touch()
+    _, err = p.communicate(timeout=180)
+    assert not ours_in_a_traceback(err), err
+    name = victim.removeprefix("probe:")
+    assert f"probe {name} stopped early: its process ended during the run (killed by SIGKILL)" in err, err
+    meta = run.meta()
+    assert meta["partial"] is True and "SIGKILL" in meta["probe_errors"][name] and meta["finalized"] is True
+    assert len(run.table("messages")) > 0 and len(run.table("samples")) > 0, "what was captured before is kept"

@@ -1,0 +1,199 @@
+"""Benchmark: what a run keeps when something breaks in the middle of it.
+
+    python -m daskprobe.experiments.faults
+    python -m daskprobe.experiments.faults --faults kill-worker,full-disk
+
+Each fault hits a `daskprobe run --workers 2 --nanny` of the same workload
+(a futures loop of 2 x 100 tasks of 50 ms, about 5 s, computed in two
+halves) once its first half is done:
+
+    none           nothing (the baseline the others are compared with)
+    kill-worker    SIGKILL of a worker (its nanny restarts it)
+    kill-proxy     SIGKILL of the proxy: every connection of the cluster drops
+    kill-sampler   SIGKILL of the Python sampler
+    kill-ebpf      SIGKILL of the eBPF agent
+    full-disk      the run directory's filesystem (a 20 MB tmpfs) fills up
+    resets         10,000 connections opened and reset on the scheduler's port
+
+For each: what the user's command saw (its exit code, its last line of
+stderr), what the run directory holds (finalized, errors, rows of the main
+tables) and what was lost (rows after the fault, against the same rows of
+the `none` run). Writes faults.csv in --out and prints a table. Needs root
+for full-disk (a tmpfs) and kill-ebpf (the agent); without it they are
+reported as not injected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from ..probes.rundir import RunDir
+
+FAULTS = ("none", "kill-worker", "kill-proxy", "kill-sampler", "kill-ebpf", "full-disk", "resets")
+FLOW = """
+import os, time
+from distributed import Client, wait
+def work(i):
+    time.sleep(0.05)
+    return i
+with Client() as c:
+    for half in range(2):
+        if half:
+            open({marker!r}, "w").close()
+            while not os.path.exists({go!r}):
+                time.sleep(0.05)
+        futures = [c.submit(work, i, key=f"work-{{half}}-{{i}}") for i in range(100)]
+        wait(futures)
+        assert sorted(c.gather(futures)) == list(range(100))
+"""
+TABLES = ("messages", "attempts", "samples", "gil_waits", "offcpu", "proc")
+
+
+def inject(fault: str, run: RunDir, disk: Path | None) -> str | None:
+    """Do the fault now; None if done, else why it could not be."""
+    procs = {p["name"]: p["pid"] for p in run.meta()["processes"]}
+    target = {"kill-worker": "worker-0", "kill-proxy": "proxy", "kill-sampler": "probe:pyspy"}.get(fault)
+    if fault == "kill-ebpf":
+        target = next((n for n in procs if n.startswith("probe:") and "gil" in n), "probe:ebpf")
+    if target:
+        if not procs.get(target):
+            return f"{target} is not running"
+        os.kill(procs[target], signal.SIGKILL)
+    elif fault == "full-disk":
+        with open(disk / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+    elif fault == "resets":
+        host, port = run.meta()["scheduler_address"][6:].rsplit(":", 1)
+        for _ in range(10_000):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.connect((host, int(port)))
+    return None
+
+
+def run_fault(fault: str, out: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        disk = None
+        if fault == "full-disk":
+            disk = tmp / "disk"
+            disk.mkdir()
+            if os.geteuid() or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)]).returncode:
+                return {"fault": fault, "injected": "no: mounting a small tmpfs needs root"}
+        run_dir = (disk or out) / f"run-{fault}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own earlier run
+        marker, go = tmp / "marker", tmp / "go"
+        flow = tmp / "flow.py"
+        flow.write_text(FLOW.format(marker=str(marker), go=str(go)))
+        cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--nanny", "--out",
+               str(run_dir), "--", sys.executable, str(flow)]
+        err = tmp / "stderr"
+        with open(err, "w") as e:
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=e)
+            deadline = time.monotonic() + 300
+            while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            at = time.monotonic_ns()
+            if not marker.exists():
+                why = "no: the run ended or hung before its first half was done"
+            else:
+                why = inject(fault, RunDir(run_dir), disk) if fault != "none" else None
+            go.touch()
+            try:
+                p.wait(300)
+            except subprocess.TimeoutExpired:  # as a user would: Ctrl-C, then kill
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        row = {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
+               "stderr_tail": _last_line(err)} | _holds(RunDir(run_dir), at, disk)
+        if disk:
+            subprocess.run(["umount", "-l", str(disk)])
+    return row
+
+
+def _last_line(err: Path) -> str:
+    lines = [ln for ln in err.read_text(errors="replace").splitlines() if ln.strip()]
+    daskprobe = [ln for ln in lines if ln.startswith("daskprobe:") and "run directory" not in ln]
+    return (daskprobe or lines or [""])[-1][:160]
+
+
+def _holds(run: RunDir, at: int, disk: Path | None) -> dict:
+    if disk:  # free the disk, then decode what was written, as a user would
+        (disk / "filler").unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", str(run.path)],
+                       capture_output=True, timeout=600)
+    try:
+        meta = run.meta()
+    except (OSError, ValueError) as e:
+        return {"run_json": f"unreadable: {e}"}
+    out = {"finalized": meta.get("finalized"), "partial": meta.get("partial"),
+           "errors": json.dumps(meta.get("finalize_errors", {}) | meta.get("probe_errors", {}))[:160]}
+    for name in TABLES:
+        try:
+            t = run.table(name)
+            time_col = next(c for c in ("t_first_ns", "compute_sent_ns", "t_ns", "start_ns", "out_ns") if c in t)
+        except Exception:  # missing or unreadable: that is what this benchmark reports
+            out[f"{name}_rows"], out[f"{name}_after"] = None, None
+            continue
+        out[f"{name}_rows"], out[f"{name}_after"] = len(t), int((t[time_col] > at).sum())
+    return out
+
+
+def lost(df: pd.DataFrame) -> pd.DataFrame:
+    """Per fault and table, the rows after the fault as a share of the `none` run's rows after its own
+    (its second half): 1.0 is nothing lost."""
+    base = df[df.fault == "none"]
+    for name in TABLES:
+        after = pd.to_numeric(df.get(f"{name}_after"), errors="coerce")
+        ref = after[df.fault == "none"].iloc[0] if len(base) else None
+        df[f"{name}_kept"] = after / ref if ref else None
+    return df
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--out", default="runs/faults")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    faults = args.faults.split(",")
+    rows = [run_fault(f, out) for f in (["none"] if "none" not in faults else []) + faults]
+    df = lost(pd.DataFrame(rows))
+    df.to_csv(out / "faults.csv", index=False)
+    t = Table(title="what a run keeps when something breaks (rows: total / after the fault; faults.csv has each share kept)")
+    for col in ("fault", "injected", "exit", "finalized", *TABLES, "what daskprobe said"):
+        t.add_column(col, overflow="fold")
+    for r in df.to_dict("records"):
+        t.add_row(r["fault"], r["injected"], str(r.get("exit_code")), str(r.get("finalized")),
+                  *(f"{r.get(f'{n}_rows')} / {r.get(f'{n}_after')}" for n in TABLES), r.get("stderr_tail", ""))
+    Console().print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
