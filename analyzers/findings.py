@@ -100,8 +100,9 @@ def cpu_holders(t: dict, top: int = 3) -> str | None:
     waits = states[(states.state == "runnable") & (states.tid == states.pid)]
     running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
     inside_ = inside(running.t_ns.to_numpy(), *union(waits.start_ns, waits.end_ns))
-    share = running[inside_].groupby(["process", "category"]).size()
-    if share.empty:
+    # weighted by the time each sample stands for: Python and eBPF samples come at different rates
+    share = running[inside_].groupby(["process", "category"]).weight_s.sum()
+    if share.empty or not share.sum():
         return None
     share = (share / share.sum()).sort_values(ascending=False).head(top)
     return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {int(inside_.sum())} samples)"

@@ -26,6 +26,7 @@ reported as not injected.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -68,12 +69,16 @@ def inject(fault: str, run: RunDir, disk: Path | None) -> str | None:
     """Do the fault now; None if done, else why it could not be."""
     procs = {p["name"]: p["pid"] for p in run.meta()["processes"]}
     target = {"kill-worker": "worker-0", "kill-proxy": "proxy", "kill-sampler": "probe:pyspy"}.get(fault)
-    if fault == "kill-ebpf":
-        target = next((n for n in procs if n.startswith("probe:") and "gil" in n), "probe:ebpf")
+    if fault == "kill-ebpf":  # the eBPF probe is named by its kinds: find it by its agent
+        agent = [r["name"] for r in run.meta()["processes"] if "ebpf_agent" in " ".join(map(str, r["command"] or []))]
+        target = agent[0] if agent else "the eBPF agent"
     if target:
         if not procs.get(target):
             return f"{target} is not running"
-        os.kill(procs[target], signal.SIGKILL)
+        try:
+            os.kill(procs[target], signal.SIGKILL)
+        except OSError as e:
+            return f"no: {e}"
     elif fault == "full-disk":
         with open(disk / "filler", "wb") as f:
             try:
@@ -84,15 +89,18 @@ def inject(fault: str, run: RunDir, disk: Path | None) -> str | None:
                 pass
     elif fault == "resets":
         host, port = run.meta()["scheduler_address"][6:].rsplit(":", 1)
-        for _ in range(10_000):
+        for i in range(10_000):
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                s.connect((host, int(port)))
+                try:
+                    s.connect((host, int(port)))
+                except OSError as e:
+                    return f"no: connection {i} failed: {e}"
     return None
 
 
 def run_fault(fault: str, out: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
         tmp = Path(tmp)
         disk = None
         if fault == "full-disk":
@@ -100,6 +108,7 @@ def run_fault(fault: str, out: Path) -> dict:
             disk.mkdir()
             if os.geteuid() or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)]).returncode:
                 return {"fault": fault, "injected": "no: mounting a small tmpfs needs root"}
+            cleanup.callback(subprocess.run, ["umount", "-l", str(disk)])
         run_dir = (disk or out) / f"run-{fault}"
         shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own earlier run
         marker, go = tmp / "marker", tmp / "go"
@@ -114,11 +123,13 @@ def run_fault(fault: str, out: Path) -> dict:
             while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             at = time.monotonic_ns()
-            if not marker.exists():
-                why = "no: the run ended or hung before its first half was done"
-            else:
-                why = inject(fault, RunDir(run_dir), disk) if fault != "none" else None
-            go.touch()
+            try:
+                if not marker.exists():
+                    why = "no: the run ended or hung before its first half was done"
+                else:
+                    why = inject(fault, RunDir(run_dir), disk) if fault != "none" else None
+            finally:
+                go.touch()  # the flow's second half goes on whatever happened
             try:
                 p.wait(300)
             except subprocess.TimeoutExpired:  # as a user would: Ctrl-C, then kill
@@ -128,11 +139,8 @@ def run_fault(fault: str, out: Path) -> dict:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        row = {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
-               "stderr_tail": _last_line(err)} | _holds(RunDir(run_dir), at, disk)
-        if disk:
-            subprocess.run(["umount", "-l", str(disk)])
-    return row
+        return {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
+                "stderr_tail": _last_line(err)} | _holds(RunDir(run_dir), at, disk)
 
 
 def _last_line(err: Path) -> str:
@@ -182,7 +190,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     faults = args.faults.split(",")
-    rows = [run_fault(f, out) for f in (["none"] if "none" not in faults else []) + faults]
+    if unknown := set(faults) - set(FAULTS):
+        p.error(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+    rows = []
+    for f in (["none"] if "none" not in faults else []) + faults:
+        rows.append(run_fault(f, out))
+        pd.DataFrame(rows).to_csv(out / "faults.csv", index=False)  # a later fault's crash keeps these
     df = lost(pd.DataFrame(rows))
     df.to_csv(out / "faults.csv", index=False)
     t = Table(title="what a run keeps when something breaks (rows: total / after the fault; faults.csv has each share kept)")

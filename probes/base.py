@@ -96,5 +96,8 @@ def ended_early(proc) -> str | None:
     code = proc.poll() if proc is not None else None
     if code is None:
         return None
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    try:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    except ValueError:  # a real-time signal has no name
+        how = f"killed by signal {-code}"
     return f"its process ended during the run ({how}): nothing was captured after that"

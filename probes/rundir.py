@@ -33,9 +33,10 @@ class RunDir:
         if out is None:
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
             out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
-        run = cls(out)
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        _refuse_if_others_can_move(run.path.parent)
+        path = Path(os.path.abspath(out))
+        _refuse_if_others_can_move(path.parent)  # before anything is made there
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run = cls(path.parent.resolve() / path.name)  # no later open goes through a symlink
         try:
             run.path.mkdir(mode=0o755)
         except FileExistsError:
@@ -120,13 +121,20 @@ def _refuse_unless_ours_and_empty(path: Path) -> None:
 
 
 def _refuse_if_others_can_move(parent: Path) -> None:
-    """A directory on the way to the run that another user owns, or may write to without the
-    sticky bit, lets that user swap the run directory for a symlink after daskprobe made it."""
-    for d in [parent.resolve(), *parent.resolve().parents]:
+    """A directory on the way to the run that another user owns, or that anyone may write to without
+    the sticky bit, lets them swap the run directory for a symlink after daskprobe made it. Trusted:
+    root, us, and the user who ran sudo (root profiling a checkout in their home)."""
+    trusted = {0, os.geteuid()} | ({int(os.environ["SUDO_UID"])} if os.environ.get("SUDO_UID", "").isdigit() else set())
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    for link in [d for d in [existing, *existing.parents] if d.is_symlink()]:  # its owner can re-point it
+        if os.lstat(link).st_uid not in trusted:
+            raise PermissionError(f"{link} is a symlink another user owns: give an --out elsewhere")
+    for d in [existing.resolve(), *existing.resolve().parents]:
         st = os.stat(d)
-        theirs = st.st_uid not in (0, os.geteuid())
-        if theirs or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise PermissionError(f"{d} belongs to another user or is writable by others: a run directory under "
+        if st.st_uid not in trusted or (st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX):
+            raise PermissionError(f"{d} belongs to another user or anyone may write to it: a run directory under "
                                   "it could be swapped for a symlink; give an --out elsewhere")
 
 

@@ -14,11 +14,15 @@ import numpy as np
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-_WIRE = {1: 1, 6: 1, 9: 2, 11: 2, 12: 2}  # double, fixed64: 64-bit; string, message, bytes: length-delimited
+# wire type by descriptor type: varints; 64-bit (double, fixed64); length-delimited (string, message, bytes)
+_WIRE = {t: 0 for t in (3, 4, 5, 8, 13, 14)} | {1: 1, 6: 1} | {9: 2, 11: 2, 12: 2}
 U64 = (1 << 64) - 1
 
 
 def varint(n: int) -> bytes:
+    """An unsigned varint; a signed int64 field is written as int(v) & U64 (10 bytes when negative)."""
+    if n < 0:
+        raise ValueError(f"varint of {n}: mask a signed value with & U64")
     if n < 0x80:
         return bytes((n,))
     out = bytearray()
@@ -32,7 +36,9 @@ def varint(n: int) -> bytes:
 def tag(message, field: str) -> bytes:
     """The key of `field` of a Perfetto message class: its number and wire type, from the descriptor."""
     f = message.DESCRIPTOR.fields_by_name[field]
-    return varint((f.number << 3) | _WIRE.get(f.type, 0))  # the rest are varints
+    if f.type not in _WIRE:
+        raise TypeError(f"{message.DESCRIPTOR.name}.{field}: descriptor type {f.type} is not encoded here")
+    return varint((f.number << 3) | _WIRE[f.type])
 
 
 def sub(key: bytes, body: bytes) -> bytes:
@@ -41,7 +47,7 @@ def sub(key: bytes, body: bytes) -> bytes:
 
 
 def fixed64(key: bytes, v: int) -> bytes:
-    return key + struct.pack("<Q", v & U64)
+    return key + struct.pack("<Q", int(v) & U64)
 
 
 def double(key: bytes, v: float) -> bytes:

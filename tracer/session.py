@@ -117,7 +117,7 @@ def _watch(probes: list[Probe], rows: list[dict]) -> None:
                 if row["role"] in p.roles:
                     try:
                         p.watch(row)
-                    except OSError:  # its helper died (a broken pipe): teardown records that, the run goes on
+                    except BrokenPipeError:  # its helper died: teardown records that, the run goes on
                         pass
 
 

@@ -56,7 +56,8 @@ class _Writer:
     def __init__(self, f):
         self.f, self.chunks, self.first = f, [], True
         self.names, self.functions, self.paths, self.mappings, self.frames, self.stacks = ({} for _ in range(6))
-        self.by_stack, self.frame_iid = {}, {}  # the run's stack_id -> callstack iid; (function, file) -> frame iid
+        # for speed, beside the interning tables: the run's stack_id -> callstack iid, (function, file) -> frame iid
+        self.by_stack, self.frame_iid = {}, {}
 
     @staticmethod
     def _intern(table: dict, key, new: list, entry) -> int:
@@ -80,6 +81,8 @@ class _Writer:
         """A whole packet, encoded elsewhere (it must need no incremental state)."""
         assert not self.first
         self.chunks.append(packet)
+        if len(self.chunks) >= 8192:
+            self.flush()
 
     def flush(self) -> None:
         self.f.write(b"".join(self.chunks))
@@ -400,7 +403,7 @@ def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.
 def _bulk(ev: pd.DataFrame, kind: int, extra: list[str]) -> list[bytes]:
     """Whole packets (no interned data) for track events of one kind, encoded together."""
     te = [W.T.ev_type + W.varint(kind) + W.T.ev_track, W.varints(ev.track.to_numpy("int64"))]
-    if extra:  # the counter's value, a little-endian double
+    if extra:  # double_counter_value: 8 bytes, little-endian, as the wire wants
         te += [W.T.ev_value, ev.value.to_numpy("float64").astype("<f8").view(np.uint8).reshape(-1, 8)]
     body = [SEQ_HEAD + W.T.ts, W.varints(ev.ts.to_numpy("int64")), W.T.track_event, W.sized(te), *te]
     return W.rows([W.T.packet, W.sized(body), *body])

@@ -13,11 +13,13 @@ use std::time::Duration;
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const WRITE_AT: usize = 1 << 20;
 
-// <fcntl.h>'s O_NOFOLLOW (std has no libc constants; arm's differs)
+// <fcntl.h>'s O_NOFOLLOW (std has no libc constants, and it differs by architecture)
 #[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
 const O_NOFOLLOW: i32 = 0o100000;
-#[cfg(not(any(target_arch = "aarch64", target_arch = "arm")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 const O_NOFOLLOW: i32 = 0o400000;
+#[cfg(not(any(target_arch = "aarch64", target_arch = "arm", target_arch = "x86_64", target_arch = "x86")))]
+compile_error!("O_NOFOLLOW: add this architecture's value from <fcntl.h>");
 
 pub struct Capture {
     file: File,

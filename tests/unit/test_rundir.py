@@ -1,0 +1,46 @@
+"""Where a run directory may be made: nowhere another user could swap it for a symlink."""
+
+import os
+
+import pytest
+
+from daskprobe.probes.rundir import RunDir
+
+NOBODY = 65534
+
+
+def test_a_group_writable_parent_of_ours_is_fine(tmp_path):  # umask 002, the default on many systems
+    (tmp_path / "runs").mkdir(mode=0o775)
+    os.chmod(tmp_path / "runs", 0o775)
+    run = RunDir.create(str(tmp_path / "runs" / "a"), ["x"])
+    assert (run / "captures").is_dir()
+
+
+def test_a_parent_anyone_may_write_without_the_sticky_bit_is_refused_before_anything_is_made(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(PermissionError, match="anyone may write"):
+        RunDir.create(str(open_dir / "deeper" / "run"), ["x"])
+    assert not (open_dir / "deeper").exists()
+    os.chmod(open_dir, 0o1777)  # sticky, as /tmp: others cannot move what is ours
+    assert RunDir.create(str(open_dir / "run"), ["x"]).path.is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_another_users_directory_or_symlink_is_refused_but_the_sudo_user_is_trusted(tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    with pytest.raises(PermissionError, match="another user"):
+        RunDir.create(str(theirs / "run"), ["x"])
+    link = tmp_path / "link"
+    (tmp_path / "ours").mkdir()
+    link.symlink_to(tmp_path / "ours")
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(PermissionError, match="symlink another user owns"):
+        RunDir.create(str(link / "run"), ["x"])
+    monkeypatch.setenv("SUDO_UID", str(NOBODY))  # root through sudo, in that user's own checkout
+    run = RunDir.create(str(theirs / "run"), ["x"])
+    assert run.path.is_dir() and run.path == theirs.resolve() / "run"
