@@ -36,7 +36,8 @@ class Stopped(Exception):
 
 def _stage(run: RunDir, name: str, fn) -> str | None:
     try:
-        fn(run)
+        with _progress(name):  # inside: a signal while it imports rich is this stage's interruption too
+            fn(run)
         return None
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", 2)
@@ -95,8 +96,7 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     for name, fn in filter(None, stages):
         start = time.perf_counter()
         try:
-            with _progress(name):
-                err = _stage(run, name, fn)
+            err = _stage(run, name, fn)
             if err:
                 errors[name] = err
         except Stopped as e:
