@@ -52,8 +52,9 @@ def write_html(run: RunDir) -> None:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
         drawn = [f for f in (fig(page) for fig in FIGURES) if f[2] is not None]  # no data: left out
-        titles = {f[0] for f in drawn} | ({"Task prefixes"} if not page.run.table("tasks").empty else set())
-        sections = [headline(summary), findings_section(summary, titles), prefix_table(page)] + [section(*f) for f in drawn]
+        prefixes = prefix_table(page)
+        titles = {f[0] for f in drawn} | ({"Task prefixes"} if prefixes else set())
+        sections = [headline(summary), findings_section(summary, titles), prefixes] + [section(*f) for f in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 

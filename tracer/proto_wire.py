@@ -104,16 +104,22 @@ def varints(values) -> tuple[np.ndarray, np.ndarray]:
     return groups, length
 
 
-def rows(parts: list) -> list[bytes]:
-    """Per row, its parts end to end; a part is constant bytes, a varints() pair, or an (n, k) uint8 array."""
+def _parts(parts: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each part as (bytes, one row per message; each row's length): constant bytes, a varints()
+    pair, or an (n, k) uint8 array."""
     n = next(len(p[1]) if isinstance(p, tuple) else len(p) for p in parts if not isinstance(p, bytes))
-    sized = [(np.frombuffer(p, np.uint8)[None, :].repeat(n, 0), np.full(n, len(p))) if isinstance(p, bytes) else
-             p if isinstance(p, tuple) else (p, np.full(n, p.shape[1])) for p in parts]
-    total = sum(length for _, length in sized)
+    return [(np.frombuffer(p, np.uint8)[None, :].repeat(n, 0), np.full(n, len(p))) if isinstance(p, bytes) else
+            p if isinstance(p, tuple) else (p, np.full(n, p.shape[1])) for p in parts]
+
+
+def rows(parts: list) -> list[bytes]:
+    """Per row, its parts end to end."""
+    sized_ = _parts(parts)
+    total = sum(length for _, length in sized_)
     ends = np.cumsum(total)
     starts = ends - total
-    out, at = np.empty(ends[-1] if n else 0, np.uint8), starts.copy()
-    for m, length in sized:
+    out, at = np.empty(ends[-1] if len(ends) else 0, np.uint8), starts.copy()
+    for m, length in sized_:
         keep = np.arange(m.shape[1]) < length[:, None]
         out[(at[:, None] + np.arange(m.shape[1]))[keep]] = m[keep]
         at += length
@@ -123,6 +129,4 @@ def rows(parts: list) -> list[bytes]:
 
 def sized(parts: list) -> tuple[np.ndarray, np.ndarray]:
     """Parts of a message, as the varints() pair of its length (to prefix a length-delimited field)."""
-    n = next(len(p[1]) if isinstance(p, tuple) else len(p) for p in parts if not isinstance(p, bytes))
-    return varints(sum(np.full(n, len(p)) if isinstance(p, bytes) else p[1] if isinstance(p, tuple)
-                       else np.full(n, p.shape[1]) for p in parts))
+    return varints(sum(length for _, length in _parts(parts)))
