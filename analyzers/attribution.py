@@ -6,9 +6,10 @@ what that process's event-loop thread (its main thread) was doing:
 
 - waiting for the GIL (in take_gil): gil_contention;
 - runnable, with no CPU free: cpu_starvation; but while another thread of
-  the same process held the GIL on a CPU, gil_contention (given a CPU, the
-  loop would have waited for the GIL): the share of the process's sample
-  reads inside the loop's runnable time that found such a thread;
+  the same process held the GIL, gil_contention (given a CPU, the loop would
+  have waited for the GIL, whether its holder was on a CPU or preempted):
+  the share of the process's sample reads inside the loop's runnable time
+  that found such a thread;
 - blocked: if another thread of the process did Dask work meanwhile (the
   scheduler materializes graphs on its offload thread while its loop waits),
   that work's category; else, in the last batched-send interval before the
@@ -125,14 +126,14 @@ def _by_states(segs: pd.DataFrame, states: pd.DataFrame, proc_cpu: pd.DataFrame,
 
 def _runnable(segs, seconds, proc_cpu, pid, runnable, s0, s1, pool) -> pd.DataFrame:
     """The loop's runnable time: gil_contention in the share of the process's sample reads inside
-    it (within the segments) that found another of its threads on a CPU holding the GIL, the rest
+    it (within the segments) that found another of its threads holding the GIL, the rest
     cpu_starvation. Without such reads (no Python sampler, no runnable time hit), all starvation."""
     r0, r1, _ = intersect(s0, s1, *runnable)
     reads = proc_cpu[proc_cpu.source == "pyspy"]
     reads = reads[inside(reads.t_ns.to_numpy(), r0, r1)]
     if reads.empty:
         return _all(segs.assign(seconds=seconds), "cpu_starvation")
-    held = reads.on_cpu & reads.owns_gil.fillna(False).astype(bool) & (reads.tid != pid)
+    held = reads.owns_gil.fillna(False).astype(bool) & (reads.tid != pid)
     per_read = held.groupby(reads.t_ns).any()
     counts = pd.Series({"gil_contention": int(per_read.sum()), "cpu_starvation": int((~per_read).sum())})
     out = _split(segs, seconds, counts[counts > 0], pool)

@@ -64,12 +64,12 @@ class Scenario:
                                 "runnable_ns": int((t1 - t0) * MS) - blocked})
 
     def sample(self, process: str, t: float, function: str, file: str = "distributed/scheduler.py",
-               tid: int | None = None, active: bool = True, name: str = "MainThread") -> None:
+               tid: int | None = None, active: bool = True, name: str = "MainThread", owns_gil: bool = True) -> None:
         pid = PIDS[process]
         frame = self.frames.setdefault((function, file), len(self.frames))
         stack = self.stacks.setdefault((frame,), len(self.stacks))
         self.samples.append({"t_ns": int(t * MS), "pid": pid, "tid": pid if tid is None else tid,
-                             "thread_name": name, "active": active, "owns_gil": True, "stack_id": stack,
+                             "thread_name": name, "active": active, "owns_gil": owns_gil, "stack_id": stack,
                              "source": "pyspy", "cpu": np.nan, "process": process})
 
     def tables(self) -> dict:

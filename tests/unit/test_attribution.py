@@ -182,7 +182,12 @@ def test_a_loop_runnable_while_its_own_process_holds_the_gil_waits_for_the_gil()
         s.sample("scheduler", t, "SchedulerState.transition", active=False)
     for t in (37, 39):  # in two, a thread of its own ran Python on a CPU
         s.sample("scheduler", t, "spin", file="plugin.py", tid=101, name="busy-plugin")
+    # in one, that thread was preempted still holding the GIL: the loop would wait for it all the same
+    s.state("scheduler", "runnable", 40.5, 41.5, tid=101)
+    s.sample("scheduler", 41, "spin", file="plugin.py", tid=101, name="busy-plugin", active=False)
+    # in the last, a thread without the GIL: the loop only lacked a CPU
+    s.sample("scheduler", 43, "wait", file="threading.py", tid=102, name="idle-pool", active=False, owns_gil=False)
     out = split(s)
-    assert ms(out, "gil_contention") == pytest.approx(4) and ms(out, "cpu_starvation") == pytest.approx(4)
-    assert out["critical_path_interval_s"]["gil_contention"]["samples"] == 2
+    assert ms(out, "gil_contention") == pytest.approx(6) and ms(out, "cpu_starvation") == pytest.approx(2)
+    assert out["critical_path_interval_s"]["gil_contention"]["samples"] == 3
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
