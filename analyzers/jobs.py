@@ -82,14 +82,15 @@ def job_of(times, jobs: pd.DataFrame) -> np.ndarray:
 
 def exchanges(msgs: pd.DataFrame, src_role: str = "worker", op: str | None = "get_data") -> pd.DataFrame:
     """Requests from a process of `src_role` to a worker (of `op`, or any) with their replies: requester
-    (src), server (dst), request and reply times. get_data between workers by default."""
+    (src), server (dst), request and reply times, the reply's bytes. get_data between workers by default."""
     req = msgs[(msgs.src_role == src_role) & (msgs.dst_role == "worker") & (op is None or msgs.op == op)]
     req = req.drop_duplicates("msg_id").set_index("msg_id")
     rep = msgs[msgs.reply_to.isin(req.index)].drop_duplicates("reply_to").set_index("reply_to")
-    x = req.join(rep[["t_first_ns", "t_last_ns"]].rename(columns={"t_first_ns": "rep_first", "t_last_ns": "rep_last"}),
-                 how="inner")
+    x = req.join(rep[["t_first_ns", "t_last_ns", "msg_bytes"]].rename(
+        columns={"t_first_ns": "rep_first", "t_last_ns": "rep_last", "msg_bytes": "rep_bytes"}), how="inner")
     return pd.DataFrame({"src": x.src, "dst": x.dst, "req_first": x.t_first_ns, "req_last": x.t_last_ns,
-                         "rep_first": x.rep_first, "rep_last": x.rep_last}).reset_index(drop=True)
+                         "rep_first": x.rep_first, "rep_last": x.rep_last,
+                         "rep_bytes": x.rep_bytes}).reset_index(drop=True)
 
 
 ANSWERS = ("reply", "handshake", "stream-start")  # what the scheduler sends a client that is waiting for it

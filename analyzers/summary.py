@@ -19,7 +19,7 @@ from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, job_of, session, told
-from .tasks import assign_jobs, recomputed, tasks_table
+from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
 from .thread_state import thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle
 
@@ -109,6 +109,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
     summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states}, meta)
     out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
            "in_flight": in_flight(attempts),
+           "prefixes": prefix_costs(tasks, path, summary["session_s"]),
            "critical_path": path,
            "attribution": attr, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
     return Analysis(out, summary)

@@ -85,3 +85,18 @@ def task_overheads(tasks: pd.DataFrame) -> np.ndarray:
     t = tasks[(tasks.outcome == "finished")].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
     over = ((t.finished_recv_ns - t.ready_ns) - (t.compute_stop_ns - t.compute_start_ns)).astype("float64") / 1e9
     return over.to_numpy()
+
+
+def prefix_costs(tasks: pd.DataFrame, path: pd.DataFrame, session_s: float) -> pd.DataFrame:
+    """Per prefix (table prefixes): tasks, attempts, compute, overhead per task, bytes, critical path."""
+    t = tasks.assign(compute_s=(tasks.compute_stop_ns - tasks.compute_start_ns).astype("float64") / 1e9,
+                     nbytes=tasks.nbytes.astype("float64"))
+    done = t[t.outcome == "finished"].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
+    t["overhead_s"] = pd.Series(task_overheads(tasks), index=done.index)
+    on_path = ((path.end_ns - path.start_ns) / 1e9).groupby(path.key.map(dict(zip(t.key, t.prefix)))).sum()
+    g = t.groupby("prefix").agg(tasks=("key", "size"), attempts=("attempts", "sum"), compute_s=("compute_s", "sum"),
+                                compute_per_task_s=("compute_s", "mean"), overhead_per_task_s=("overhead_s", "median"),
+                                result_bytes=("nbytes", "sum"))
+    g["critical_path_s"] = on_path.reindex(g.index).fillna(0.0)
+    g["critical_path_share"] = g.critical_path_s / session_s if session_s else np.nan
+    return g.sort_values("critical_path_s", ascending=False).reset_index()

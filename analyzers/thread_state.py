@@ -59,8 +59,8 @@ def of_thread(states: pd.DataFrame, pid: int, tid: int) -> dict[str, tuple[np.nd
 
 
 def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
-    """Every thread seen: pid, tid, process, name (Python's, else the kernel's), when it was first
-    and last seen (by a sample or an eBPF interval), whether eBPF states cover it, and whether it
+    """Every thread seen: pid, tid, process, name (Python's, else the kernel's), its Python ident
+    (what a worker's task-finished names its thread by), when it was first and last seen (by a sample or an eBPF interval), whether eBPF states cover it, and whether it
     is its process's main thread (the event loop of Dask's scheduler and workers)."""
     s = samples.dropna(subset=["process"])
     seen = s.groupby(["pid", "tid"]).agg(process=("process", "first"), first_ns=("t_ns", "min"),
@@ -68,7 +68,10 @@ def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFra
     names = s[s.source == "pyspy"].dropna(subset=["thread_name"]) if "thread_name" in s else s.iloc[:0]
     names = names[names.thread_name != ""].groupby(["pid", "tid"]).thread_name.last()
     st = states.groupby(["pid", "tid"]).agg(st_first=("start_ns", "min"), st_last=("end_ns", "max"))
+    idents = s[s.ident.fillna(0) > 0].groupby(["pid", "tid"]).ident.last() if "ident" in s else None
     t = seen.join(st, how="outer").join(names.rename("name"))
+    t["ident"] = (t.index.map(idents.to_dict().get) if idents is not None else None)
+    t["ident"] = t.ident.astype("Int64")
     t["first_ns"] = t[["first_ns", "st_first"]].min(axis=1).astype("int64")
     t["last_ns"] = t[["last_ns", "st_last"]].max(axis=1).astype("int64")
     t = t.drop(columns=["st_first", "st_last"]).reset_index()
@@ -79,7 +82,7 @@ def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFra
     comm = t.set_index(["pid", "tid"]).index.map(comms.set_index(["pid", "tid"]).comm.to_dict().get)
     t["name"] = t.name.where(t.name.notna(), pd.Series(comm, index=t.index))
     t["name"] = t.name.where(t.name.notna(), np.where(t.main, "main", "thread " + t.tid.astype(str)))
-    return t[["pid", "tid", "process", "name", "main", "ebpf_states", "first_ns", "last_ns"]]
+    return t[["pid", "tid", "process", "name", "ident", "main", "ebpf_states", "first_ns", "last_ns"]]
 
 
 def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:
@@ -89,3 +92,15 @@ def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:
     s1 = np.clip(np.asarray(ends, dtype="int64"), thread.first_ns, thread.last_ns)
     mine = states[(states.pid == thread.pid) & (states.tid == thread.tid)]
     return np.clip(s1 - s0, 0, None) - overlap_ns(s0, s1, mine.start_ns.to_numpy(), mine.end_ns.to_numpy())
+
+
+def attempt_threads(attempts: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
+    """Per attempt (index-aligned): the tid and name of the worker thread that ran it. A task-finished
+    names its thread by Python ident, which the kernel may give a later thread again: the thread of
+    that ident alive at the compute's start wins, else the last one seen."""
+    a = attempts[["worker", "thread", "compute_start_ns"]].dropna().reset_index()
+    th = threads.dropna(subset=["ident", "process"])[["process", "ident", "tid", "name", "first_ns", "last_ns"]]
+    m = a.merge(th.astype({"ident": "int64"}), left_on=["worker", "thread"], right_on=["process", "ident"])
+    m["alive"] = (m.first_ns <= m.compute_start_ns) & (m.compute_start_ns <= m.last_ns)
+    m = m.sort_values(["index", "alive", "last_ns"]).drop_duplicates("index", keep="last").set_index("index")
+    return m[["tid", "name"]].reindex(attempts.index)

@@ -1,5 +1,6 @@
 """`daskprobe compare RUN_DIR...`: runs side by side, grouped by one dimension
-(workers, scheduler, server, worker-mode), as compare.csv, speedups.csv and compare.html.
+(workers, scheduler, server, worker-mode), as compare.csv, speedups.csv, differences.csv
+(the session split), prefix_differences.csv (each prefix's compute and critical path) and compare.html.
 
 A run's graph is identified by its command; speedups are per graph against
 the baseline value of the dimension, summarized by their geometric mean as in
@@ -73,22 +74,41 @@ def warnings(df: pd.DataFrame, by: str, baseline) -> list[str]:
     return out
 
 
-def differences(df: pd.DataFrame, by: str, baseline) -> pd.DataFrame:
-    """Per graph, value of `by` and category: the median seconds of the session split, its difference
-    from the baseline's median, and the spread (max - min) of both groups' runs; `noisy` when the
-    spread is larger than the difference, or unknown (a single run), so the difference is not measured."""
-    cols = [c for c in df.columns if c.startswith("critical_path_s.")]
-    long = df.melt(id_vars=["graph", by], value_vars=cols, var_name="category", value_name="s").dropna()
-    long["category"] = long.category.str[len("critical_path_s."):]
-    g = long.groupby(["graph", "category", by]).s.agg(
+def differences(long: pd.DataFrame, by: str, baseline, item: str) -> pd.DataFrame:
+    """Per graph, value of `by` and `item` (a category, a prefix's cost): the median seconds, its difference
+    from the baseline's median, and the spread (max - min) of both groups' runs; `noisy` when the spread is
+    larger than the difference, or unknown (a single run), so the difference is not measured."""
+    g = long.groupby(["graph", item, by]).s.agg(
         median="median", spread=lambda x: x.max() - x.min() if len(x) > 1 else np.nan)  # one run: unknown
     g = g.reset_index()
-    base = g[g[by] == baseline].set_index(["graph", "category"])
-    g = g.join(base[["median", "spread"]].rename(columns=lambda c: f"baseline_{c}"), on=["graph", "category"])
+    base = g[g[by] == baseline].set_index(["graph", item])
+    g = g.join(base[["median", "spread"]].rename(columns=lambda c: f"baseline_{c}"), on=["graph", item])
     g["difference_s"] = g["median"] - g.baseline_median
     spread = g[["spread", "baseline_spread"]]
     g["noisy"] = spread.isna().any(axis=1) | (spread.max(axis=1) > g.difference_s.abs())
     return g[(g[by] != baseline) & g.difference_s.notna()].sort_values("difference_s", key=abs, ascending=False)
+
+
+def category_seconds(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per run and category, the seconds of its session split: graph, by, category, s."""
+    cols = [c for c in df.columns if c.startswith("critical_path_s.")]
+    long = df.melt(id_vars=["graph", by], value_vars=cols, var_name="category", value_name="s").dropna()
+    return long.assign(category=long.category.str[len("critical_path_s."):])
+
+
+PREFIX_COSTS = {"compute_s": "compute", "critical_path_s": "on the critical path"}
+
+
+def prefix_seconds(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per run and prefix, its compute and its critical-path seconds (table prefixes): graph, by, cost, s.
+    Runs analysed before that table existed add nothing."""
+    parts = [RunDir(r.run).table("prefixes", missing_ok=True).assign(graph=r.graph, **{by: r[by]})
+             for _, r in df.iterrows()]
+    p = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if p.empty:
+        return pd.DataFrame(columns=["graph", by, "cost", "s"])
+    long = p.melt(id_vars=["graph", by, "prefix"], value_vars=list(PREFIX_COSTS), var_name="metric", value_name="s")
+    return long.assign(cost=long.prefix + ": " + long.metric.map(PREFIX_COSTS)).drop(columns=["prefix", "metric"])
 
 
 def _stacked(df: pd.DataFrame, x: pd.Series, prefix: str) -> go.Figure:
@@ -107,8 +127,10 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
     table = speedups(df, by, baseline)[1]
     table.to_csv(out / "speedups.csv", index=False)
     notes = warnings(df, by, baseline)
-    diff = differences(df, by, baseline)
+    diff = differences(category_seconds(df, by), by, baseline, "category")
     diff.to_csv(out / "differences.csv", index=False)
+    by_prefix = differences(prefix_seconds(df, by), by, baseline, "cost")
+    by_prefix.to_csv(out / "prefix_differences.csv", index=False)
     x = df[by].astype(str)
     aot = go.Figure(go.Box(x=x, y=df.aot_s, boxpoints="all", text=df.graph))
     per_run = x + " · " + df.run.str.rsplit("/", n=1).str[-1]
@@ -118,7 +140,9 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
                    for _, r in table.iterrows())
     sections = [
         "".join(f"<p class='warning'><b>Note</b>: {html.escape(n)}</p>" for n in notes),
-        _diff_table(diff.head(20), by, baseline),
+        _diff_table(diff.head(20), by, baseline, "category", "What grew, what shrank", "differences.csv"),
+        _diff_table(by_prefix.head(20), by, baseline, "cost", "Task prefixes: what grew, what shrank",
+                    "prefix_differences.csv"),
         section("Average overhead per task", f"AOT = makespan / tasks, seconds per task, against {by}: each run a "
                 "point, the box its median and quartiles.", layout(aot, by, "s / task")),
         section("Where the session went, per run", "Seconds of each run's session by category (its critical "
@@ -134,16 +158,18 @@ def compare(run_dirs: list[str], by: str, out: Path, baseline=None) -> tuple[pd.
     return table, notes
 
 
-def _diff_table(diff: pd.DataFrame, by: str, baseline) -> str:
-    rows = "".join(f"<tr><td>{html.escape(str(r.graph))[:60]}</td><td>{r[by]}</td><td>{r.category}</td>"
+def _diff_table(diff: pd.DataFrame, by: str, baseline, item: str, title: str, csv: str) -> str:
+    if diff.empty:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(str(r.graph))[:60]}</td><td>{r[by]}</td><td>{html.escape(str(r[item]))}</td>"
                    f"<td>{r.baseline_median:.3f}</td><td>{r['median']:.3f}</td><td>{r.difference_s:+.3f}</td>"
                    f"<td>{_spread(r)}{' (noisy)' if r.noisy else ''}</td></tr>"
                    for _, r in diff.iterrows())
-    return ("<section><h2>What grew, what shrank</h2><p class='caption'>Per command and category, the median "
-            f"seconds of the session split with {by} = {baseline} and with each other value, their difference, and "
+    return (f"<section><h2>{html.escape(title)}</h2><p class='caption'>Per command and {item}, the median "
+            f"seconds with {by} = {baseline} and with each other value, their difference, and "
             "the larger spread (max - min over runs) of the two: where the spread exceeds the difference, the "
-            "difference is within run-to-run noise (the 20 largest differences; all in differences.csv).</p>"
-            f"<table><tr><th>command</th><th>{by}</th><th>category</th><th>baseline, s</th><th>median, s</th>"
+            f"difference is within run-to-run noise (the 20 largest differences; all in {csv}).</p>"
+            f"<table><tr><th>command</th><th>{by}</th><th>{item}</th><th>baseline, s</th><th>median, s</th>"
             f"<th>difference, s</th><th>spread, s</th></tr>{rows}</table></section>")
 
 

@@ -13,8 +13,11 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from ..analyzers.categories import UNCATEGORIZED
+from ..analyzers.jobs import exchanges
 from ..analyzers.tasks import task_overheads
+from ..analyzers.thread_state import attempt_threads
 from ..probes.rundir import RunDir
+from ..probes.schema import TABLES
 
 MAX_POINTS = 20_000  # per figure: larger runs are binned or sampled, and the caption says so
 BIN_NS = 100_000_000
@@ -89,7 +92,8 @@ EVIDENCE = {"recomputed": ["Task prefixes"], "worker-saturation": ["Task stream"
             "gil-contention": ["GIL wait per thread"], "scheduler-decisions": ["Top functions in each category (scheduler)",
                                                                                 "Scheduler CPU over time, by category"],
             "task-overhead": ["Per-task overhead (CDF)", "Task prefixes"],
-            "graph-materialization": ["The critical path on a timeline"], "transfers": ["Task stream"],
+            "graph-materialization": ["The critical path on a timeline"],
+            "transfers": ["Task stream", "Bandwidth between workers"],
             "scheduler-bound": ["Per-worker tasks in flight (busy vs idle)"], "network": ["The critical path on a timeline"]}
 
 
@@ -130,25 +134,14 @@ def headline(summary: dict) -> str:
 
 
 def prefix_table(p: Page) -> str:
-    """Per task prefix: how many, how long, how much overhead, how many bytes, how much of the path."""
-    tasks = p.run.table("tasks")
-    if tasks.empty:
+    """Per task prefix (table prefixes): how many, how long, how much overhead, how many bytes, how much of the path."""
+    g = p.run.table("prefixes", missing_ok=True).head(30)
+    if g.empty:
         return ""
-    t = tasks.assign(compute_s=(tasks.compute_stop_ns - tasks.compute_start_ns).astype("float64") / 1e9,
-                     nbytes=tasks.nbytes.astype("float64"))
-    t["overhead_s"] = pd.Series(task_overheads(tasks), index=t[(t.outcome == "finished")].dropna(
-        subset=["ready_ns", "compute_start_ns", "compute_stop_ns"]).index)
-    path = p.run.table("critical_path")
-    path = path.assign(s=(path.end_ns - path.start_ns) / 1e9, prefix=path.key.map(dict(zip(t.key, t.prefix))))
-    on_path = path.groupby("prefix").s.sum()
-    g = t.groupby("prefix").agg(tasks=("key", "size"), attempts=("attempts", "sum"), compute_s=("compute_s", "sum"),
-                                compute_ms=("compute_s", lambda x: 1e3 * x.mean()),
-                                overhead_ms=("overhead_s", lambda x: 1e3 * x.median()), mb=("nbytes", lambda x: x.sum() / 1e6))
-    g["path_share"] = on_path.reindex(g.index).fillna(0) / p.summary["session_s"]
-    g = g.sort_values("path_share", ascending=False).head(30)
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{r.tasks:.0f}</td><td>{r.attempts:.0f}</td><td>{r.compute_s:.2f}</td>"
-                   f"<td>{r.compute_ms:.2f}</td><td>{r.overhead_ms:.2f}</td><td>{r.mb:.1f}</td>"
-                   f"<td>{100 * r.path_share:.1f}%</td></tr>" for k, r in g.iterrows())
+    rows = "".join(f"<tr><td>{html.escape(str(r.prefix))}</td><td>{r.tasks:.0f}</td><td>{r.attempts:.0f}</td>"
+                   f"<td>{r.compute_s:.2f}</td><td>{1e3 * r.compute_per_task_s:.2f}</td>"
+                   f"<td>{1e3 * r.overhead_per_task_s:.2f}</td><td>{r.result_bytes / 1e6:.1f}</td>"
+                   f"<td>{100 * r.critical_path_share:.1f}%</td></tr>" for r in g.itertuples())
     head = ("<tr><th>prefix</th><th>tasks</th><th>attempts</th><th>compute, s</th><th>compute per task, ms</th>"
             "<th>overhead per task, ms (median)</th><th>result bytes, MB</th><th>share of the session on the "
             "critical path</th></tr>")
@@ -156,25 +149,55 @@ def prefix_table(p: Page) -> str:
             "path): tasks (a key per job), attempts (dispatches; more than tasks when stolen or recomputed), compute "
             "seconds summed, mean compute per task, median overhead per task ((task-finished reaching the "
             "scheduler - ready) - compute), the results' sizes, and the share of the session its segments take on "
-            f"the critical path.</p><table>{head}{rows}</table></section>")
+            f"the critical path (table prefixes).</p><table>{head}{rows}</table></section>")
 
 
 def task_stream(p: Page):
-    """Dask's task stream: each compute span on its worker thread, coloured by prefix."""
-    t = p.run.table("attempts").dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    """Dask's task stream: each compute span on the worker thread that ran it (by its name),
+    coloured by prefix, and each input transfer on a row of its worker's own."""
+    a = p.run.table("attempts")
+    t = a.dropna(subset=["compute_start_ns", "compute_stop_ns"])
     if t.empty or "session_window_ns" not in p.summary:
         return "Task stream", "", None
     start = p.summary["session_window_ns"][0]
+    names = attempt_threads(t, p.run.table("threads", missing_ok=True).reindex(columns=TABLES["threads"].names)).name
     thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
-    t = t.assign(row=t.worker + " / thread " + thread_no.astype("str"),
-                 s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
+    label = [f"{w} / " + (n.removeprefix(f"{w}-") if isinstance(n, str) else f"thread {k}")
+             for w, n, k in zip(t.worker, names, thread_no)]
+    t = t.assign(row=label, s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
     fig = go.Figure()
     for prefix, g in t.groupby("prefix"):
         fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.compute_start_ns - start) / 1e9, orientation="h",
                     hovertext=g.key)
-    return ("Task stream", "Each task's compute span on the worker thread that ran it, coloured by key prefix, in "
-            f"seconds since the session began (at most the {MAX_POINTS} longest); gaps are a thread without work.",
-            layout(fig.update_layout(barmode="overlay"), "seconds since the session began", ""))
+    x = a.dropna(subset=["transfer_start_ns", "transfer_stop_ns"])
+    x = x.assign(s=(x.transfer_stop_ns - x.transfer_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
+    if len(x):
+        fig.add_bar(name="transfer (fetching inputs)", y=x.worker + " / transfers", x=x.s,
+                    base=(x.transfer_start_ns - start) / 1e9, orientation="h", hovertext=x.key, marker_color="#d62728")
+    return ("Task stream", "Each task's compute span on the worker thread that ran it, coloured by key prefix, and "
+            "in red, on a row per worker, the spans in which a worker fetched a task's inputs from other workers; "
+            f"in seconds since the session began (at most the {MAX_POINTS} longest of each); gaps are a thread "
+            "without work.", layout(fig.update_layout(barmode="overlay"), "seconds since the session began", ""))
+
+
+def bandwidth(p: Page):
+    """Dask's bandwidth between workers: the get_data replies each worker served each other."""
+    x = exchanges(p.run.table("messages"))
+    if x.empty:
+        return "Bandwidth between workers", "", None
+    x = x.assign(wire_s=(x.rep_last - x.rep_first) / 1e9)
+    g = x.groupby(["dst", "src"]).agg(mb=("rep_bytes", lambda b: b.sum() / 1e6), n=("rep_bytes", "size"),
+                                      wire_s=("wire_s", "sum"))
+    mb = g.mb.unstack(fill_value=0)
+    text = [[f"{g.mb.get((a, b), 0):.1f} MB in {g.n.get((a, b), 0)} replies, "
+             f"{g.mb.get((a, b), 0) / max(g.wire_s.get((a, b), 0), 1e-9):.0f} MB/s on the wire" if (a, b) in g.index else ""
+             for b in mb.columns] for a in mb.index]
+    fig = go.Figure(go.Heatmap(z=mb.to_numpy(), x=list(mb.columns), y=list(mb.index), text=text,
+                               texttemplate="%{text}", colorscale="Blues", colorbar=dict(title="MB")))
+    return ("Bandwidth between workers",
+            "Megabytes each worker (row) sent another (column) in replies to get_data, the inputs one worker "
+            "fetched from another; in each cell, the replies' count and their bytes over their time on the wire "
+            "(first to last byte at the proxy, in MB/s).", layout(fig, "to (the worker that fetched)", "from"))
 
 
 def per_job(p: Page):
@@ -308,7 +331,7 @@ def top_functions(p: Page):
             "per category); sizes are sample counts.", fig.update_layout(height=500, margin=dict(t=10)))
 
 
-FIGURES = [breakdown, per_job, critical_path, task_stream, scheduler_cpu, overhead_cdf, worker_busy,
+FIGURES = [breakdown, per_job, critical_path, task_stream, bandwidth, scheduler_cpu, overhead_cdf, worker_busy,
            gil_per_thread, top_functions]
 
 

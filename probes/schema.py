@@ -270,11 +270,25 @@ ANALYSIS = {
           "the proxy"),
         C("tasks", "int64", "count", "tasks it holds from then on; 0: idle, waiting on the scheduler"),
     )),
+    "prefixes": Table("One row per key prefix (dask's key_split): what its tasks cost over all jobs.", (
+        C("prefix", "str", "", "the prefix"),
+        C("tasks", "int64", "count", "its tasks (a key per job)"),
+        C("attempts", "int64", "count", "their dispatches; more than tasks when stolen or recomputed"),
+        C("compute_s", "float64", "s", "their compute spans, summed"),
+        C("compute_per_task_s", "float64", "s", "compute span per task, mean"),
+        C("overhead_per_task_s", "float64", "s", "overhead per finished task, median: (task-finished reaching the "
+                                                 "scheduler - ready) - compute; null if none finished"),
+        C("result_bytes", "float64", "bytes", "their results' sizes, summed (as the workers reported them)"),
+        C("critical_path_s", "float64", "s", "seconds of the critical path's segments that name one of its keys"),
+        C("critical_path_share", "float64", "fraction", "critical_path_s over the session"),
+    )),
     "threads": Table("One row per thread seen by a sample or an eBPF interval.", (
         PID,
         TID,
         C("process", "str", "", "the process's name, from its samples; null if it has none"),
         C("name", "str", "", "its Python name, else main or thread TID"),
+        C("ident", "Int64", "", "its Python thread identifier (threading.get_ident, as attempts.thread); null if "
+                                "the Python sampler never read it"),
         C("main", "bool", "", "it is its process's main thread (tid = pid): Dask's event loop"),
         C("ebpf_states", "bool", "", "its process has eBPF thread states"),
         C("first_ns", "int64", MONO, "when it was first seen"),

@@ -1,7 +1,8 @@
 """Write trace.pftrace (Perfetto TrackEvent protobuf, streamed) from a run's tables.
 
 Tracks: one process track per scheduler, worker and client (real pids);
-under them, compute slices per worker thread, a send and a receive track per
+under them, a track per thread with its CPU samples and, for a worker thread,
+its compute slices (GIL waits and off-CPU time on child tracks), a send and a receive track per
 connection direction (each message's send joined to its receive by a flow
 arrow), scheduler dispatch slices per worker, and counters (tasks in flight
 per worker, messages per second). All event names are interned.
@@ -16,13 +17,16 @@ import numpy as np
 import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from ..analyzers.thread_state import attempt_threads
 from ..probes.rundir import RunDir, open_new
+from ..probes.schema import TABLES
 from . import proto_wire as W
 
 SEQ = 1
 SEQ_HEAD = W.T.seq + W.varint(SEQ)
 BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
 RATE_BIN_NS = 100_000_000
+THREAD_COLUMNS = TABLES["threads"].names  # a threads table of an older run has no ident
 
 
 class _Tracks:
@@ -149,7 +153,8 @@ def write(run: RunDir) -> None:
         threads = _Threads(run.table("samples"), run.table("thread_names", missing_ok=True), tracks, proc_track)
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         flows = _task_flows(tasks, msgs)
-        slices = pd.concat([_compute_slices(tasks, tracks, proc_track, threads, pids, flows),
+        ran_on = attempt_threads(tasks, run.table("threads", missing_ok=True).reindex(columns=THREAD_COLUMNS)).tid
+        slices = pd.concat([_compute_slices(tasks.assign(tid=ran_on), tracks, proc_track, threads, pids, flows),
                             _message_slices(msgs, tracks, proc_track, flows),
                             _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
                             _gil_slices(run.table("gil_waits"), threads),
@@ -193,17 +198,18 @@ def _task_flows(attempts: pd.DataFrame, msgs: pd.DataFrame) -> _TaskFlows:
 
 
 def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict, flows: _TaskFlows) -> pd.DataFrame:
-    """Compute spans under the thread track that carries the same thread's samples (Dask names
-    the thread by its Python ident, which the sampler reads too), else on a track per ident."""
+    """Compute spans on the thread track that carries the same thread's samples (Dask names the
+    thread by its Python ident, which the sampler reads too), else on a track per ident. A thread
+    runs one task at a time, so its spans never overlap there."""
     t = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
     t = t[t.compute_start_ns >= 0]
     if t.empty:
         return _slices([], [], [], [])
     thread = t.thread.fillna(-1)  # a task-finished may not name its thread
     thread_no = thread.groupby(t.worker).rank(method="dense").astype(int) - 1
-    track = [threads.child("compute", w, pids[w], tid) if (tid := threads.native.get((pids.get(w), th)))
+    track = [threads.track(w, pids[w], tid) if pd.notna(tid) and w in pids
              else tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
-             for w, th, k in zip(t.worker, thread, thread_no)]
+             for w, th, k, tid in zip(t.worker, thread, thread_no, t.tid)]
     args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
     through = [[f] if (f := flows.attempt.get(i)) is not None else None for i in t.index]
     return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, flow_out=through, args=args)
@@ -306,8 +312,6 @@ class _Threads:
         named = named[named.thread_name != ""]
         self.names = dict(zip(zip(comms.pid, comms.tid), comms.comm)) | dict(zip(zip(named.pid, named.tid),
                                                                                 named.thread_name))
-        idents = samples[samples.ident.fillna(0) > 0] if "ident" in samples else samples.iloc[:0]
-        self.native = dict(zip(zip(idents.pid, idents.ident.astype("int64")), idents.tid))  # (pid, ident) -> tid
 
     def track(self, process: str, pid: int, tid: int) -> int | None:
         if process not in self.proc_track:

@@ -25,6 +25,8 @@ def test_report_opens_offline_with_every_figure_drawn(pinned_run, tmp_path):
     # every figure with data is drawn; one run of one job has no per-job figure, nothing else is left out
     assert figures == plots == len(FIGURES) - 1 and "class='empty'" not in text, (figures, plots)
     assert "What to change" in text and "Task prefixes" in text
+    # the task stream names each worker's thread as Python does, and draws the sum's input fetches
+    assert "Dask-Default-Threads" in text and "transfer (fetching inputs)" in text
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     chromium(tmp_path, "--window-size=1300,4200", f"--screenshot={shot}", page.as_uri())
@@ -81,6 +83,15 @@ def test_compare_runs_by_worker_count(tmp_path):
     assert "data-errors" not in body and 'data-figures="4"' in body, body
     diff = pd.read_csv(out / "differences.csv")
     assert set(diff.workers) == {2} and diff.noisy.all(), "one run per point: every difference is within noise"
+    # per prefix: each run's compute, as its workers reported it (startstops), side by side
+    costs = pd.read_csv(out / "prefix_differences.csv").set_index("cost")
+    for run, column in ((runs[0], "baseline_median"), (runs[1], "median")):
+        t = pd.read_parquet(f"{run}/tables/attempts.parquet")
+        t = t[t.outcome == "finished"]
+        spans = ((t.compute_stop_ns - t.compute_start_ns) / 1e9).groupby(t.prefix).sum()
+        for prefix, s in spans.items():
+            assert abs(costs.loc[f"{prefix}: compute", column] - s) < 1e-6, (prefix, column)
+    assert "Task prefixes: what grew, what shrank" in (out / "compare.html").read_text()
     assert "rest on fewer than 3 runs" in p.stderr and "rest on fewer than 3 runs" in (out / "compare.html").read_text()
 
 
@@ -100,5 +111,6 @@ def test_large_run_report_stays_small_and_draws(tmp_path):
     body = drawn(tmp_path, page)
     plots = page.read_text().count('class="plotly-graph-div"')
     assert "data-errors" not in body and f'data-figures="{plots}"' in body, body
-    # without samples: scheduler CPU, GIL and top functions have nothing to show; one job: no per-job figure
-    assert plots >= len(FIGURES) - 4, plots
+    # without samples: scheduler CPU, GIL and top functions have nothing to show; one job: no per-job figure;
+    # no get_data between workers: no bandwidth
+    assert plots >= len(FIGURES) - 5, plots

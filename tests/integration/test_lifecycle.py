@@ -148,6 +148,14 @@ def test_an_interpreter_without_distributed_is_warned_about(tmp_path):
     assert p.returncode == 0 and "hello" in p.stdout
     assert "has no distributed" in p.stderr, p.stderr
     assert (out / "run.json").exists() and not (out / "trace.pftrace").exists()
+    # the same interpreter with another distributed installed (as pip records it): told the versions differ
+    site = next((bare / "lib").glob("python3*/site-packages"))
+    (site / "distributed-2020.1.0.dist-info").mkdir()
+    (site / "distributed-2020.1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: distributed\nVersion: 2020.1.0\n")
+    p = daskprobe("run", "--no-trace", "--probes", "proxy", "--out", str(tmp_path / "run2"), "--",
+                  str(bare / "bin" / "python"), "-c", "print('hello')")
+    assert p.returncode == 0 and "has distributed 2020.1.0, the cluster" in p.stderr, p.stderr
 
 
 def _start_sleeping_run(tmp_path, **popen):

@@ -26,13 +26,18 @@ def test_trace_has_the_expected_tracks(pinned_run):
     pids = {d.process.pid for d in tracks.values() if d.HasField("process")}
     assert set(procs[procs.role.isin(["scheduler", "worker", "client"])].pid.astype(int)) <= pids
     by_name = Counter(d.name.split(" ")[0] for d in tracks.values())
-    assert by_name["compute"] >= 2 and by_name["dispatch"] >= 2 and by_name["tasks"] == 2
+    assert by_name["dispatch"] >= 2 and by_name["tasks"] == 2
     names = {n.iid: n.name for p in packets for n in p.interned_data.event_names}
-    compute_tracks = {u for u, d in tracks.items() if d.name.startswith("compute")}
-    slices = Counter(names[p.track_event.name_iid] for p in packets
-                     if p.track_event.track_uuid in compute_tracks
-                     and p.track_event.type == TE.TYPE_SLICE_BEGIN)
+    # compute slices sit on the thread tracks that carry the same threads' CPU samples
+    workers = set(procs[procs.role == "worker"].pid.astype(int))
+    worker_threads = {u: (d.thread.pid, d.thread.tid) for u, d in tracks.items()
+                      if d.HasField("thread") and d.thread.pid in workers}
+    begins = [p.track_event for p in packets if p.track_event.type == TE.TYPE_SLICE_BEGIN]
+    slices = Counter(names[e.name_iid] for e in begins if e.track_uuid in worker_threads)
     assert slices == {"inc": n, "sum": 1}
+    sampled = {(p.perf_sample.pid, p.perf_sample.tid) for p in packets if p.HasField("perf_sample")}
+    ran = {worker_threads[e.track_uuid] for e in begins if e.track_uuid in worker_threads}
+    assert ran <= sampled
     counters = [p for p in packets if p.track_event.type == TE.TYPE_COUNTER]
     assert counters and all(p.track_event.double_counter_value >= 0 for p in counters)
 

@@ -1,0 +1,102 @@
+"""Benchmark: how long after the user's command ends is the run directory complete?
+
+    python -m daskprobe.experiments.finalize_latency                      # 1K to 10K tasks, 3 repeats
+    python -m daskprobe.experiments.finalize_latency --graphs merge-1K --repeat 5
+
+Each graph (experiments/workloads.py) runs as `daskprobe run --workers 2 -- python ...` with every
+probe. The command notes CLOCK_MONOTONIC when it starts and when it ends; daskprobe's exit is noted
+on the same clock. The latency is the time from the command's end to daskprobe's exit, when
+tables, summary.json, trace.pftrace and report.html are written and the cluster is gone. Target: at
+most 2 s + 5% of the command's duration. Reported per graph: tasks, median command duration,
+median latency with its range, the budget, whether the median meets it, and the median time of
+each finalize stage (run.json's finalize_seconds). Writes results.csv in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+# the command: a workload between two readings of the clock daskprobe's exit is read on
+CHILD = ("import json, runpy, sys, time\n"
+         "start = time.monotonic()\n"
+         "sys.argv = ['workloads', sys.argv[1]]\n"
+         "try:\n"
+         "    runpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n"
+         "finally:\n"
+         "    print('CLOCK', json.dumps([start, time.monotonic()]), flush=True)\n")
+
+
+def one(graph: str, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--out", str(out), "--",
+           sys.executable, "-c", CHILD, graph]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    exited = time.monotonic()
+    clock = next((json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("CLOCK ")), None)
+    result = next((json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")), {})
+    if p.returncode or clock is None:
+        raise RuntimeError(f"{graph}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    meta = json.loads((out / "run.json").read_text())
+    return {"graph": graph, "tasks": result.get("tasks"), "command_s": clock[1] - clock[0],
+            "latency_s": exited - clock[1], **{f"{k}_s": v for k, v in meta.get("finalize_seconds", {}).items()}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--graphs", default="merge-1K,tree-12,merge-10K")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default="runs/finalize-latency")
+    args = p.parse_args(argv)
+    out, rows = Path(args.out), []
+    out.mkdir(parents=True, exist_ok=True)
+    graphs = args.graphs.split(",")
+    with Progress(console=Console(stderr=True)) as progress:
+        bar = progress.add_task("runs", total=len(graphs) * args.repeat)
+        for r in range(args.repeat):  # repeats interleaved: a slow spell of the machine hits every graph
+            for g in graphs:
+                progress.update(bar, description=f"r{r} {g}")
+                rows.append(one(g, out / f"{g}-r{r}-{time.strftime('%H%M%S')}") | {"repeat": r})
+                progress.advance(bar)
+    runs = pd.DataFrame(rows)
+    runs.to_csv(out / "runs.csv", index=False)
+    summary = summarize(runs)
+    summary.to_csv(out / "results.csv", index=False)
+    _print(summary)
+    return 0
+
+
+def summarize(runs: pd.DataFrame) -> pd.DataFrame:
+    stages = [c for c in runs.columns if c.endswith("_s") and c not in ("command_s", "latency_s")]
+    out = []
+    for graph, g in runs.groupby("graph", sort=False):
+        command = statistics.median(g.command_s)
+        budget = 2 + 0.05 * command
+        latency = statistics.median(g.latency_s)
+        out.append({"graph": graph, "tasks": g.tasks.iloc[0], "runs": len(g), "command_s": command,
+                    "latency_s": latency, "latency_min_s": g.latency_s.min(), "latency_max_s": g.latency_s.max(),
+                    "budget_s": budget, "met": latency <= budget, **{c: g[c].median() for c in stages}})
+    return pd.DataFrame(out)
+
+
+def _print(df: pd.DataFrame) -> None:
+    t = Table(title="from the command's end to a complete run directory (median of the repeats; budget "
+                    "2 s + 5% of the command)")
+    for col in df.columns:
+        t.add_column(col.removesuffix("_s") + (", s" if col.endswith("_s") else ""), overflow="fold")
+    for r in df.itertuples(index=False):
+        t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r))
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
