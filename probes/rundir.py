@@ -95,12 +95,13 @@ class RunDir:
             pq.write_table(table, f)
         return path
 
-    def table(self, name: str, missing_ok: bool = False) -> pd.DataFrame:
-        """A table; with missing_ok, one this run directory lacks (decoded by an older daskprobe) is empty."""
+    def table(self, name: str, missing_ok: bool = False, columns: list[str] | None = None) -> pd.DataFrame:
+        """A table (or some of its columns); with missing_ok, one this run directory lacks (decoded by
+        an older daskprobe) is empty."""
         path = self.path / "tables" / f"{name}.parquet"
         if missing_ok and not path.exists():
-            return schema.arrow_schema(name).empty_table().to_pandas()
-        return pd.read_parquet(path)
+            return schema.arrow_schema(name).empty_table().to_pandas()[columns or slice(None)]
+        return pd.read_parquet(path, columns=columns)
 
     def has_table(self, name: str) -> bool:
         return (self.path / "tables" / f"{name}.parquet").exists()

@@ -1,9 +1,12 @@
 """Protobuf wire encoding for the few Perfetto messages the trace writes per event.
 
 Building one protobuf object per event cost most of the trace stage (about
-25 µs each); the bytes are simple enough to write directly. Field numbers and
-types come from Perfetto's own descriptors, so they cannot drift from the
-protos the UI reads; tests parse the result back with those protos.
+25 µs each); the bytes are simple enough to write directly, and for many
+events at once: a message is a list of parts (constant bytes, or a column of
+varints, fixed-width values or byte strings), encoded for all rows together
+with numpy. Field numbers and types come from Perfetto's own descriptors, so
+they cannot drift from the protos the UI reads; tests parse the result back
+with those protos.
 """
 
 from __future__ import annotations
@@ -96,35 +99,54 @@ assert all(tag(m, "iid") == T.iid for m in (pb.InternedString, pb.Mapping, pb.Fr
 
 
 def varints(values) -> tuple[np.ndarray, np.ndarray]:
-    """Many varints at once: (bytes, one row of 10 per value; each value's length)."""
+    """Many varints at once: (bytes, one row per value, as wide as the longest; each value's length)."""
     a = np.asarray(values).astype(np.uint64)  # int64 wraps, as protobuf encodes negatives
-    groups = np.stack([(a >> np.uint64(7 * k)) & np.uint64(0x7F) for k in range(10)], axis=1).astype(np.uint8)
-    length = 1 + sum(((a >> np.uint64(7 * k)) > 0).astype(np.int64) for k in range(1, 10))
-    groups[np.arange(10) < (length - 1)[:, None]] |= 0x80
+    width = max(1, -(-int(a.max(initial=0)).bit_length() // 7))
+    groups = np.stack([(a >> np.uint64(7 * k)) & np.uint64(0x7F) for k in range(width)], axis=1).astype(np.uint8)
+    length = np.ones(len(a), np.int64) + sum(((a >> np.uint64(7 * k)) > 0).astype(np.int64) for k in range(1, width))
+    groups[np.arange(width) < (length - 1)[:, None]] |= 0x80
     return groups, length
+
+
+def blobs(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Byte strings of any lengths as one part: (bytes, one zero-padded row per value; each length)."""
+    return padded(np.frombuffer(b"".join(values), np.uint8), np.fromiter(map(len, values), np.int64, len(values)))
+
+
+def padded(flat: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """flat cut into rows of the given lengths, as a part: (zero-padded rows, lengths)."""
+    m = np.zeros((len(length), max(int(length.max(initial=0)), 1)), np.uint8)
+    m[np.repeat(np.arange(len(length)), length), np.arange(len(flat)) - np.repeat(np.cumsum(length) - length, length)] = flat
+    return m, length
 
 
 def _parts(parts: list) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each part as (bytes, one row per message; each row's length): constant bytes, a varints()
-    pair, or an (n, k) uint8 array."""
+    or blobs() pair, or an (n, k) uint8 array."""
     n = next(len(p[1]) if isinstance(p, tuple) else len(p) for p in parts if not isinstance(p, bytes))
     return [(np.frombuffer(p, np.uint8)[None, :].repeat(n, 0), np.full(n, len(p))) if isinstance(p, bytes) else
             p if isinstance(p, tuple) else (p, np.full(n, p.shape[1])) for p in parts]
 
 
+def flat(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's parts end to end, all rows in one byte array; and each row's length."""
+    sized_ = _parts(parts)
+    m = np.concatenate([p for p, _ in sized_], axis=1)
+    keep = np.concatenate([np.arange(p.shape[1]) < length[:, None] for p, length in sized_], axis=1)
+    return m[keep], keep.sum(axis=1)
+
+
 def rows(parts: list) -> list[bytes]:
     """Per row, its parts end to end."""
-    sized_ = _parts(parts)
-    total = sum(length for _, length in sized_)
-    ends = np.cumsum(total)
-    starts = ends - total
-    out, at = np.empty(ends[-1] if len(ends) else 0, np.uint8), starts.copy()
-    for m, length in sized_:
-        keep = np.arange(m.shape[1]) < length[:, None]
-        out[(at[:, None] + np.arange(m.shape[1]))[keep]] = m[keep]
-        at += length
-    buf = out.tobytes()
-    return [buf[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+    buf, length = flat(parts)
+    ends, b = np.cumsum(length), buf.tobytes()
+    return [b[s:e] for s, e in zip((ends - length).tolist(), ends.tolist())]
+
+
+def gather(buf: np.ndarray, starts: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The byte ranges [start, start + length) of buf, end to end."""
+    at = np.cumsum(length) - length
+    return buf[np.repeat(starts - at, length) + np.arange(int(length.sum()))]
 
 
 def sized(parts: list) -> tuple[np.ndarray, np.ndarray]:

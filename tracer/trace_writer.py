@@ -5,7 +5,11 @@ under them, a track per thread with its CPU samples and, for a worker thread,
 its compute slices (GIL waits and off-CPU time on child tracks), a send and a receive track per
 connection direction (each message's send joined to its receive by a flow
 arrow), scheduler dispatch slices per worker, and counters (tasks in flight
-per worker, messages per second). All event names are interned.
+per worker, messages per second).
+
+Each kind of event is a table, encoded as packets in bulk (proto_wire), and
+the packets are written in time order. Names, frames and stacks are interned
+once, in the first packet, so no event carries interned data of its own.
 """
 
 from __future__ import annotations
@@ -54,93 +58,68 @@ class _Tracks:
 
 
 class _Writer:
-    """Packets as bytes (proto_wire), flushed in large writes; interned names, frames and stacks
-    are sent with the first packet that uses them."""
+    """Packets as bytes (proto_wire): track descriptors as tracks are first needed, then every event
+    in time order. Each name, frame and stack is interned once, in the first packet."""
 
     def __init__(self, f):
         self.f, self.chunks, self.first = f, [], True
+        self.new = []  # interned entries not yet written
         self.names, self.functions, self.paths, self.mappings, self.frames, self.stacks = ({} for _ in range(6))
-        # for speed, beside the interning tables: the run's stack_id -> callstack iid, (function, file) -> frame iid
-        self.by_stack, self.frame_iid = {}, {}
+        self.frame_ref = {}  # frame iid -> its entry in a callstack
 
-    @staticmethod
-    def _intern(table: dict, key, new: list, entry) -> int:
-        """The iid of key; the first time, entry(iid) goes into this packet's interned data."""
+    def _intern(self, table: dict, key, entry) -> int:
+        """The iid of key; the first time, entry(iid) joins the interned data to write."""
         iid = table.get(key)
         if iid is None:
             iid = table[key] = len(table) + 1
-            new.append(entry(iid))
+            self.new.append(entry(iid))
         return iid
-
-    def _packet(self, body: bytes, interned: bool = False) -> None:
-        flags = (pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED if self.first else 0) | \
-            (pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE if interned else 0)
-        self.first = False
-        head = SEQ_HEAD + (W.T.flags + W.varint(flags) if flags else b"")
-        self.chunks.append(W.sub(W.T.packet, head + body))
-        if len(self.chunks) >= 8192:
-            self.flush()
-
-    def raw(self, packet: bytes) -> None:
-        """A whole packet, encoded elsewhere (it must need no incremental state)."""
-        assert not self.first
-        self.chunks.append(packet)
-        if len(self.chunks) >= 8192:
-            self.flush()
-
-    def flush(self) -> None:
-        self.f.write(b"".join(self.chunks))
-        self.chunks.clear()
 
     def descriptor(self, d: pb.TrackDescriptor) -> None:
-        self._packet(W.sub(W.T.descriptor, d.SerializeToString()))
+        flags = W.T.flags + W.varint(pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED) if self.first else b""
+        self.first = False
+        self.chunks.append(W.sub(W.T.packet, SEQ_HEAD + flags + W.sub(W.T.descriptor, d.SerializeToString())))
 
-    def event(self, ts: int, kind: int, track: int, name=None, value=None, flow_out=None, flow_in=None,
-              args: dict | None = None) -> None:
-        e = W.T.ev_type + W.varint(kind) + W.T.ev_track + W.varint(track)
-        new = []
-        if name is not None:
-            e += W.T.ev_name + W.varint(self._intern(self.names, name, new, lambda i: W.sub(
-                W.T.in_event_names, W.T.iid + W.varint(i) + W.sub(W.T.name, name.encode()))))
-        if value is not None:
-            e += W.double(W.T.ev_value, float(value))
-        for f in flow_out or ():  # flows that start at this slice or pass through it
-            e += W.fixed64(W.T.ev_flow, f)
-        for f in flow_in or ():
-            e += W.fixed64(W.T.ev_flow_end, f)
-        for k, v in (args or {}).items():
-            v = W.T.arg_int + W.varint(int(v) & W.U64) if isinstance(v, (int, np.integer)) \
-                else W.sub(W.T.arg_str, str(v).encode())
-            e += W.sub(W.T.ev_arg, W.sub(W.T.arg_name, k.encode()) + v)
-        interned = W.sub(W.T.interned, b"".join(new)) if new else b""
-        self._packet(W.T.ts + W.varint(int(ts)) + interned + W.sub(W.T.track_event, e), name is not None)
+    def name(self, name: str) -> int:
+        return self._intern(self.names, name, lambda i: W.sub(
+            W.T.in_event_names, W.T.iid + W.varint(i) + W.sub(W.T.name, name.encode())))
 
-    def sample(self, ts: int, pid: int, tid: int, stack_id: int, frames: list[tuple[str, str]]) -> None:
-        """A CPU sample; frames are (function, file), root first, of the run's stack stack_id."""
-        new, cs = [], self.by_stack.get(stack_id)
-        if cs is None:
-            cs = self.by_stack[stack_id] = self._callstack(frames, new)
-        body = (W.T.sample_pid + W.varint(int(pid)) + W.T.sample_tid + W.varint(int(tid))
-                + W.T.sample_stack + W.varint(cs))
-        interned = W.sub(W.T.interned, b"".join(new)) if new else b""
-        self._packet(W.T.ts + W.varint(int(ts)) + interned + W.sub(W.T.perf_sample, body), True)
+    def callstack(self, frame_iids: tuple[int, ...]) -> int:
+        """The iid of a stack of interned frames, root first."""
+        return self._intern(self.stacks, frame_iids, lambda i: W.sub(
+            W.T.in_stacks, W.T.iid + W.varint(i) + b"".join(self.frame_ref[f] for f in frame_iids)))
 
-    def _callstack(self, frames: list[tuple[str, str]], new: list) -> int:
-        ids = [self.frame_iid.get(f) or self._frame(*f, new) for f in frames]
-        return self._intern(self.stacks, tuple(ids), new, lambda i: W.sub(
-            W.T.in_stacks, W.T.iid + W.varint(i) + b"".join(W.T.stack_frame + W.varint(f) for f in ids)))
-
-    def _frame(self, function: str, path: str, new: list) -> int:
-        fn = self._intern(self.functions, function, new, lambda i: W.sub(
+    def frame(self, function: str, path: str) -> int:
+        fn = self._intern(self.functions, function, lambda i: W.sub(
             W.T.in_functions, W.T.iid + W.varint(i) + W.sub(W.T.string, function.encode())))
-        pth = self._intern(self.paths, path, new, lambda i: W.sub(
+        pth = self._intern(self.paths, path, lambda i: W.sub(
             W.T.in_paths, W.T.iid + W.varint(i) + W.sub(W.T.string, path.encode())))
-        mp = self._intern(self.mappings, pth, new, lambda i: W.sub(
+        mp = self._intern(self.mappings, pth, lambda i: W.sub(
             W.T.in_mappings, W.T.iid + W.varint(i) + W.T.mapping_path + W.varint(pth)))
-        iid = self.frame_iid[(function, path)] = self._intern(self.frames, (fn, mp), new, lambda i: W.sub(
-            W.T.in_frames, W.T.iid + W.varint(i) + W.T.frame_function + W.varint(fn)
-            + W.T.frame_mapping + W.varint(mp)))
+        iid = self._intern(self.frames, (fn, mp), lambda i: W.sub(
+            W.T.in_frames, W.T.iid + W.varint(i) + W.T.frame_function + W.varint(fn) + W.T.frame_mapping + W.varint(mp)))
+        self.frame_ref[iid] = W.T.stack_frame + W.varint(iid)
         return iid
+
+    def events(self, buf: np.ndarray, starts: np.ndarray, length: np.ndarray, order: np.ndarray) -> None:
+        """The descriptors, then event packets (byte ranges of buf) in `order`. The interned data rides
+        in the first descriptor's packet, so every event after it may use it."""
+        if self.chunks and self.new:
+            self.chunks[0] = W.sub(W.T.packet, _body(self.chunks[0]) + W.sub(W.T.interned, b"".join(self.new)))
+            self.new = []
+        self.f.write(b"".join(self.chunks))
+        self.chunks.clear()
+        for lo in range(0, len(order), CHUNK):
+            at = order[lo:lo + CHUNK]
+            self.f.write(W.gather(buf, starts[at], length[at]).tobytes())
+
+
+def _body(packet: bytes) -> bytes:
+    """A Trace.packet field's body: past its key (one byte) and its length (a varint)."""
+    i = 1
+    while packet[i] & 0x80:
+        i += 1
+    return packet[i + 1:]
 
 
 def write(run: RunDir) -> None:
@@ -150,7 +129,8 @@ def write(run: RunDir) -> None:
         tracks = _Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
-        threads = _Threads(run.table("samples"), run.table("thread_names", missing_ok=True), tracks, proc_track)
+        threads = _Threads(run.table("samples", columns=["pid", "tid", "thread_name"]),
+                           run.table("thread_names", missing_ok=True), tracks, proc_track)
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         flows = _task_flows(tasks, msgs)
         ran_on = attempt_threads(tasks, run.table("threads", missing_ok=True).reindex(columns=THREAD_COLUMNS)).tid
@@ -162,25 +142,55 @@ def write(run: RunDir) -> None:
                             _path_slices(run, tracks)], ignore_index=True)
         counters = pd.concat([_in_flight(run, tracks, proc_track), _message_rate(msgs, tracks),
                               _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
-        samples = _cpu_samples(run, threads)
-        _emit(w, _no_overlap(slices), counters, samples)
+        samples, stacks, frames = _cpu_samples(run, threads)
+        _emit(w, _no_overlap(slices), counters, samples, _stack_iids(w, stacks, frames))
 
 
-def _slices(track, start, end, name, flow_out=None, flow_in=None, args=None) -> pd.DataFrame:
+def _slices(track, start, end, name, flow_out=None, flow_in=None, args: dict | None = None) -> pd.DataFrame:
+    """Slices, each with the encoded tail of its TrackEvent (`extra`). flow_out and flow_in: a flow id
+    per slice, or flow ids indexed by their slice's position; args: argument name -> a column of ints
+    or strings."""
     n = len(start)
     return pd.DataFrame({"track": track, "start": np.asarray(start, dtype="int64"),
                          "end": np.asarray(end, dtype="int64"), "name": name,
-                         "flow_out": flow_out if flow_out is not None else [None] * n,
-                         "flow_in": flow_in if flow_in is not None else [None] * n,
-                         "args": args if args is not None else [None] * n})
+                         "extra": _tail(n, flow_out, flow_in, args or {})})
+
+
+ARG_CHARS = 200  # an argument's string is for reading in the UI: longer ones are cut
+
+
+def _tail(n: int, flow_out, flow_in, args: dict) -> list[bytes]:
+    """Flows through or ending at each slice, then its debug annotations, encoded in bulk."""
+    parts = [_flows(W.T.ev_flow, flow_out, n), _flows(W.T.ev_flow_end, flow_in, n)]
+    for name, values in args.items():
+        values = pd.Series(values, copy=False)
+        key = W.sub(W.T.arg_name, name.encode())
+        if pd.api.types.is_integer_dtype(values.dtype):
+            inner = [key + W.T.arg_int, W.varints(values.to_numpy("int64"))]
+        else:
+            text = W.blobs([v[:ARG_CHARS].encode() for v in values.astype(str).to_numpy(object)])
+            inner = [key + W.T.arg_str, W.varints(text[1]), text]
+        parts += [W.T.ev_arg, W.sized(inner), *inner]
+    parts = [p for p in parts if p is not None]
+    return W.rows(parts) if parts and n else [b""] * n
+
+
+def _flows(key: bytes, flows, n: int):
+    """A part: per slice, key + fixed64 of each of its flow ids; None if no slice has one."""
+    if flows is None or not len(flows):
+        return None
+    ids = flows.sort_index(kind="stable") if isinstance(flows, pd.Series) else pd.Series(np.asarray(flows))
+    one = np.concatenate([np.frombuffer(key, np.uint8)[None, :].repeat(len(ids), 0),
+                          ids.to_numpy().astype(np.uint64).astype("<u8").view(np.uint8).reshape(-1, 8)], axis=1)
+    return W.padded(one.ravel(), np.bincount(ids.index.to_numpy(), minlength=n) * one.shape[1])
 
 
 class _TaskFlows(NamedTuple):
     """One flow per finished attempt: from its compute-task's arrival through its compute slice to
-    its task-finished leaving. starts/ends: msg_id -> flow ids; attempt: attempts row -> flow id."""
-    starts: dict
-    ends: dict
-    attempt: dict
+    its task-finished leaving. Flow ids indexed by the msg_id that starts (ends) them, and by attempt."""
+    starts: pd.Series
+    ends: pd.Series
+    attempt: pd.Series
 
 
 def _task_flows(attempts: pd.DataFrame, msgs: pd.DataFrame) -> _TaskFlows:
@@ -193,8 +203,13 @@ def _task_flows(attempts: pd.DataFrame, msgs: pd.DataFrame) -> _TaskFlows:
     a = a.merge(done[["key", "finished_sent_ns", "end"]], on=["key", "finished_sent_ns"])
     a = a.drop_duplicates("index")
     a["flow"] = int(msgs.msg_id.max() if len(msgs) else 0) + 2 + np.arange(len(a))
-    return _TaskFlows(a.groupby("start").flow.agg(list).to_dict(), a.groupby("end").flow.agg(list).to_dict(),
-                      dict(zip(a["index"], a.flow)))
+    return _TaskFlows(a.set_index("start").flow, a.set_index("end").flow, a.set_index("index").flow)
+
+
+def _at(flows: pd.Series, rows: pd.Index) -> pd.Series:
+    """Flow ids indexed by the position, among rows, of the row each belongs to."""
+    pos = rows.get_indexer(flows.index)
+    return pd.Series(flows.to_numpy(), index=pos)[pos >= 0]
 
 
 def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict, flows: _TaskFlows) -> pd.DataFrame:
@@ -210,9 +225,8 @@ def _compute_slices(tasks, tracks, proc_track, threads: "_Threads", pids: dict, 
     track = [threads.track(w, pids[w], tid) if pd.notna(tid) and w in pids
              else tracks.get(("compute", w, th), f"compute (thread {k})", parent=proc_track.get(w))
              for w, th, k, tid in zip(t.worker, thread, thread_no, t.tid)]
-    args = [{"key": k, "nbytes": int(b) if pd.notna(b) else -1} for k, b in zip(t.key, t.nbytes)]
-    through = [[f] if (f := flows.attempt.get(i)) is not None else None for i in t.index]
-    return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, flow_out=through, args=args)
+    return _slices(track, t.compute_start_ns, t.compute_stop_ns, t.prefix, flow_out=_at(flows.attempt, t.index),
+                   args={"key": t.key, "nbytes": t.nbytes.fillna(-1).astype("int64")})
 
 
 def _message_slices(msgs, tracks, proc_track, task_flows: _TaskFlows) -> pd.DataFrame:
@@ -222,18 +236,18 @@ def _message_slices(msgs, tracks, proc_track, task_flows: _TaskFlows) -> pd.Data
     m = ops.first()
     names = _batch_names(msgs).reindex(m.index)
     keys = ops.n_keys.sum()
-    send = [tracks.get(("send", c, d), f"send → {dst} (conn {c})", parent=proc_track.get(src))
-            for c, d, src, dst in zip(m.conn, m.direction, m.src, m.dst)]
-    recv = [tracks.get(("recv", c, d), f"recv ← {src} (conn {c})", parent=proc_track.get(dst))
-            for c, d, src, dst in zip(m.conn, m.direction, m.src, m.dst)]
-    flow = (m.index.to_numpy() + 1).tolist()
-    args = [{"bytes": int(b), "ops": int(n), "keys": int(k)}
-            for b, n, k in zip(m.msg_bytes, m.batch_size, keys)]
+    ends = ["conn", "direction", "src", "dst"]
+    send = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("send", c, d), f"send → {dst} (conn {c})",
+                                                               parent=proc_track.get(src)))
+    recv = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("recv", c, d), f"recv ← {src} (conn {c})",
+                                                               parent=proc_track.get(dst)))
+    flow = m.index.to_numpy() + 1
+    args = {"bytes": m.msg_bytes.astype("int64"), "ops": m.batch_size.astype("int64"), "keys": keys.astype("int64")}
     return pd.concat([
-        _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=[[f] for f in flow],
-                flow_in=[task_flows.ends.get(i) for i in m.index], args=args),
-        _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=[[f] for f in flow],
-                flow_out=[task_flows.starts.get(i) for i in m.index], args=args),
+        _slices(send, m.t_first_ns, m.t_last_ns, names.to_numpy(), flow_out=flow,
+                flow_in=_at(task_flows.ends, m.index), args=args),
+        _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=flow,
+                flow_out=_at(task_flows.starts, m.index), args=args),
     ], ignore_index=True)
 
 
@@ -246,18 +260,25 @@ def _path_slices(run: RunDir, tracks) -> pd.DataFrame:
     top = tracks.get(("critical path",), "critical path (daskprobe)")
     track = [tracks.get(("critical path", j), f"critical path, job {j}" if j >= 0 else "client, between jobs",
                         parent=top) for j in path.job]
-    args = [{"kind": k, "key": key or "", "process": p or ""} for k, key, p in zip(path.kind, path.key, path.process)]
-    return _slices(track, path.start_ns, path.end_ns, path.part.to_numpy(), args=args)
+    return _slices(track, path.start_ns, path.end_ns, path.part.to_numpy(),
+                   args={"kind": path.kind, "key": path.key.fillna(""), "process": path.process.fillna("")})
 
 
 def _batch_names(msgs: pd.DataFrame) -> pd.Series:
     """Per message: its op, or for a batch "batch: op×n, ..." (commonest first)."""
-    counts = msgs.groupby(["msg_id", "op"], sort=False).size().rename("n").reset_index()
+    ops = msgs.groupby("msg_id", sort=False).op
+    names = ops.first()
+    many = ops.size() > 1  # most messages carry one op: only batches are joined, one by one
+    batch = msgs[msgs.msg_id.isin(names.index[many])]
+    counts = batch.groupby(["msg_id", "op"], sort=False).size().rename("n").reset_index()
     counts = counts.sort_values(["msg_id", "n"], ascending=[True, False], kind="stable")
-    single = counts.groupby("msg_id").op.transform("size").eq(1) & counts.n.eq(1)
-    part = counts.op.where(single, counts.op + "×" + counts.n.astype("str"))
-    names = part.groupby(counts.msg_id, sort=False).agg(", ".join)
-    return names.where(names.index.isin(counts.msg_id[single]), "batch: " + names)
+    part = (counts.op + "×" + counts.n.astype("str") + ", ").to_numpy(object)
+    first = np.flatnonzero(np.r_[True, counts.msg_id.to_numpy()[1:] != counts.msg_id.to_numpy()[:-1]]) \
+        if len(counts) else np.zeros(0, np.int64)
+    joined = pd.Series(np.add.reduceat(part, first) if len(first) else [], index=counts.msg_id.to_numpy()[first],
+                       dtype=object).str[:-2]  # string concatenation per batch, in C
+    names[many] = "batch: " + joined.reindex(names.index[many])
+    return names
 
 
 def _dispatch_slices(msgs, graphs, tracks, proc_track) -> pd.DataFrame:
@@ -308,8 +329,8 @@ class _Threads:
 
     def __init__(self, samples: pd.DataFrame, comms: pd.DataFrame, tracks: _Tracks, proc_track: dict):
         self.tracks, self.proc_track = tracks, proc_track
-        named = samples.dropna(subset=["thread_name"]) if "thread_name" in samples else samples.iloc[:0]
-        named = named[named.thread_name != ""]
+        named = samples.dropna(subset=["thread_name"])
+        named = named[named.thread_name != ""].drop_duplicates(["pid", "tid"], keep="last")
         self.names = dict(zip(zip(comms.pid, comms.tid), comms.comm)) | dict(zip(zip(named.pid, named.tid),
                                                                                 named.thread_name))
 
@@ -324,9 +345,10 @@ class _Threads:
         return None if parent is None else self.tracks.get((kind, pid, tid), kind, parent=parent)
 
 
-def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
-    """On-CPU samples (py-spy and eBPF) with their stacks, root first, on thread tracks."""
-    s = run.table("samples")
+def _cpu_samples(run: RunDir, threads: _Threads) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:
+    """On-CPU samples (py-spy and eBPF) on thread tracks; the frame ids of the stacks they use, root
+    first; and each frame's label and file."""
+    s = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process"])
     s = s[s.active.astype(bool) & s.process.isin(list(threads.proc_track))]
     # py-spy falls back to the pthread id where it cannot read the native one (older Pythons):
     # no thread track can carry it, so those samples stay in the tables only, and are counted.
@@ -334,30 +356,37 @@ def _cpu_samples(run: RunDir, threads: _Threads) -> pd.DataFrame:
     run.update_meta(trace={"samples_without_native_tid": int((~native).sum())})
     s = s[native]
     frames = run.table("frames").set_index("frame_id")
-    label = (frames.function + " (" + frames.filename.map(_short) + ")").to_dict()
-    path = frames.filename.to_dict()
-    stacks = {r.stack_id: [(label[i], path[i]) for i in reversed(r.frame_ids)]
-              for r in run.table("stacks").itertuples()}
+    frames = pd.DataFrame({"label": frames.function + " (" + frames.filename.map(_short) + ")",
+                           "path": frames.filename})
+    stacks = run.table("stacks").set_index("stack_id").frame_ids.reindex(s.stack_id.unique()).map(lambda f: f[::-1])
     for pid, tid, process in s[["pid", "tid", "process"]].drop_duplicates().itertuples(index=False):
         threads.track(process, pid, tid)
-    return pd.DataFrame({"ts": s.t_ns, "pid": s.pid, "tid": s.tid, "stack_id": s.stack_id,
-                         "frames": s.stack_id.map(stacks)})
+    return pd.DataFrame({"ts": s.t_ns, "pid": s.pid, "tid": s.tid, "stack_id": s.stack_id}), stacks, frames
 
 
 def _gil_slices(gil: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
     gil = gil[gil.process.isin(list(threads.proc_track))]
-    track = [threads.child("GIL wait", *k) for k in zip(gil.process, gil.pid, gil.tid)]
+    track = _per_key(gil, ["process", "pid", "tid"], lambda *k: threads.child("GIL wait", *k))
     return _slices(track, gil.start_ns, gil.end_ns, "take_gil wait")
 
 
 def _offcpu_slices(off: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
     """Off-CPU time as 'blocked' (until woken) then 'runnable' (woken, waiting for a CPU)."""
     off = off[off.process.isin(list(threads.proc_track))]
-    track = [threads.child("off-CPU", *k) for k in zip(off.process, off.pid, off.tid)]
+    track = _per_key(off, ["process", "pid", "tid"], lambda *k: threads.child("off-CPU", *k))
     ready = off.out_ns + off.blocked_ns
     blocked = _slices(track, off.out_ns, ready, "blocked")
     return pd.concat([blocked[off.blocked_ns.to_numpy() > 0], _slices(track, ready, off.in_ns, "runnable")],
                      ignore_index=True)
+
+
+def _per_key(rows: pd.DataFrame, columns: list[str], track) -> np.ndarray:
+    """track(*row[columns]) of each row, asked once per distinct value (tracks are few, rows many)."""
+    key = rows[columns]
+    uniq = key.drop_duplicates()
+    ids = [track(*k) for k in uniq.itertuples(index=False)]
+    return pd.Series(ids, index=pd.MultiIndex.from_frame(uniq)).reindex(pd.MultiIndex.from_frame(key)).to_numpy() \
+        if len(uniq) else np.zeros(0, np.int64)
 
 
 def _short(path: str) -> str:
@@ -368,46 +397,56 @@ def _no_overlap(s: pd.DataFrame) -> pd.DataFrame:
     """Slices on one track must nest; ours are sequential, so clip each start
     to the previous end (clock noise of a few µs) and give each 1 ns at least."""
     s = s.sort_values(["track", "start", "end"], kind="stable").reset_index(drop=True)
-    start, end, track = s.start.to_numpy().copy(), s.end.to_numpy().copy(), s.track.to_numpy()
-    for i in range(len(s)):
-        if i and track[i] == track[i - 1]:
-            start[i] = max(start[i], end[i - 1])
-        end[i] = max(end[i], start[i] + 1)
+    # end'[i] = max(end[i], start[i] + 1, end'[i-1] + 1) along a track: a running max of (that - i)
+    at = s.groupby("track", sort=False).cumcount().to_numpy()
+    lowest = np.maximum(s.end.to_numpy(), s.start.to_numpy() + 1) - at
+    end = pd.Series(lowest).groupby(s.track.to_numpy(), sort=False).cummax().to_numpy() + at
+    before = pd.Series(end).groupby(s.track.to_numpy(), sort=False).shift(1).to_numpy()
+    start = np.where(np.isnan(before), s.start, np.fmax(s.start, before)).astype("int64")
     return s.assign(start=start, end=end)
 
 
-SAMPLE = -1
+NEEDS_STATE = W.T.flags + W.varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
+CHUNK = 1 << 18  # events encoded at once: bounds the padded matrices of a large run
 
 
-def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame) -> None:
-    # At equal times: ends, then counters and samples, then begins, so adjacent slices do not cross.
-    begins = slices.assign(ts=slices.start, order=2, kind=BEGIN)
-    ends = slices.assign(ts=slices.end, order=0, kind=END)
-    cnt = counters.assign(order=1, kind=COUNTER)
-    smp = samples.assign(order=1, kind=SAMPLE, track=0)
-    ev = pd.concat([begins, ends, cnt, smp], ignore_index=True).sort_values(["ts", "order"], kind="stable")
-    ev["track"] = ev.track.astype("int64")
-    ev["packet"] = None  # ends and counters need no interning: encoded together, in bulk
-    for kind, extra in ((END, []), (COUNTER, ["value"])):
-        mask = (ev.kind == kind).to_numpy()
-        if mask.any():
-            ev.loc[mask, "packet"] = pd.Series(_bulk(ev[mask], kind, extra), index=ev.index[mask], dtype=object)
-    cols = ["kind", "ts", "track", "name", "flow_out", "flow_in", "args", "pid", "tid", "stack_id", "frames", "packet"]
-    for kind, ts, track, name, flow_out, flow_in, args, pid, tid, stack_id, frames, packet in zip(
-            *(ev[c].tolist() if c in ev else [None] * len(ev) for c in cols)):
-        if kind == SAMPLE:
-            w.sample(ts, pid, tid, stack_id, frames)
-        elif kind == BEGIN:
-            w.event(ts, BEGIN, track, name=name, flow_out=flow_out, flow_in=flow_in, args=args)
-        else:
-            w.raw(packet)
-    w.flush()
+def _stack_iids(w: _Writer, stacks: pd.Series, frames: pd.DataFrame) -> dict:
+    """stack_id -> callstack iid, each frame interned once."""
+    used = pd.unique(np.concatenate([np.asarray(f, dtype="int64") for f in stacks])) if len(stacks) else []
+    label, path = frames.label.to_dict(), frames.path.to_dict()
+    iid = {f: w.frame(label[f], path[f]) for f in used}
+    return {sid: w.callstack(tuple(map(iid.__getitem__, ids))) for sid, ids in stacks.items()}
 
 
-def _bulk(ev: pd.DataFrame, kind: int, extra: list[str]) -> list[bytes]:
-    """Whole packets (no interned data) for track events of one kind, encoded together."""
-    te = [W.T.ev_type + W.varint(kind) + W.T.ev_track, W.varints(ev.track.to_numpy("int64"))]
-    if extra:  # double_counter_value: 8 bytes, little-endian, as the wire wants
-        te += [W.T.ev_value, ev.value.to_numpy("float64").astype("<f8").view(np.uint8).reshape(-1, 8)]
-    body = [SEQ_HEAD + W.T.ts, W.varints(ev.ts.to_numpy("int64")), W.T.track_event, W.sized(te), *te]
-    return W.rows([W.T.packet, W.sized(body), *body])
+def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame, stacks: dict) -> None:
+    """Every event packet encoded in bulk, per kind, then written in time order; at equal times
+    ends, then counters and samples, then begins, so adjacent slices do not cross."""
+    names = {n: w.name(n) for n in pd.unique(slices.name)}
+    kinds = [  # (events, time column, rank at equal times, payload field, its parts, uses interned data)
+        (slices, "start", 2, W.T.track_event, lambda d: [
+            W.T.ev_type + W.varint(BEGIN) + W.T.ev_track, W.varints(d.track.to_numpy("int64")), W.T.ev_name,
+            W.varints(d.name.map(names).to_numpy("int64")), W.blobs(d.extra.tolist())], True),
+        (slices, "end", 0, W.T.track_event, lambda d: [
+            W.T.ev_type + W.varint(END) + W.T.ev_track, W.varints(d.track.to_numpy("int64"))], False),
+        (counters, "ts", 1, W.T.track_event, lambda d: [
+            W.T.ev_type + W.varint(COUNTER) + W.T.ev_track, W.varints(d.track.to_numpy("int64")), W.T.ev_value,
+            d.value.to_numpy("float64").astype("<f8").view(np.uint8).reshape(-1, 8)], False),
+        (samples, "ts", 1, W.T.perf_sample, lambda d: [
+            W.T.sample_pid, W.varints(d.pid.to_numpy("int64")), W.T.sample_tid, W.varints(d.tid.to_numpy("int64")),
+            W.T.sample_stack, W.varints(d.stack_id.map(stacks).to_numpy("int64"))], True)]
+    bufs, lengths, ts, rank = [], [], [], []
+    for events, time, order, key, payload, interned in kinds:
+        for lo in range(0, len(events), CHUNK):
+            d = events.iloc[lo:lo + CHUNK]
+            t = d[time].to_numpy("int64")
+            buf, length = W.flat(packet_parts(t, key, payload(d), interned))
+            bufs.append(buf), lengths.append(length), ts.append(t), rank.append(np.full(len(t), order))
+    length = np.concatenate(lengths) if ts else np.zeros(0, np.int64)
+    order = np.lexsort((np.concatenate(rank), np.concatenate(ts))) if ts else length
+    w.events(np.concatenate(bufs) if ts else np.zeros(0, np.uint8), np.cumsum(length) - length, length, order)
+
+
+def packet_parts(ts: np.ndarray, key: bytes, payload: list, interned: bool = False) -> list:
+    """The parts of TracePackets, one per row: a timestamp and one payload field (`key`)."""
+    body = [SEQ_HEAD + (NEEDS_STATE if interned else b"") + W.T.ts, W.varints(ts), key, W.sized(payload), *payload]
+    return [W.T.packet, W.sized(body), *body]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.tracer import proto_wire as W
-from daskprobe.tracer.trace_writer import BEGIN, COUNTER, END, _bulk, _Writer
+from daskprobe.tracer.trace_writer import BEGIN, COUNTER, END, _emit, _no_overlap, _slices, _stack_iids, _Writer
 
 
 @settings(max_examples=200, deadline=None)
@@ -24,37 +24,57 @@ def test_varints_in_bulk_are_the_varints_one_by_one(values):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2**62), st.integers(1, 2**40), st.floats(allow_nan=False)), min_size=1,
                 max_size=20))
-def test_bulk_packets_parse_as_the_events_they_encode(events):
-    ev = pd.DataFrame(events, columns=["ts", "track", "value"])
-    for kind, extra in ((END, []), (COUNTER, ["value"])):
-        trace = pb.Trace()
-        trace.ParseFromString(b"".join(_bulk(ev, kind, extra)))
-        assert len(trace.packet) == len(ev)
-        for p, (ts, track, value) in zip(trace.packet, events):
-            e = p.track_event
-            assert (p.timestamp, e.type, e.track_uuid, p.trusted_packet_sequence_id) == (ts, kind, track, 1)
-            assert e.double_counter_value == (value if extra else 0.0)
+def test_counter_packets_in_bulk_parse_as_the_counters_they_encode(events):
+    counters = pd.DataFrame(events, columns=["ts", "track", "value"])
+    f = io.BytesIO()
+    _emit(_Writer(f), _slices([], [], [], []), counters, SAMPLES.iloc[:0], {})
+    packets = pb.Trace.FromString(f.getvalue()).packet
+    got = sorted((p.timestamp, p.track_event.type, p.track_event.track_uuid, p.trusted_packet_sequence_id,
+                  p.track_event.double_counter_value) for p in packets)
+    assert got == sorted((ts, COUNTER, track, 1, value) for ts, track, value in events)
+
+
+SAMPLES = pd.DataFrame({"ts": [30, 40], "pid": [100, 100], "tid": [101, 101], "stack_id": [5, 6]})
 
 
 def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments():
     f = io.BytesIO()
     w = _Writer(f)
     w.descriptor(pb.TrackDescriptor(uuid=1, name="t"))
-    w.event(10, BEGIN, 1, name="inc", flow_out=[2**63 + 5], flow_in=[7], args={"key": "inc-1", "nbytes": -1})
-    w.event(20, BEGIN, 1, name="inc", args={"nbytes": 2**40})  # the name again: interned once
-    w.sample(30, 100, 101, 5, [("main", "a.py"), ("f", "a.py")])
-    w.sample(40, 100, 101, 6, [("main", "a.py"), ("g", "b.py")])  # shares its root frame with stack 5
-    w.flush()
+    slices = pd.concat([
+        _slices([1], [10], [15], ["inc"], flow_out=pd.Series([2**63 + 5], index=[0]), flow_in=[7],
+                args={"key": ["inc-1"], "nbytes": [-1]}),
+        _slices([1], [20], [25], ["inc"], args={"nbytes": [2**40]})], ignore_index=True)
+    counters = pd.DataFrame({"ts": [15], "track": [1], "value": [3.5]})
+    frames = pd.DataFrame({"label": ["main", "f", "g"], "path": ["a.py", "a.py", "b.py"]})
+    stacks = _stack_iids(w, pd.Series({5: [0, 1], 6: [0, 2]}), frames)  # sharing their root frame
+    _emit(w, _no_overlap(slices), counters, SAMPLES, stacks)
     p = pb.Trace.FromString(f.getvalue()).packet
     assert p[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p[0].track_descriptor.name == "t"
+    interned = p[0].interned_data  # everything, once, before any event uses it
+    assert [(n.iid, n.name) for n in interned.event_names] == [(1, "inc")]
+    assert [s.str for s in interned.function_names] == [b"main", b"f", b"g"] and len(interned.frames) == 3
+    assert [list(c.frame_ids) for c in interned.callstacks] == [[1, 2], [1, 3]]
+    kinds = [(q.timestamp, q.track_event.type if q.HasField("track_event") else "sample") for q in p[1:]]
+    assert kinds == [(10, BEGIN), (15, END), (15, COUNTER), (20, BEGIN), (25, END), (30, "sample"), (40, "sample")]
     e = p[1].track_event
-    assert p[1].sequence_flags == pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-    assert [(n.iid, n.name) for n in p[1].interned_data.event_names] == [(1, "inc")] and e.name_iid == 1
+    assert p[1].sequence_flags == pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE and e.name_iid == 1
     assert list(e.flow_ids) == [2**63 + 5] and list(e.terminating_flow_ids) == [7]
     assert {a.name: a.string_value or a.int_value for a in e.debug_annotations} == {"key": "inc-1", "nbytes": -1}
-    assert p[2].track_event.name_iid == 1 and not p[2].interned_data.event_names
-    assert p[2].track_event.debug_annotations[0].int_value == 2**40
-    first, second = p[3].interned_data, p[4].interned_data
-    assert [s.str for s in first.function_names] == [b"main", b"f"] and [s.str for s in second.function_names] == [b"g"]
-    assert len(second.frames) == 1 and list(second.callstacks[0].frame_ids) == [1, 3]
-    assert (p[4].perf_sample.pid, p[4].perf_sample.tid, p[4].perf_sample.callstack_iid) == (100, 101, 2)
+    assert p[4].track_event.name_iid == 1 and p[4].track_event.debug_annotations[0].int_value == 2**40
+    assert [(q.perf_sample.pid, q.perf_sample.tid, q.perf_sample.callstack_iid) for q in p[6:]] == \
+        [(100, 101, 1), (100, 101, 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 50), st.integers(0, 50)), max_size=30))
+def test_slices_made_sequential_in_bulk_as_one_by_one(rows):
+    s = pd.DataFrame(rows, columns=["track", "start", "end"]).astype("int64")
+    got = _no_overlap(s.assign(name="x", extra=b""))
+    ref = s.sort_values(["track", "start", "end"], kind="stable").reset_index(drop=True)
+    start, end = ref.start.tolist(), ref.end.tolist()
+    for i in range(len(ref)):  # each start clipped to the previous end on its track; 1 ns at least
+        if i and ref.track[i] == ref.track[i - 1]:
+            start[i] = max(start[i], end[i - 1])
+        end[i] = max(end[i], start[i] + 1)
+    assert got.start.tolist() == start and got.end.tolist() == end
