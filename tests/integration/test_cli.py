@@ -21,12 +21,13 @@ def test_defaults_are_those_of_local_cluster(tmp_path):
     def shape(client):
         return sorted((w["nthreads"], w["memory_limit"]) for w in client.scheduler_info()["workers"].values())
 
-    with Client() as c:
-        c.wait_for_workers(2)
-        ours = shape(c)
-    with LocalCluster(n_workers=2, dashboard_address=":0", host="127.0.0.1") as lc, Client(lc) as c:
-        theirs = shape(c)
-    print("SHAPES", json.dumps([ours, theirs]))
+    if __name__ == "__main__":  # LocalCluster's workers are spawned: they import this file
+        with Client() as c:
+            c.wait_for_workers(2)
+            ours = shape(c)
+        with LocalCluster(n_workers=2, dashboard_address=":0", host="127.0.0.1") as lc, Client(lc) as c:
+            theirs = shape(c)
+        print("SHAPES", json.dumps([ours, theirs]))
     """
     _, p = run_flow(tmp_path, flow, "--workers", "2", "--probes", "proxy", "--no-trace")
     ours, theirs = json.loads(p.stdout.split("SHAPES", 1)[1])
