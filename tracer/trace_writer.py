@@ -63,43 +63,49 @@ class _Writer:
 
     def __init__(self, f):
         self.f, self.chunks, self.first = f, [], True
-        self.new = []  # interned entries not yet written
-        self.names, self.functions, self.paths, self.mappings, self.frames, self.stacks = ({} for _ in range(6))
-        self.frame_ref = {}  # frame iid -> its entry in a callstack
-
-    def _intern(self, table: dict, key, entry) -> int:
-        """The iid of key; the first time, entry(iid) joins the interned data to write."""
-        iid = table.get(key)
-        if iid is None:
-            iid = table[key] = len(table) + 1
-            self.new.append(entry(iid))
-        return iid
+        self.new = []  # interned data not yet written
 
     def descriptor(self, d: pb.TrackDescriptor) -> None:
         flags = W.T.flags + W.varint(pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED) if self.first else b""
         self.first = False
         self.chunks.append(W.sub(W.T.packet, SEQ_HEAD + flags + W.sub(W.T.descriptor, d.SerializeToString())))
 
-    def name(self, name: str) -> int:
-        return self._intern(self.names, name, lambda i: W.sub(
-            W.T.in_event_names, W.T.iid + W.varint(i) + W.sub(W.T.name, name.encode())))
+    def _intern(self, field: bytes, inner: list) -> None:
+        """Interned entries of one field, a row each; inner starts with their iids."""
+        if len(inner[1][1]):
+            self.new.append(W.flat([field, W.sized(inner), *inner])[0].tobytes())
 
-    def callstack(self, frame_iids: tuple[int, ...]) -> int:
-        """The iid of a stack of interned frames, root first."""
-        return self._intern(self.stacks, frame_iids, lambda i: W.sub(
-            W.T.in_stacks, W.T.iid + W.varint(i) + b"".join(self.frame_ref[f] for f in frame_iids)))
+    def names(self, names) -> dict:
+        """name -> iid of event names, interned at once."""
+        names = list(dict.fromkeys(names))
+        iids = np.arange(1, len(names) + 1)
+        self._intern(W.T.in_event_names, [W.T.iid, W.varints(iids), *_string(W.T.name, names)])
+        return dict(zip(names, iids.tolist()))
 
-    def frame(self, function: str, path: str) -> int:
-        fn = self._intern(self.functions, function, lambda i: W.sub(
-            W.T.in_functions, W.T.iid + W.varint(i) + W.sub(W.T.string, function.encode())))
-        pth = self._intern(self.paths, path, lambda i: W.sub(
-            W.T.in_paths, W.T.iid + W.varint(i) + W.sub(W.T.string, path.encode())))
-        mp = self._intern(self.mappings, pth, lambda i: W.sub(
-            W.T.in_mappings, W.T.iid + W.varint(i) + W.T.mapping_path + W.varint(pth)))
-        iid = self._intern(self.frames, (fn, mp), lambda i: W.sub(
-            W.T.in_frames, W.T.iid + W.varint(i) + W.T.frame_function + W.varint(fn) + W.T.frame_mapping + W.varint(mp)))
-        self.frame_ref[iid] = W.T.stack_frame + W.varint(iid)
-        return iid
+    def stacks(self, stacks: pd.Series, frames: pd.DataFrame) -> dict:
+        """stack_id -> callstack iid, for stacks of frame ids (root first) of frames (label, path);
+        every function, file, frame and stack interned at once."""
+        used = pd.unique(np.concatenate([np.asarray(f, dtype="int64") for f in stacks])) if len(stacks) else []
+        f = frames.reindex(used)
+        fn, labels = pd.factorize(f.label)
+        pth, paths = pd.factorize(f.path)  # one mapping per file: its iid is the file's
+        frame, pairs = pd.factorize(pd.MultiIndex.from_arrays([fn + 1, pth + 1]))
+        self._intern(W.T.in_functions, [W.T.iid, W.varints(np.arange(1, len(labels) + 1)),
+                                        *_string(W.T.string, labels)])
+        self._intern(W.T.in_paths, [W.T.iid, W.varints(np.arange(1, len(paths) + 1)), *_string(W.T.string, paths)])
+        self._intern(W.T.in_mappings, [W.T.iid, W.varints(np.arange(1, len(paths) + 1)), W.T.mapping_path,
+                                       W.varints(np.arange(1, len(paths) + 1))])
+        pairs = pairs.to_frame(index=False).to_numpy("int64")
+        self._intern(W.T.in_frames, [W.T.iid, W.varints(np.arange(1, len(pairs) + 1)), W.T.frame_function,
+                                     W.varints(pairs[:, 0]), W.T.frame_mapping, W.varints(pairs[:, 1])])
+        iid_of = dict(zip(used, (frame + 1).tolist()))
+        ids = np.array([iid_of[x] for ids in stacks for x in ids], dtype=np.int64)
+        refs, ref_len = W.flat([W.T.stack_frame, W.varints(ids)])
+        owner = np.repeat(np.arange(len(stacks)), [len(x) for x in stacks])  # stacks may be empty
+        per_stack = np.bincount(owner, weights=ref_len, minlength=len(stacks)).astype(np.int64)
+        iids = np.arange(1, len(stacks) + 1)
+        self._intern(W.T.in_stacks, [W.T.iid, W.varints(iids), W.padded(refs, per_stack)])
+        return dict(zip(stacks.index, iids.tolist()))
 
     def events(self, buf: np.ndarray, starts: np.ndarray, length: np.ndarray, order: np.ndarray) -> None:
         """The descriptors, then event packets (byte ranges of buf) in `order`. The interned data rides
@@ -112,6 +118,12 @@ class _Writer:
         for lo in range(0, len(order), CHUNK):
             at = order[lo:lo + CHUNK]
             self.f.write(W.gather(buf, starts[at], length[at]).tobytes())
+
+
+def _string(key: bytes, values) -> list:
+    """The parts of a string field, one per row."""
+    b = W.blobs([str(v).encode() for v in values])
+    return [key, W.varints(b[1]), b]
 
 
 def _body(packet: bytes) -> bytes:
@@ -143,7 +155,7 @@ def write(run: RunDir) -> None:
         counters = pd.concat([_in_flight(run, tracks, proc_track), _message_rate(msgs, tracks),
                               _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
         samples, stacks, frames = _cpu_samples(run, threads)
-        _emit(w, _no_overlap(slices), counters, samples, _stack_iids(w, stacks, frames))
+        _emit(w, _no_overlap(slices), counters, samples, w.stacks(stacks, frames))
 
 
 def _slices(track, start, end, name, flow_out=None, flow_in=None, args: dict | None = None) -> pd.DataFrame:
@@ -410,18 +422,10 @@ NEEDS_STATE = W.T.flags + W.varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
 CHUNK = 1 << 18  # events encoded at once: bounds the padded matrices of a large run
 
 
-def _stack_iids(w: _Writer, stacks: pd.Series, frames: pd.DataFrame) -> dict:
-    """stack_id -> callstack iid, each frame interned once."""
-    used = pd.unique(np.concatenate([np.asarray(f, dtype="int64") for f in stacks])) if len(stacks) else []
-    label, path = frames.label.to_dict(), frames.path.to_dict()
-    iid = {f: w.frame(label[f], path[f]) for f in used}
-    return {sid: w.callstack(tuple(map(iid.__getitem__, ids))) for sid, ids in stacks.items()}
-
-
 def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame, stacks: dict) -> None:
     """Every event packet encoded in bulk, per kind, then written in time order; at equal times
     ends, then counters and samples, then begins, so adjacent slices do not cross."""
-    names = {n: w.name(n) for n in pd.unique(slices.name)}
+    names = w.names(pd.unique(slices.name))
     kinds = [  # (events, time column, rank at equal times, payload field, its parts, uses interned data)
         (slices, "start", 2, W.T.track_event, lambda d: [
             W.T.ev_type + W.varint(BEGIN) + W.T.ev_track, W.varints(d.track.to_numpy("int64")), W.T.ev_name,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.tracer import proto_wire as W
-from daskprobe.tracer.trace_writer import BEGIN, COUNTER, END, _emit, _no_overlap, _slices, _stack_iids, _Writer
+from daskprobe.tracer.trace_writer import BEGIN, COUNTER, END, _emit, _no_overlap, _slices, _Writer
 
 
 @settings(max_examples=200, deadline=None)
@@ -47,14 +47,14 @@ def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments(
         _slices([1], [20], [25], ["inc"], args={"nbytes": [2**40]})], ignore_index=True)
     counters = pd.DataFrame({"ts": [15], "track": [1], "value": [3.5]})
     frames = pd.DataFrame({"label": ["main", "f", "g"], "path": ["a.py", "a.py", "b.py"]})
-    stacks = _stack_iids(w, pd.Series({5: [0, 1], 6: [0, 2]}), frames)  # sharing their root frame
+    stacks = w.stacks(pd.Series({5: [0, 1], 7: [], 6: [0, 2]}), frames)  # sharing their root frame; one empty
     _emit(w, _no_overlap(slices), counters, SAMPLES, stacks)
     p = pb.Trace.FromString(f.getvalue()).packet
     assert p[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p[0].track_descriptor.name == "t"
     interned = p[0].interned_data  # everything, once, before any event uses it
     assert [(n.iid, n.name) for n in interned.event_names] == [(1, "inc")]
     assert [s.str for s in interned.function_names] == [b"main", b"f", b"g"] and len(interned.frames) == 3
-    assert [list(c.frame_ids) for c in interned.callstacks] == [[1, 2], [1, 3]]
+    assert [list(c.frame_ids) for c in interned.callstacks] == [[1, 2], [], [1, 3]]
     kinds = [(q.timestamp, q.track_event.type if q.HasField("track_event") else "sample") for q in p[1:]]
     assert kinds == [(10, BEGIN), (15, END), (15, COUNTER), (20, BEGIN), (25, END), (30, "sample"), (40, "sample")]
     e = p[1].track_event
@@ -63,7 +63,7 @@ def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments(
     assert {a.name: a.string_value or a.int_value for a in e.debug_annotations} == {"key": "inc-1", "nbytes": -1}
     assert p[4].track_event.name_iid == 1 and p[4].track_event.debug_annotations[0].int_value == 2**40
     assert [(q.perf_sample.pid, q.perf_sample.tid, q.perf_sample.callstack_iid) for q in p[6:]] == \
-        [(100, 101, 1), (100, 101, 2)]
+        [(100, 101, 1), (100, 101, 3)]
 
 
 @settings(max_examples=200, deadline=None)
