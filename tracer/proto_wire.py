@@ -12,6 +12,7 @@ with those protos.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -108,32 +109,41 @@ def varints(values) -> tuple[np.ndarray, np.ndarray]:
     return groups, length
 
 
-def blobs(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Byte strings of any lengths as one part: (bytes, one zero-padded row per value; each length)."""
-    return padded(np.frombuffer(b"".join(values), np.uint8), np.fromiter(map(len, values), np.int64, len(values)))
+class Ragged(NamedTuple):
+    """A part of any length per row: the rows' bytes end to end, and each row's length."""
+    buf: np.ndarray
+    length: np.ndarray
 
 
-def padded(flat: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """flat cut into rows of the given lengths, as a part: (zero-padded rows, lengths)."""
-    m = np.zeros((len(length), max(int(length.max(initial=0)), 1)), np.uint8)
-    m[np.repeat(np.arange(len(length)), length), np.arange(len(flat)) - np.repeat(np.cumsum(length) - length, length)] = flat
-    return m, length
+def blobs(values: list[bytes]) -> Ragged:
+    """Byte strings of any lengths, one per row, as a part."""
+    return Ragged(np.frombuffer(b"".join(values), np.uint8), np.fromiter(map(len, values), np.int64, len(values)))
 
 
-def _parts(parts: list) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each part as (bytes, one row per message; each row's length): constant bytes, a varints()
-    or blobs() pair, or an (n, k) uint8 array."""
+def _parts(parts: list) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each part as (bytes, where each row's piece starts in them, its length): constant bytes, a
+    varints() pair (a row of width k per value), an (n, k) uint8 array, or Ragged."""
     n = next(len(p[1]) if isinstance(p, tuple) else len(p) for p in parts if not isinstance(p, bytes))
-    return [(np.frombuffer(p, np.uint8)[None, :].repeat(n, 0), np.full(n, len(p))) if isinstance(p, bytes) else
-            p if isinstance(p, tuple) else (p, np.full(n, p.shape[1])) for p in parts]
+    out = []
+    for p in parts:
+        if isinstance(p, bytes):
+            out.append((np.frombuffer(p, np.uint8), np.zeros(n, np.int64), np.full(n, len(p))))
+        elif isinstance(p, Ragged):
+            out.append((p.buf, np.cumsum(p.length) - p.length, p.length))
+        else:
+            m, length = p if isinstance(p, tuple) else (p, np.full(n, p.shape[1]))
+            out.append((m.ravel(), np.arange(n, dtype=np.int64) * m.shape[1], length))
+    return out
 
 
 def flat(parts: list) -> tuple[np.ndarray, np.ndarray]:
     """Every row's parts end to end, all rows in one byte array; and each row's length."""
-    sized_ = _parts(parts)
-    m = np.concatenate([p for p, _ in sized_], axis=1)
-    keep = np.concatenate([np.arange(p.shape[1]) < length[:, None] for p, length in sized_], axis=1)
-    return m[keep], keep.sum(axis=1)
+    pieces = _parts(parts)
+    offset = np.cumsum([0] + [len(b) for b, _, _ in pieces[:-1]])
+    starts = np.stack([s + o for (_, s, _), o in zip(pieces, offset)], axis=1)
+    length = np.stack([length for _, _, length in pieces], axis=1)
+    buf = np.concatenate([b for b, _, _ in pieces])
+    return gather(buf, starts.ravel(), length.ravel()), length.sum(axis=1)
 
 
 def rows(parts: list) -> list[bytes]:
@@ -145,10 +155,11 @@ def rows(parts: list) -> list[bytes]:
 
 def gather(buf: np.ndarray, starts: np.ndarray, length: np.ndarray) -> np.ndarray:
     """The byte ranges [start, start + length) of buf, end to end."""
+    kind = np.int32 if len(buf) < 2**31 else np.int64  # half the index bytes to move, where they fit
     at = np.cumsum(length) - length
-    return buf[np.repeat(starts - at, length) + np.arange(int(length.sum()))]
+    return buf[np.repeat((starts - at).astype(kind), length) + np.arange(int(length.sum()), dtype=kind)]
 
 
 def sized(parts: list) -> tuple[np.ndarray, np.ndarray]:
     """Parts of a message, as the varints() pair of its length (to prefix a length-delimited field)."""
-    return varints(sum(length for _, length in _parts(parts)))
+    return varints(sum(length for _, _, length in _parts(parts)))

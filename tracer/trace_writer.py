@@ -31,6 +31,8 @@ SEQ_HEAD = W.T.seq + W.varint(SEQ)
 BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
 RATE_BIN_NS = 100_000_000
 THREAD_COLUMNS = TABLES["threads"].names  # a threads table of an older run has no ident
+MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns", "t_last_ns",
+                   "op", "key", "n_keys", "msg_bytes", "batch_size"]  # not the long stimulus ids
 
 
 class _Tracks:
@@ -75,12 +77,12 @@ class _Writer:
         if len(inner[1][1]):
             self.new.append(W.flat([field, W.sized(inner), *inner])[0].tobytes())
 
-    def names(self, names) -> dict:
-        """name -> iid of event names, interned at once."""
-        names = list(dict.fromkeys(names))
-        iids = np.arange(1, len(names) + 1)
-        self._intern(W.T.in_event_names, [W.T.iid, W.varints(iids), *_string(W.T.name, names)])
-        return dict(zip(names, iids.tolist()))
+    def names(self, names: pd.Series) -> np.ndarray:
+        """Each event name's iid; all interned at once."""
+        codes, uniques = pd.factorize(names)
+        iids = np.arange(1, len(uniques) + 1)
+        self._intern(W.T.in_event_names, [W.T.iid, W.varints(iids), *_string(W.T.name, uniques)])
+        return codes + 1
 
     def stacks(self, stacks: pd.Series, frames: pd.DataFrame) -> dict:
         """stack_id -> callstack iid, for stacks of frame ids (root first) of frames (label, path);
@@ -104,7 +106,7 @@ class _Writer:
         owner = np.repeat(np.arange(len(stacks)), [len(x) for x in stacks])  # stacks may be empty
         per_stack = np.bincount(owner, weights=ref_len, minlength=len(stacks)).astype(np.int64)
         iids = np.arange(1, len(stacks) + 1)
-        self._intern(W.T.in_stacks, [W.T.iid, W.varints(iids), W.padded(refs, per_stack)])
+        self._intern(W.T.in_stacks, [W.T.iid, W.varints(iids), W.Ragged(refs, per_stack)])
         return dict(zip(stacks.index, iids.tolist()))
 
     def events(self, buf: np.ndarray, starts: np.ndarray, length: np.ndarray, order: np.ndarray) -> None:
@@ -135,14 +137,14 @@ def _body(packet: bytes) -> bytes:
 
 
 def write(run: RunDir) -> None:
-    procs, msgs, tasks = run.table("processes"), run.table("messages"), run.table("attempts")
+    procs, msgs, tasks = run.table("processes"), run.table("messages", columns=MESSAGE_COLUMNS), run.table("attempts")
     with open_new(run.trace) as f:
         w = _Writer(f)
         tracks = _Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
-        threads = _Threads(run.table("samples", columns=["pid", "tid", "thread_name"]),
-                           run.table("thread_names", missing_ok=True), tracks, proc_track)
+        samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process", "thread_name"])
+        threads = _Threads(samples, run.table("thread_names", missing_ok=True), tracks, proc_track)
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         flows = _task_flows(tasks, msgs)
         ran_on = attempt_threads(tasks, run.table("threads", missing_ok=True).reindex(columns=THREAD_COLUMNS)).tid
@@ -154,7 +156,8 @@ def write(run: RunDir) -> None:
                             _path_slices(run, tracks)], ignore_index=True)
         counters = pd.concat([_in_flight(run, tracks, proc_track), _message_rate(msgs, tracks),
                               _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
-        samples, stacks, frames = _cpu_samples(run, threads)
+        samples, stacks, frames = _cpu_samples(run, samples, threads)
+        slices = slices.assign(name=w.names(slices.name))  # iids: cheaper to sort than strings
         _emit(w, _no_overlap(slices), counters, samples, w.stacks(stacks, frames))
 
 
@@ -194,7 +197,7 @@ def _flows(key: bytes, flows, n: int):
     ids = flows.sort_index(kind="stable") if isinstance(flows, pd.Series) else pd.Series(np.asarray(flows))
     one = np.concatenate([np.frombuffer(key, np.uint8)[None, :].repeat(len(ids), 0),
                           ids.to_numpy().astype(np.uint64).astype("<u8").view(np.uint8).reshape(-1, 8)], axis=1)
-    return W.padded(one.ravel(), np.bincount(ids.index.to_numpy(), minlength=n) * one.shape[1])
+    return W.Ragged(one.ravel(), np.bincount(ids.index.to_numpy(), minlength=n) * one.shape[1])
 
 
 class _TaskFlows(NamedTuple):
@@ -357,10 +360,9 @@ class _Threads:
         return None if parent is None else self.tracks.get((kind, pid, tid), kind, parent=parent)
 
 
-def _cpu_samples(run: RunDir, threads: _Threads) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:
+def _cpu_samples(run: RunDir, s: pd.DataFrame, threads: _Threads) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:
     """On-CPU samples (py-spy and eBPF) on thread tracks; the frame ids of the stacks they use, root
     first; and each frame's label and file."""
-    s = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process"])
     s = s[s.active.astype(bool) & s.process.isin(list(threads.proc_track))]
     # py-spy falls back to the pthread id where it cannot read the native one (older Pythons):
     # no thread track can carry it, so those samples stay in the tables only, and are counted.
@@ -394,11 +396,11 @@ def _offcpu_slices(off: pd.DataFrame, threads: _Threads) -> pd.DataFrame:
 
 def _per_key(rows: pd.DataFrame, columns: list[str], track) -> np.ndarray:
     """track(*row[columns]) of each row, asked once per distinct value (tracks are few, rows many)."""
-    key = rows[columns]
-    uniq = key.drop_duplicates()
-    ids = [track(*k) for k in uniq.itertuples(index=False)]
-    return pd.Series(ids, index=pd.MultiIndex.from_frame(uniq)).reindex(pd.MultiIndex.from_frame(key)).to_numpy() \
-        if len(uniq) else np.zeros(0, np.int64)
+    if rows.empty:
+        return np.zeros(0, np.int64)
+    group = rows.groupby(columns, sort=False, dropna=False).ngroup().to_numpy()  # in order of first appearance
+    firsts = rows[columns].drop_duplicates()
+    return np.array([track(*k) for k in firsts.itertuples(index=False)], dtype=np.int64)[group]
 
 
 def _short(path: str) -> str:
@@ -419,17 +421,17 @@ def _no_overlap(s: pd.DataFrame) -> pd.DataFrame:
 
 
 NEEDS_STATE = W.T.flags + W.varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
-CHUNK = 1 << 18  # events encoded at once: bounds the padded matrices of a large run
+CHUNK = 1 << 18  # events encoded at once: bounds the index arrays of a large run
 
 
 def _emit(w: _Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame, stacks: dict) -> None:
     """Every event packet encoded in bulk, per kind, then written in time order; at equal times
-    ends, then counters and samples, then begins, so adjacent slices do not cross."""
-    names = w.names(pd.unique(slices.name))
+    ends, then counters and samples, then begins, so adjacent slices do not cross. Slices are
+    named by iid (_Writer.names), samples' stacks by stacks (_Writer.stacks)."""
     kinds = [  # (events, time column, rank at equal times, payload field, its parts, uses interned data)
         (slices, "start", 2, W.T.track_event, lambda d: [
             W.T.ev_type + W.varint(BEGIN) + W.T.ev_track, W.varints(d.track.to_numpy("int64")), W.T.ev_name,
-            W.varints(d.name.map(names).to_numpy("int64")), W.blobs(d.extra.tolist())], True),
+            W.varints(d.name.to_numpy("int64")), W.blobs(d.extra.tolist())], True),
         (slices, "end", 0, W.T.track_event, lambda d: [
             W.T.ev_type + W.varint(END) + W.T.ev_track, W.varints(d.track.to_numpy("int64"))], False),
         (counters, "ts", 1, W.T.track_event, lambda d: [

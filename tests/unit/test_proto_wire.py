@@ -27,7 +27,7 @@ def test_varints_in_bulk_are_the_varints_one_by_one(values):
 def test_counter_packets_in_bulk_parse_as_the_counters_they_encode(events):
     counters = pd.DataFrame(events, columns=["ts", "track", "value"])
     f = io.BytesIO()
-    _emit(_Writer(f), _slices([], [], [], []), counters, SAMPLES.iloc[:0], {})
+    _emit(_Writer(f), _slices([], [], [], []).assign(name=0), counters, SAMPLES.iloc[:0], {})
     packets = pb.Trace.FromString(f.getvalue()).packet
     got = sorted((p.timestamp, p.track_event.type, p.track_event.track_uuid, p.trusted_packet_sequence_id,
                   p.track_event.double_counter_value) for p in packets)
@@ -48,7 +48,7 @@ def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments(
     counters = pd.DataFrame({"ts": [15], "track": [1], "value": [3.5]})
     frames = pd.DataFrame({"label": ["main", "f", "g"], "path": ["a.py", "a.py", "b.py"]})
     stacks = w.stacks(pd.Series({5: [0, 1], 7: [], 6: [0, 2]}), frames)  # sharing their root frame; one empty
-    _emit(w, _no_overlap(slices), counters, SAMPLES, stacks)
+    _emit(w, _no_overlap(slices.assign(name=w.names(slices.name))), counters, SAMPLES, stacks)
     p = pb.Trace.FromString(f.getvalue()).packet
     assert p[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p[0].track_descriptor.name == "t"
     interned = p[0].interned_data  # everything, once, before any event uses it
