@@ -19,7 +19,11 @@ from ..analyzers.thread_state import attempt_threads
 from ..probes.rundir import RunDir
 from ..probes.schema import TABLES
 
-MAX_POINTS = 20_000  # per figure: larger runs are binned or sampled, and the caption says so
+# Per figure, so that a 100K-task page draws in seconds: each bar is an SVG element (a browser
+# draws about 2,500 a second), a line point costs far less. Larger runs keep their longest
+# bars and every n-th point, and the caption says so.
+MAX_BARS = 2_000
+MAX_POINTS = 5_000
 BIN_NS = 100_000_000
 
 # After every plot has drawn, the page records how many did (and any error):
@@ -164,19 +168,20 @@ def task_stream(p: Page):
     thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
     label = [f"{w} / " + (n.removeprefix(f"{w}-") if isinstance(n, str) else f"thread {k}")
              for w, n, k in zip(t.worker, names, thread_no)]
-    t = t.assign(row=label, s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
+    t = t.assign(row=label, s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_BARS, "s")
     fig = go.Figure()
     for prefix, g in t.groupby("prefix"):
         fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.compute_start_ns - start) / 1e9, orientation="h",
                     hovertext=g.key)
     x = a.dropna(subset=["transfer_start_ns", "transfer_stop_ns"])
-    x = x.assign(s=(x.transfer_stop_ns - x.transfer_start_ns) / 1e9).nlargest(MAX_POINTS, "s")
+    x = x.assign(s=(x.transfer_stop_ns - x.transfer_start_ns) / 1e9).nlargest(MAX_BARS // 4, "s")
     if len(x):
         fig.add_bar(name="transfer (fetching inputs)", y=x.worker + " / transfers", x=x.s,
                     base=(x.transfer_start_ns - start) / 1e9, orientation="h", hovertext=x.key, marker_color="#d62728")
     return ("Task stream", "Each task's compute span on the worker thread that ran it, coloured by key prefix, and "
             "in red, on a row per worker, the spans in which a worker fetched a task's inputs from other workers; "
-            f"in seconds since the session began (at most the {MAX_POINTS} longest of each); gaps are a thread "
+            f"in seconds since the session began (at most the {MAX_BARS} longest tasks and {MAX_BARS // 4} longest "
+            "transfers); gaps are a thread "
             "without work.", layout(fig.update_layout(barmode="overlay"), "seconds since the session began", ""))
 
 
@@ -240,12 +245,12 @@ def critical_path(p: Page):
     start = summary["window_ns"][0]
     fig = go.Figure()
     for kind, seg in path.groupby("kind"):
-        seg = seg.nlargest(MAX_POINTS, "seconds")
+        seg = seg.nlargest(MAX_BARS // max(1, path.kind.nunique()), "seconds")
         fig.add_bar(name=kind, y=[kind] * len(seg), x=seg.seconds, base=(seg.start_ns - start) / 1e9,
                     orientation="h", hovertext=seg.part + " " + seg.key.fillna(""))
     return ("The critical path on a timeline",
             "Each segment of the critical path, by kind, at its time in seconds since the makespan began "
-            f"(at most the {MAX_POINTS} longest segments per kind are drawn).",
+            f"(at most the {MAX_BARS} longest segments are drawn, shared out evenly between kinds).",
             layout(fig.update_layout(barmode="overlay"), "seconds since the first update-graph", ""))
 
 
@@ -286,11 +291,12 @@ def worker_busy(p: Page):
     start = summary["window_ns"][0]
     fig = go.Figure()
     for worker, g in ev.groupby("worker"):
-        g = g.iloc[:: max(1, len(g) // MAX_POINTS)]
+        g = g.iloc[:: max(1, len(g) * ev.worker.nunique() // MAX_POINTS)]
         fig.add_scatter(name=worker, x=(g.t_ns - start) / 1e9, y=g.tasks, mode="lines", line_shape="hv")
     return ("Per-worker tasks in flight (busy vs idle)",
             "Tasks each worker holds, from a compute-task reaching it to its task-finished leaving; 0 means idle, "
-            "waiting on the scheduler.", layout(fig, "seconds since the first update-graph", "tasks"))
+            f"waiting on the scheduler (at most {MAX_POINTS} changes over all workers: every n-th in a larger run).",
+            layout(fig, "seconds since the first update-graph", "tasks"))
 
 
 def gil_per_thread(p: Page):

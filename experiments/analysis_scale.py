@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         for _ in range(args.repeat):
             runs.append(_measured(build))
             stages.append(json.loads((run / "run.json").read_text())["finalize_seconds"])
-        row = {"tasks": size, "analysis_s": statistics.median(r[0] for r in runs),
+        row = {"tasks": size, "build_s": statistics.median(r[0] for r in runs),
                "min_s": min(r[0] for r in runs), "max_s": max(r[0] for r in runs),
                "peak_rss_gb": max(r[1] for r in runs) / 1e9,
                "report_mb": (run / "report.html").stat().st_size / 1e6}
