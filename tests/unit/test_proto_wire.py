@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.tracer import proto_wire as W
-from daskprobe.tracer.trace_writer import BEGIN, COUNTER, END, _emit, _no_overlap, _slices, _Writer
+from daskprobe.tracer.trace_packets import BEGIN, COUNTER, END, Writer, emit
+from daskprobe.tracer.trace_writer import _no_overlap, _slices
 
 
 @settings(max_examples=200, deadline=None)
@@ -27,7 +28,7 @@ def test_varints_in_bulk_are_the_varints_one_by_one(values):
 def test_counter_packets_in_bulk_parse_as_the_counters_they_encode(events):
     counters = pd.DataFrame(events, columns=["ts", "track", "value"])
     f = io.BytesIO()
-    _emit(_Writer(f), _slices([], [], [], []).assign(name=0), counters, SAMPLES.iloc[:0], {})
+    emit(Writer(f), _slices([], [], [], []).assign(name=0), counters, SAMPLES.iloc[:0], {})
     packets = pb.Trace.FromString(f.getvalue()).packet
     got = sorted((p.timestamp, p.track_event.type, p.track_event.track_uuid, p.trusted_packet_sequence_id,
                   p.track_event.double_counter_value) for p in packets)
@@ -39,7 +40,7 @@ SAMPLES = pd.DataFrame({"ts": [30, 40], "pid": [100, 100], "tid": [101, 101], "s
 
 def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments():
     f = io.BytesIO()
-    w = _Writer(f)
+    w = Writer(f)
     w.descriptor(pb.TrackDescriptor(uuid=1, name="t"))
     slices = pd.concat([
         _slices([1], [10], [15], ["inc"], flow_out=pd.Series([2**63 + 5], index=[0]), flow_in=[7],
@@ -48,7 +49,7 @@ def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments(
     counters = pd.DataFrame({"ts": [15], "track": [1], "value": [3.5]})
     frames = pd.DataFrame({"label": ["main", "f", "g"], "path": ["a.py", "a.py", "b.py"]})
     stacks = w.stacks(pd.Series({5: [0, 1], 7: [], 6: [0, 2]}), frames)  # sharing their root frame; one empty
-    _emit(w, _no_overlap(slices.assign(name=w.names(slices.name))), counters, SAMPLES, stacks)
+    emit(w, _no_overlap(slices.assign(name=w.names(slices.name))), counters, SAMPLES, stacks)
     p = pb.Trace.FromString(f.getvalue()).packet
     assert p[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p[0].track_descriptor.name == "t"
     interned = p[0].interned_data  # everything, once, before any event uses it
