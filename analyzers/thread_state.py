@@ -60,18 +60,18 @@ def of_thread(states: pd.DataFrame, pid: int, tid: int) -> dict[str, tuple[np.nd
 
 def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
     """Every thread seen: pid, tid, process, name (Python's, else the kernel's), its Python ident
-    (what a worker's task-finished names its thread by), when it was first and last seen (by a sample or an eBPF interval), whether eBPF states cover it, and whether it
-    is its process's main thread (the event loop of Dask's scheduler and workers)."""
+    (what a worker's task-finished names its thread by), when it was first and last seen (by a
+    sample or an eBPF interval), whether eBPF states cover it, and whether it is its process's
+    main thread (the event loop of Dask's scheduler and workers)."""
     s = samples.dropna(subset=["process"])
     seen = s.groupby(["pid", "tid"]).agg(process=("process", "first"), first_ns=("t_ns", "min"),
                                          last_ns=("t_ns", "max"))
     names = s[s.source == "pyspy"].dropna(subset=["thread_name"]) if "thread_name" in s else s.iloc[:0]
     names = names[names.thread_name != ""].groupby(["pid", "tid"]).thread_name.last()
     st = states.groupby(["pid", "tid"]).agg(st_first=("start_ns", "min"), st_last=("end_ns", "max"))
-    idents = s[s.ident.fillna(0) > 0].groupby(["pid", "tid"]).ident.last() if "ident" in s else None
-    t = seen.join(st, how="outer").join(names.rename("name"))
-    t["ident"] = (t.index.map(idents.to_dict().get) if idents is not None else None)
-    t["ident"] = t.ident.astype("Int64")
+    known = s[s.ident.fillna(0) > 0] if "ident" in s else s.iloc[:0].assign(ident=0)
+    idents = known.groupby(["pid", "tid"]).ident.last().astype("Int64")
+    t = seen.join(st, how="outer").join(names.rename("name")).join(idents.rename("ident"))
     t["first_ns"] = t[["first_ns", "st_first"]].min(axis=1).astype("int64")
     t["last_ns"] = t[["last_ns", "st_last"]].max(axis=1).astype("int64")
     t = t.drop(columns=["st_first", "st_last"]).reset_index()

@@ -11,7 +11,6 @@ with those protos.
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -48,14 +47,6 @@ def tag(message, field: str) -> bytes:
 def sub(key: bytes, body: bytes) -> bytes:
     """A length-delimited field: a string, bytes or an embedded message."""
     return key + varint(len(body)) + body
-
-
-def fixed64(key: bytes, v: int) -> bytes:
-    return key + struct.pack("<Q", int(v) & U64)
-
-
-def double(key: bytes, v: float) -> bytes:
-    return key + struct.pack("<d", v)
 
 
 class T:
