@@ -56,6 +56,7 @@ def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0) -> tuple[RunDir,
 # Inputs pinned half to each worker, so the final sum must fetch data from
 # the other worker: a worker-to-worker get_data is certain.
 PINNED_FLOW = """
+import json, os, threading
 from distributed import Client
 
 def inc(x):
@@ -70,6 +71,9 @@ with Client() as c:
     total = c.submit(sum, a + b)
     assert total.result() == sum(range(1, N + 1))
     print("result", total.result())
+    # the workers' own view of their threads: the ground truth for thread tracks
+    own = c.run(lambda: [[os.getpid(), t.native_id, t.name] for t in threading.enumerate()])
+    print("THREADS", json.dumps(sum(own.values(), [])))
 """
 
 

@@ -1,5 +1,6 @@
 """trace.pftrace parsed with Perfetto's own protos, checked for what the UI relies on."""
 
+import json
 from collections import Counter, defaultdict
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -19,7 +20,7 @@ def test_trace_is_valid_for_the_ui(pinned_run):
 
 
 def test_trace_has_the_expected_tracks(pinned_run):
-    run, _, n = pinned_run
+    run, proc, n = pinned_run
     packets = load(run.trace)
     tracks = {p.track_descriptor.uuid: p.track_descriptor for p in packets if p.HasField("track_descriptor")}
     procs = run.table("processes")
@@ -28,16 +29,17 @@ def test_trace_has_the_expected_tracks(pinned_run):
     by_name = Counter(d.name.split(" ")[0] for d in tracks.values())
     assert by_name["dispatch"] >= 2 and by_name["tasks"] == 2
     names = {n.iid: n.name for p in packets for n in p.interned_data.event_names}
-    # compute slices sit on the thread tracks that carry the same threads' CPU samples
+    # compute slices sit on the tracks of the executor threads that ran them, by the tids the workers
+    # report themselves (the UI puts a thread's CPU samples on the track of its tid)
     workers = set(procs[procs.role == "worker"].pid.astype(int))
     worker_threads = {u: (d.thread.pid, d.thread.tid) for u, d in tracks.items()
                       if d.HasField("thread") and d.thread.pid in workers}
     begins = [p.track_event for p in packets if p.track_event.type == TE.TYPE_SLICE_BEGIN]
     slices = Counter(names[e.name_iid] for e in begins if e.track_uuid in worker_threads)
     assert slices == {"inc": n, "sum": 1}
-    sampled = {(p.perf_sample.pid, p.perf_sample.tid) for p in packets if p.HasField("perf_sample")}
     ran = {worker_threads[e.track_uuid] for e in begins if e.track_uuid in worker_threads}
-    assert ran <= sampled
+    own = json.loads(proc.stdout.split("THREADS", 1)[1])
+    assert ran and ran <= {(pid, tid) for pid, tid, name in own if "Dask-Default-Threads" in name}
     counters = [p for p in packets if p.track_event.type == TE.TYPE_COUNTER]
     assert counters and all(p.track_event.double_counter_value >= 0 for p in counters)
 
