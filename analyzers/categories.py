@@ -74,22 +74,20 @@ def default_rules(meta: dict) -> list[Path]:
     return [RULES_DIR / "rsds.toml"] * rsds + [RULES_DIR / "dask.toml"]
 
 
+def _frame_rules(frames: pd.DataFrame, rules: list[Rule]) -> pd.Series:
+    """frame_id -> index of the first rule the frame matches (len(rules): none)."""
+    pairs = list(zip(frames.function.astype(str), frames.filename.astype(str)))
+    first = [next((i for i, r in enumerate(rules) if r.matches(fn, file)), len(rules)) for fn, file in pairs]
+    per_frame = pd.Series(first, index=frames.frame_id.to_numpy())
+    return per_frame[~per_frame.index.duplicated()]
+
+
 def classify_stacks(stacks: pd.DataFrame, frames: pd.DataFrame, rules: list[Rule]) -> pd.Series:
-    """stack_id -> category: the first rule that any frame of the stack matches."""
-    fn = frames.set_index("frame_id")
-    cache: dict[int, str] = {}
-
-    def frame_rule(fid: int) -> int:
-        if fid not in cache:
-            if fid not in fn.index:  # its definition was lost (a torn capture): matches nothing
-                cache[fid] = len(rules)
-                return cache[fid]
-            f = fn.loc[fid]
-            cache[fid] = next((i for i, r in enumerate(rules) if r.matches(f.function, f.filename)), len(rules))
-        return cache[fid]
-
-    def category(ids) -> str:
-        best = min((frame_rule(i) for i in ids), default=len(rules))
-        return rules[best].category if best < len(rules) else UNCATEGORIZED
-
-    return pd.Series([category(ids) for ids in stacks.frame_ids], index=stacks.stack_id, dtype="object")
+    """stack_id -> category: the first rule that any frame of the stack matches. A frame whose
+    definition was lost (a torn capture) matches nothing."""
+    per_frame = _frame_rules(frames, rules)
+    ids = stacks[["stack_id", "frame_ids"]].explode("frame_ids")
+    best = ids.frame_ids.map(per_frame).fillna(len(rules)).astype(int).groupby(ids.stack_id).min()
+    names = pd.Series([r.category for r in rules] + [UNCATEGORIZED])
+    return pd.Series(names.to_numpy()[best.reindex(stacks.stack_id).fillna(len(rules)).astype(int).to_numpy()],
+                     index=stacks.stack_id, dtype="object")

@@ -1,8 +1,6 @@
 """The `daskprobe` command line (the verbs are in tracer/commands)."""
 
-import sys
-
-from .commands import main
+from .commands import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

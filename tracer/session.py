@@ -205,11 +205,15 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     steps = [("the command", lambda: _reap(client, signals.grace))]
     steps += [("the cluster", lambda: cluster.stop(signals.grace))] if cluster else []
     steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
+    seconds = {}
     for what, step in steps:
+        start = time.perf_counter()
         try:
             step()
         except Exception as e:  # one failed stop must not leave the rest running
             say(f"stopping {what} failed: {type(e).__name__}: {e}")
+        seconds[what] = round(time.perf_counter() - start, 3)
+    record(run, teardown_s=seconds)
     errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
     if cluster and (stopped := _proxy_capture_stopped(run)):
         errors["proxy"] = stopped

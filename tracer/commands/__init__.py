@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from ..registry import experiments
@@ -70,3 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         subs[args.verb].error(_unknown(subs[args.verb], extra))
     return args.module.main(args, command)
+
+
+def entry() -> None:
+    """The console script: main(), then an exit that skips the interpreter's teardown of pandas,
+    pyarrow and plotly (0.35 s after a run's finalize, measured); every file is closed by then."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code or 0))
