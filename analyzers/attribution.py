@@ -50,15 +50,20 @@ def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame,
     pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
     inproc = path[~path.kind.isin(DIRECT)]
     with_states = set(states.pid.unique())
+    per_process = {}  # what every job of a process is split by: computed once per process
     for (job, process), segs in inproc.groupby(["job", "process"], sort=False):
         pid = pids.get(process)
         if pid is None:
             rows.append(_all(segs, UNCATEGORIZED))
             continue
-        loop = cpu[(cpu.pid == pid) & (cpu.tid == pid)]
-        fallback = _session_counts(inproc[inproc.process == process], loop, pid in with_states)
+        if process not in per_process:
+            proc_cpu = cpu[cpu.pid == pid]
+            loop = proc_cpu[proc_cpu.tid == pid]
+            fallback = _session_counts(inproc[inproc.process == process], loop, pid in with_states)
+            per_process[process] = proc_cpu, loop, fallback, of_thread(states, pid, pid)
+        proc_cpu, loop, fallback, loop_states = per_process[process]
         if pid in with_states:
-            rows.append(_by_states(segs, states, cpu[cpu.pid == pid], threads, pid, f"{job}:{process}", fallback))
+            rows.append(_by_states(segs, states, loop_states, proc_cpu, threads, pid, f"{job}:{process}", fallback))
         else:
             rows.append(_by_samples(segs, loop, f"{job}:{process}", fallback))
     out = pd.concat([r for r in rows if len(r)], ignore_index=True).reindex(columns=COLUMNS)
@@ -100,9 +105,9 @@ def _by_samples(segs: pd.DataFrame, loop: pd.DataFrame, pool: str, fallback: pd.
     return _split(segs, segs.seconds.to_numpy(), cats.value_counts(), pool, fallback)
 
 
-def _by_states(segs: pd.DataFrame, states: pd.DataFrame, proc_cpu: pd.DataFrame, threads: pd.DataFrame, pid: int,
-               pool: str, fallback: pd.Series) -> pd.DataFrame:
-    st = of_thread(states, pid, pid)
+def _by_states(segs: pd.DataFrame, states: pd.DataFrame, st: dict, proc_cpu: pd.DataFrame, threads: pd.DataFrame,
+               pid: int, pool: str, fallback: pd.Series) -> pd.DataFrame:
+    """st: the loop thread's states (of_thread)."""
     segs = segs.sort_values("start_ns").reset_index(drop=True)
     s0, s1 = segs.start_ns.to_numpy("int64"), segs.end_ns.to_numpy("int64")
     total = (s1 - s0).astype("float64")
@@ -152,9 +157,11 @@ def _offload(segs, b0, b1, seg, window, rest_blocked, proc_cpu, threads, states,
     per_thread = []  # (tid, ns per segment, its work samples by category)
     order = np.argsort(p0)
     p0, p1, pseg = p0[order], p1[order], pseg[order]
-    for th in threads[(threads.pid == pid) & (threads.tid != pid)].itertuples() if len(p0) else ():
-        mine = proc_cpu[(proc_cpu.tid == th.tid) & proc_cpu.on_cpu]
-        mine = mine[inside(mine.t_ns.to_numpy(), p0, p1)]
+    others = proc_cpu[proc_cpu.on_cpu & (proc_cpu.tid != pid)]
+    others = others[inside(others.t_ns.to_numpy(), p0, p1)]
+    by_tid = dict(list(others.groupby("tid"))) if len(p0) else {}
+    for th in threads[(threads.pid == pid) & threads.tid.isin(by_tid)].itertuples():
+        mine = by_tid[th.tid]
         doing = mine[~mine.category.isin(NOT_WORK)]
         if len(doing):
             ns = np.bincount(pseg, on_cpu_ns(states, th, p0, p1), len(segs)) * len(doing) / len(mine)

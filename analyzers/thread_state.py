@@ -22,33 +22,36 @@ COLUMNS = ["pid", "tid", "start_ns", "end_ns", "state"]
 
 def thread_states(offcpu: pd.DataFrame, gil: pd.DataFrame) -> pd.DataFrame:
     off = offcpu.assign(ready_ns=offcpu.out_ns + offcpu.blocked_ns)
-    pieces = [_rows(gil, "start_ns", "end_ns", "gil"),
-              _rows(off, "ready_ns", "in_ns", "runnable"),
-              _rows(off[off.blocked_ns > 0], "out_ns", "ready_ns", "blocked")]
-    rows = pd.concat([p for p in pieces if len(p)], ignore_index=True) if any(len(p) for p in pieces) else None
-    if rows is None:
-        return pd.DataFrame(columns=COLUMNS).astype({"pid": "int64", "tid": "int64", "start_ns": "int64",
-                                                     "end_ns": "int64"})
-    out = [_one_thread(pid, tid, t) for (pid, tid), t in rows.groupby(["pid", "tid"], sort=False)]
-    return pd.concat(out, ignore_index=True).sort_values(["pid", "tid", "start_ns"], ignore_index=True)
+    pieces = [_rows(gil, "start_ns", "end_ns", 0),
+              _rows(off, "ready_ns", "in_ns", 1),
+              _rows(off[off.blocked_ns > 0], "out_ns", "ready_ns", 2)]
+    rows = np.concatenate(pieces, axis=1)
+    rows = rows[:, np.lexsort((rows[4], rows[1], rows[0]))]  # by thread, then by state
+    cut = np.flatnonzero((np.diff(rows[:2], axis=1) != 0).any(axis=0)) + 1
+    out = [_one_thread(t) for t in np.split(rows, cut, axis=1) if t.shape[1]]
+    out = np.concatenate(out, axis=1) if out else np.empty((5, 0), dtype="int64")
+    out = out[:, np.lexsort((out[2], out[1], out[0]))]
+    return pd.DataFrame({"pid": out[0], "tid": out[1], "start_ns": out[2], "end_ns": out[3],
+                         "state": np.array(STATES, dtype=object)[out[4]]}, columns=COLUMNS)
 
 
-def _rows(df: pd.DataFrame, start: str, end: str, state: str) -> pd.DataFrame:
+def _rows(df: pd.DataFrame, start: str, end: str, state: int) -> np.ndarray:
+    """pid, tid, start_ns, end_ns, state (an index of STATES) as the rows of one int64 array."""
     d = df[df[end] > df[start]]
-    return pd.DataFrame({"pid": d.pid.astype("int64"), "tid": d.tid.astype("int64"),
-                         "start_ns": d[start].astype("int64"), "end_ns": d[end].astype("int64"), "state": state})
+    return np.vstack([d.pid.to_numpy("int64"), d.tid.to_numpy("int64"), d[start].to_numpy("int64"),
+                      d[end].to_numpy("int64"), np.full(len(d), state, dtype="int64")])
 
 
-def _one_thread(pid: int, tid: int, t: pd.DataFrame) -> pd.DataFrame:
-    """The thread's intervals made disjoint, in the order of STATES' priority."""
+def _one_thread(t: np.ndarray) -> np.ndarray:
+    """One thread's intervals (rows as _rows's) made disjoint, in the order of STATES' priority."""
     taken = (np.empty(0, dtype="int64"), np.empty(0, dtype="int64"))
     out = []
-    for state in STATES:
-        mine = t[t.state == state]
-        s, e = subtract(*union(mine.start_ns, mine.end_ns), *taken)
-        out.append(pd.DataFrame({"pid": pid, "tid": tid, "start_ns": s, "end_ns": e, "state": state}))
+    for state in range(len(STATES)):
+        mine = t[:, t[4] == state]
+        s, e = subtract(*union(mine[2], mine[3]), *taken)
+        out.append(np.vstack([np.full((2, len(s)), t[:2, :1]), s, e, np.full(len(s), state)]))
         taken = union(np.r_[taken[0], s], np.r_[taken[1], e])
-    return pd.concat(out, ignore_index=True)
+    return np.concatenate(out, axis=1)
 
 
 def of_thread(states: pd.DataFrame, pid: int, tid: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:

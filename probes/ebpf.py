@@ -9,11 +9,10 @@ import os
 import select
 import signal
 import subprocess
-import threading
 from pathlib import Path
 
 from .base import HELPER_NICE, Probe, is_root
-from .procs import spawn, stop
+from .procs import EXITING, spawn, stop
 from .rundir import RunDir
 
 AGENT = Path(__file__).with_name("ebpf_agent.py")
@@ -79,12 +78,12 @@ class Ebpf(Probe):
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM: the agent drains its buffers, writes the sums and says "done"; its exit goes on
-        in the background (the kernel detaching its probes takes about 0.5 s) and is reaped later."""
+        in the background (the kernel detaching its probes takes about 0.5 s) until reap_exiting."""
         if not self.proc or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         if select.select([self.proc.stdout], [], [], 3 * grace)[0] and self.proc.stdout.readline() == b"done\n":
-            threading.Thread(target=self.proc.wait, daemon=True).start()
+            EXITING.append(self.proc)
         else:
             stop([self.proc], grace=grace)

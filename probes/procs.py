@@ -40,6 +40,16 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
 
+# Helpers whose captures are complete but whose exit takes a while (the eBPF agent's
+# kernel detaching its probes): the run goes on meanwhile, and reaps them before it ends.
+EXITING: list[subprocess.Popen] = []
+
+
+def reap_exiting(grace: float = 5.0) -> None:
+    stop(EXITING, grace)
+    EXITING.clear()
+
+
 def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
     """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL."""
     live = [p for p in procs if p.poll() is None]

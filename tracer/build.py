@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import sys
 import time
 import traceback
 
@@ -17,11 +20,12 @@ WHAT = {"tables": "decoding the captures into tables", "analysis": "analysing",
 
 
 @contextlib.contextmanager
-def _progress(name: str):
-    """A spinner on a terminal (rich), else one line: a stage can take tens of seconds."""
+def _progress(name: str, spinner: bool = True):
+    """A spinner on a terminal (rich), else (or for a stage beside another) one line: a stage can
+    take tens of seconds."""
     from rich.console import Console
     console = Console(stderr=True)
-    if not console.is_terminal:
+    if not (spinner and console.is_terminal):
         with contextlib.suppress(OSError):
             say(f"{WHAT[name]} ...")
         yield
@@ -34,9 +38,9 @@ class Stopped(Exception):
     """A signal (or Ctrl-C) during a stage: finalizing stops after it."""
 
 
-def _stage(run: RunDir, name: str, fn) -> str | None:
+def _stage(run: RunDir, name: str, fn, spinner: bool = True) -> str | None:
     try:
-        with _progress(name):  # inside: a signal while it imports rich is this stage's interruption too
+        with _progress(name, spinner):  # inside: a signal while it imports rich is this stage's interruption too
             fn(run)
         return None
     except (Interrupted, KeyboardInterrupt) as e:
@@ -90,23 +94,76 @@ def _trace(run: RunDir) -> None:
 def finalize(run: RunDir, trace: bool = True) -> bool:
     """Every stage in order, each whatever the others did; run.json says which failed,
     how long each took, and whether all ran (`finalized`). A stage imports what it
-    needs itself, so that a signal in an import is a stage's interruption too."""
-    stages = (("tables", _tables), ("analysis", analysis), ("trace", _trace) if trace else None, ("html", _html))
-    errors, seconds = {}, {}
-    for name, fn in filter(None, stages):
-        start = time.perf_counter()
-        try:
-            err = _stage(run, name, fn)
-            if err:
-                errors[name] = err
-        except Stopped as e:
-            errors[name] = str(e)
-            break
-        finally:
-            seconds[name] = round(time.perf_counter() - start, 3)
-    done = len(seconds) == sum(1 for s in stages if s) and not any("interrupted" in e for e in errors.values())
+    needs itself, so that a signal in an import is a stage's interruption too. The
+    trace and the page both only read the analysis: the trace is written in a child
+    process meanwhile (the cluster is gone, its cores are free)."""
+    errors, seconds, began = {}, {}, time.perf_counter()
+    try:
+        _timed(run, "tables", _tables, errors, seconds)
+        _timed(run, "analysis", analysis, errors, seconds)
+        with _beside(run, "trace", _trace, errors, seconds) if trace else contextlib.nullcontext():
+            _timed(run, "html", _html, errors, seconds)
+    except Stopped:
+        pass
+    done = len(seconds) == 3 + trace and not any("interrupted" in e for e in errors.values())
     record(run, finalize_errors=errors, finalize_seconds=seconds, finalized=done)
     with contextlib.suppress(OSError):
-        say(f"finalized in {sum(seconds.values()):.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-            + ")")
+        say(f"finalized in {time.perf_counter() - began:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()) + ")")
     return not errors
+
+
+def _timed(run: RunDir, name: str, fn, errors: dict, seconds: dict, spinner: bool = True) -> None:
+    start = time.perf_counter()
+    try:
+        if err := _stage(run, name, fn, spinner):
+            errors[name] = err
+    except Stopped as e:
+        errors[name] = str(e)
+        raise
+    finally:
+        seconds[name] = round(time.perf_counter() - start, 3)
+
+
+@contextlib.contextmanager
+def _beside(run: RunDir, name: str, fn, errors: dict, seconds: dict):
+    """The stage in a forked process while the body runs; its time and error joined after.
+    If the body is interrupted, so is the stage (SIGTERM: it says so and ends)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(run, name, fn, r, w)
+    os.close(w)
+    try:
+        yield
+    except BaseException:
+        os.kill(pid, signal.SIGTERM)
+        raise
+    finally:
+        with os.fdopen(r) as f:
+            report = f.read()
+        os.waitpid(pid, 0)
+        child = json.loads(report) if report else {"errors": {name: "its process ended without a word"},
+                                                   "seconds": {}}
+        errors.update(child["errors"])
+        seconds.update(child["seconds"])
+
+
+def _child(run: RunDir, name: str, fn, r: int, w: int) -> None:
+    """The forked side of _beside: run the stage, write its error and time to the pipe, and end
+    without the parent's exit handlers."""
+    got_errors, got_seconds = {}, {}
+    try:
+        os.close(r)
+        _timed(run, name, fn, got_errors, got_seconds, spinner=False)
+    except BaseException:  # Stopped: already in got_errors
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # nothing unwinds past here
+        with contextlib.suppress(BaseException):
+            os.write(w, json.dumps({"errors": got_errors, "seconds": got_seconds}).encode())
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)

@@ -31,7 +31,8 @@ def say(msg: str) -> None:
     # Our own words go to stderr: the command's stdout passes through untouched. A
     # closed stderr (`daskprobe run ... | head`) must not stop the run's finalizing.
     try:
-        print(f"daskprobe: {msg}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"daskprobe: {msg}\n")  # one write: a stage in a child process says things too
+        sys.stderr.flush()
     except OSError:
         pass
 
@@ -170,6 +171,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         phases.append(("cluster", time.perf_counter()))
         _ready(started, run)
         phases.append(("probes ready", time.perf_counter()))
+        # the probes other than the proxy start while the cluster does: they cover the run from here
+        run.update_meta(probes_ready_ns=time.monotonic_ns())
         _watch(started, _processes(cluster, started))
         run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).

@@ -56,7 +56,7 @@ def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0) -> tuple[RunDir,
 # Inputs pinned half to each worker, so the final sum must fetch data from
 # the other worker: a worker-to-worker get_data is certain.
 PINNED_FLOW = """
-import json, os, threading
+import json, os, sys, threading
 from distributed import Client
 
 def inc(x):
@@ -73,7 +73,7 @@ with Client() as c:
     print("result", total.result())
     # the workers' own view of their threads: the ground truth for thread tracks
     own = c.run(lambda: [[os.getpid(), t.native_id, t.name] for t in threading.enumerate()])
-    print("THREADS", json.dumps(sum(own.values(), [])))
+    print("THREADS", json.dumps(sum(own.values(), [])), file=sys.stderr)
 """
 
 

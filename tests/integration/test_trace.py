@@ -38,7 +38,7 @@ def test_trace_has_the_expected_tracks(pinned_run):
     slices = Counter(names[e.name_iid] for e in begins if e.track_uuid in worker_threads)
     assert slices == {"inc": n, "sum": 1}
     ran = {worker_threads[e.track_uuid] for e in begins if e.track_uuid in worker_threads}
-    own = json.loads(proc.stdout.split("THREADS", 1)[1])
+    own = json.loads(proc.stderr.split("THREADS", 1)[1].splitlines()[0])
     assert ran and ran <= {(pid, tid) for pid, tid, name in own if "Dask-Default-Threads" in name}
     counters = [p for p in packets if p.track_event.type == TE.TYPE_COUNTER]
     assert counters and all(p.track_event.double_counter_value >= 0 for p in counters)

@@ -44,6 +44,7 @@ def add_arguments(p) -> None:
 
 def main(args, command: list[str]) -> int:
     from ...probes import registry
+    from ...probes.procs import reap_exiting
     from ...probes.rundir import RunDir
     from ..build import finalize
     from ..session import Signals, default_command, run, say
@@ -55,7 +56,10 @@ def main(args, command: list[str]) -> int:
     with Signals() as signals:
         code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
                    signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
-        finalize(run_dir, trace=not args.no_trace)
+        try:
+            finalize(run_dir, trace=not args.no_trace)
+        finally:
+            reap_exiting(signals.grace)
     if signals.signum and not code:  # interrupted while finalizing a run that had ended well
         code = 128 + signals.signum
     say(f"run directory: {run_dir.path}")
