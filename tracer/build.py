@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import sys
 import time
 import traceback
 
 from ..probes.rundir import RunDir
+from .forked import ChildFailed, beside
 from .session import Interrupted, record, say
 
 
@@ -96,13 +94,17 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     how long each took, and whether all ran (`finalized`). A stage imports what it
     needs itself, so that a signal in an import is a stage's interruption too. The
     trace and the page both only read the analysis: the trace is written in a child
-    process meanwhile (the cluster is gone, its cores are free)."""
+    process meanwhile."""
     errors, seconds, began = {}, {}, time.perf_counter()
     try:
         _timed(run, "tables", _tables, errors, seconds)
         _timed(run, "analysis", analysis, errors, seconds)
-        with _beside(run, "trace", _trace, errors, seconds) if trace else contextlib.nullcontext():
-            _timed(run, "html", _html, errors, seconds)
+        joined = None
+        try:
+            with beside(lambda: _in_child(run, "trace", _trace)) if trace else contextlib.nullcontext() as joined:
+                _timed(run, "html", _html, errors, seconds)
+        finally:
+            _merge(joined, "trace", errors, seconds)
     except Stopped:
         pass
     done = len(seconds) == 3 + trace and not any("interrupted" in e for e in errors.values())
@@ -125,45 +127,19 @@ def _timed(run: RunDir, name: str, fn, errors: dict, seconds: dict, spinner: boo
         seconds[name] = round(time.perf_counter() - start, 3)
 
 
-@contextlib.contextmanager
-def _beside(run: RunDir, name: str, fn, errors: dict, seconds: dict):
-    """The stage in a forked process while the body runs; its time and error joined after.
-    If the body is interrupted, so is the stage (SIGTERM: it says so and ends)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child(run, name, fn, r, w)
-    os.close(w)
-    try:
-        yield
-    except BaseException:
-        os.kill(pid, signal.SIGTERM)
-        raise
-    finally:
-        with os.fdopen(r) as f:
-            report = f.read()
-        os.waitpid(pid, 0)
-        child = json.loads(report) if report else {"errors": {name: "its process ended without a word"},
-                                                   "seconds": {}}
-        errors.update(child["errors"])
-        seconds.update(child["seconds"])
+def _in_child(run: RunDir, name: str, fn) -> dict:
+    errors, seconds = {}, {}
+    with contextlib.suppress(Stopped):
+        _timed(run, name, fn, errors, seconds, spinner=False)
+    return {"errors": errors, "seconds": seconds}
 
 
-def _child(run: RunDir, name: str, fn, r: int, w: int) -> None:
-    """The forked side of _beside: run the stage, write its error and time to the pipe, and end
-    without the parent's exit handlers."""
-    got_errors, got_seconds = {}, {}
+def _merge(joined, name: str, errors: dict, seconds: dict) -> None:
+    if joined is None:
+        return
     try:
-        os.close(r)
-        _timed(run, name, fn, got_errors, got_seconds, spinner=False)
-    except BaseException:  # Stopped: already in got_errors
-        pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # nothing unwinds past here
-        with contextlib.suppress(BaseException):
-            os.write(w, json.dumps({"errors": got_errors, "seconds": got_seconds}).encode())
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
+        got = joined()
+        errors.update(got["errors"])
+        seconds.update(got["seconds"])
+    except ChildFailed as e:
+        errors[name] = str(e)

@@ -68,6 +68,12 @@ class Signals:
             raise Interrupted(signum)
         self.hurry = True
 
+    def check(self) -> None:
+        """Unwind now if a signal came whose Interrupted was lost: raised inside a finalizer
+        (a __del__ that ran at that moment), Python prints it as ignored and goes on."""
+        if self.signum and self.unwinding:
+            raise Interrupted(self.signum)
+
     @property
     def grace(self) -> float:
         return 0.2 if self.hurry else 5.0
@@ -167,16 +173,20 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         cluster.layout()
         _start_probes(probes, run, cluster.ports(), started)
         phases.append(("probes", time.perf_counter()))
+        signals.check()
         cluster.start()
         phases.append(("cluster", time.perf_counter()))
+        signals.check()
         _ready(started, run)
         phases.append(("probes ready", time.perf_counter()))
+        signals.check()
         # the probes other than the proxy start while the cluster does: they cover the run from here
         run.update_meta(probes_ready_ns=time.monotonic_ns())
         _watch(started, _processes(cluster, started))
         run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
+        signals.check()
         client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
         phases.append(("command started", time.perf_counter()))
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})

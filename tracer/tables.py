@@ -15,6 +15,7 @@ from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
 from ..probes.schema import TABLES
 from .attempts import attempts_table, clock_table, undo_scheduler_delay
+from .forked import beside
 from .messages import messages_table
 
 
@@ -25,13 +26,15 @@ def build(run: RunDir) -> dict:
     run.write_table("processes", procs)
     conns = connections_table(cap, procs)
     run.write_table("connections", conns)
-    msgs, events = messages_table(cap, conns)
-    cap.data = b""  # the raw capture: no longer needed, and as large as the file
-    run.write_table("messages", msgs)
-    attempts = task_tables(events, msgs, meta["clock_anchor"])
-    run.write_table("attempts", attempts)
-    run.write_table("graphs", graphs_table(events["graphs"], msgs))
-    probe_tables(run, procs, conns)
+    with beside(lambda: probe_tables(run, procs, conns)) as probes_done:  # the samplers' tables meanwhile
+        msgs, events = messages_table(cap, conns)
+        cap.data = b""  # the raw capture: no longer needed, and as large as the file
+        run.write_table("messages", msgs)
+        attempts = task_tables(events, msgs, meta["clock_anchor"])
+        run.write_table("attempts", attempts)
+        run.write_table("graphs", graphs_table(events["graphs"], msgs))
+    if failed := probes_done():
+        run.update_meta(skipped_per_process=failed)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost)}
@@ -52,8 +55,9 @@ def _tell(stats: dict) -> None:
         say(f"{stats['malformed_streams']} connections sent bytes that are not Dask's framing; forwarded unparsed")
 
 
-def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
-    """Tables of the sampling probes; rows carry the name of their process."""
+def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[str]:
+    """Tables of the sampling probes; rows carry the name of their process. Returns what the
+    eBPF agent could not probe, per process (for run.json)."""
     cap = run / "captures"
     samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
     samples["source"], frames["kind"] = "pyspy", "python"
@@ -73,9 +77,7 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> None:
             df["process"] = df.pid.map(names)
         run.write_table(name, df)
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
-    failed = status[status.status == "E"]
-    if not failed.empty:
-        run.update_meta(skipped_per_process=[f"pid {r.pid}: {r.what}" for r in failed.itertuples()])
+    return [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
 
 
 def processes_table(meta: dict) -> pd.DataFrame:

@@ -1,0 +1,45 @@
+"""tracer/forked.py: a piece of finalizing in a forked child."""
+
+import os
+import time
+
+import pytest
+
+from daskprobe.tracer.forked import ChildFailed, beside
+
+
+def test_the_childs_result_comes_back_and_both_sides_ran_at_once():
+    def child():
+        time.sleep(0.5)
+        return {"pid": os.getpid()}
+    start = time.monotonic()
+    with beside(child) as joined:
+        time.sleep(0.5)
+    assert joined()["pid"] != os.getpid()
+    assert time.monotonic() - start < 0.95  # the two half-second sleeps overlapped
+
+
+def test_an_error_in_the_child_is_raised_by_join_with_the_childs_traceback():
+    def child():
+        raise OSError(28, "No space left on device")
+    with beside(child) as joined:
+        pass
+    with pytest.raises(ChildFailed, match="OSError: .*No space left") as e:
+        joined()
+    assert "in the child process" in "".join(e.value.__notes__) and "def child" not in str(e.value)
+
+
+def test_a_body_that_is_interrupted_stops_the_child_and_leaves_no_process(tmp_path):
+    def child():
+        (tmp_path / "pid").write_text(str(os.getpid()))
+        time.sleep(60)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with beside(child) as joined:
+            while not (tmp_path / "pid").exists():
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+    assert time.monotonic() - start < 30
+    with pytest.raises(ChildFailed):
+        joined()  # SIGTERM ended it before it could answer
+    assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}")  # and it was reaped

@@ -1,0 +1,66 @@
+"""One piece of finalizing in a forked child while this process does another: once
+the cluster is gone its cores are free, and a fork shares the tables already read."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+
+
+class ChildFailed(Exception):
+    """fn raised in the child (its message: the exception's), or the child died."""
+
+
+@contextlib.contextmanager
+def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
+    """Run fn() in a forked child while the with-body runs here. Yields join(): fn's result
+    (JSON-able), or ChildFailed. Leaving the body waits for the child; leaving it by an
+    exception (a signal) first sends the child SIGTERM."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(fn, r, w)
+    os.close(w)
+    outcome = {}
+
+    def join():
+        if "error" in outcome:
+            e = ChildFailed(outcome["error"])
+            e.add_note(outcome.get("traceback", ""))  # printed with the parent's, after what it says
+            raise e
+        return outcome["result"]
+    try:
+        yield join
+    except BaseException:
+        os.kill(pid, signal.SIGTERM)
+        raise
+    finally:
+        with os.fdopen(r) as f:
+            report = f.read()
+        os.waitpid(pid, 0)
+        outcome.update(json.loads(report) if report else {"error": "its process ended without a word"})
+
+
+def _child(fn, r: int, w: int) -> None:
+    """Run fn, write its result or error to the pipe, end without the parent's exit handlers."""
+    outcome = {"error": "interrupted"}
+    try:
+        os.close(r)
+        outcome = {"result": fn()}
+    except BaseException as e:  # a signal's Interrupted too: the parent decides what it means
+        outcome = {"error": f"{type(e).__name__}: {e}" if str(e) else type(e).__name__,
+                   "traceback": "in the child process:\n" + traceback.format_exc()}
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # nothing unwinds past here
+        with contextlib.suppress(BaseException):
+            os.write(w, json.dumps(outcome, default=str).encode())
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
