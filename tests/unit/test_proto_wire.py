@@ -79,3 +79,16 @@ def test_slices_made_sequential_in_bulk_as_one_by_one(rows):
             start[i] = max(start[i], end[i - 1])
         end[i] = max(end[i], start[i] + 1)
     assert got.start.tolist() == start and got.end.tolist() == end
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.binary(max_size=3 * W.PAD_MAX)), min_size=1, max_size=20),
+       st.binary(max_size=4))
+def test_rows_end_to_end_whether_padded_or_gathered(rows, const):
+    values, blobs = zip(*rows)
+    parts = [const, W.varints(np.array(values, dtype=np.uint64)), W.blobs(list(blobs)),
+             np.full((len(rows), 2), 7, np.uint8)]
+    want = [const + W.varint(v) + b + b"\x07\x07" for v, b in rows]
+    buf, length = W.flat(parts)
+    assert length.tolist() == [len(r) for r in want] and buf.tobytes() == b"".join(want)
+    assert W.rows(parts) == want
