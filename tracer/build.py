@@ -89,6 +89,16 @@ def _trace(run: RunDir) -> None:
     trace_writer.write(run)
 
 
+def warm_up() -> None:
+    """Import what the stages use and load plotly's figure kinds (about 0.5 s) while something
+    else waits: `run` does it while the cluster stops. Best effort: a stage imports what it needs."""
+    with contextlib.suppress(Exception):
+        from . import tables, trace_writer  # noqa: F401
+        from ..analyzers import summary  # noqa: F401
+        from ..dashboards import html_report, terminal  # noqa: F401
+        html_report.warm_up()
+
+
 def finalize(run: RunDir, trace: bool = True) -> bool:
     """Every stage in order, each whatever the others did; run.json says which failed,
     how long each took, and whether all ran (`finalized`). A stage imports what it

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -153,8 +154,9 @@ def _check_client_python(command: list[str], cluster: dict) -> None:
 
 
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
-        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99) -> int:
-    """Run the command against a cluster behind the probes; the user's exit code."""
+        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, meanwhile=None) -> int:
+    """Run the command against a cluster behind the probes; the user's exit code. `meanwhile`
+    runs in a thread while the cluster and probes stop (they mostly wait)."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
@@ -202,7 +204,10 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         code = 128 + e.signum
     finally:
         signals.unwinding = False
+        helper = threading.Thread(target=meanwhile or (lambda: None), name="daskprobe-meanwhile", daemon=True)
+        helper.start()
         stopped_early = _teardown(run, signals, client, cluster, started, command)
+        helper.join()  # before anything forks: the thread may hold the import lock
     record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code
