@@ -10,10 +10,12 @@ the per-pair ratios B/A, with a bootstrap 90% interval of that median. When
 B captures /proc, each probe's own CPU use is reported too (median CPU
 seconds per run of daskprobe, proxy, sampler, agent). Each run also records
 the CPU time the hypervisor took meanwhile (steal, from /proc/stat), since
-on a shared VM that is noise no pairing removes. --sample-rate sets
-py-spy's rate in both settings. --wire adds: round-trip time of a small
-Dask-framed message and throughput of one 256 MiB frame, through the proxy
-and over a direct loopback socket. --pool DIR... runs nothing and
+on a shared VM that is noise no pairing removes. While the session ran
+(the cluster at work), each measuring process's CPU and their share of the
+cluster's are reported too. --sample-rate sets the Python sampler's rate in
+both settings, --cpu-hz the eBPF sampler's. --wire adds: round-trip time of
+a small Dask-framed message and throughput of one 256 MiB frame, through
+the proxy and over a direct loopback socket. --pool DIR... runs nothing and
 summarizes the pairs of earlier runs together.
 
 Writes results.json and results.csv in --out and prints tables.
@@ -66,7 +68,23 @@ def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
     if proc.exists():  # the last cumulative CPU reading of each measuring process
         cpu = pd.read_parquet(proc).dropna(subset=["process"]).groupby("process").cpu_s.max()
         row |= {f"cpu_s[{name}]": float(v) for name, v in cpu.items() if name.startswith(("probe:", "proxy", "daskprobe"))}
+        row |= session_cpu(out)
     return row
+
+
+def session_cpu(run: Path) -> dict:
+    """CPU seconds each process used while the session ran (summary.json's window, the cluster at
+    work): its cumulative /proc readings interpolated at the window's ends. Measuring processes
+    (daskprobe, proxy, probes) each as `session_cpu_s[name]`, the cluster's (scheduler, workers,
+    nannies, client) summed, and the measuring share of the cluster's."""
+    start, end = json.loads((run / "summary.json").read_text())["session_window_ns"]
+    proc = pd.read_parquet(run / "tables" / "proc.parquet").dropna(subset=["process"]).sort_values("t_ns")
+    roles = pd.read_parquet(run / "tables" / "processes.parquet").set_index("name").role
+    used = {name: float(np.diff(np.interp([start, end], g.t_ns, g.cpu_s))[0]) for name, g in proc.groupby("process")}
+    measuring = {n: v for n, v in used.items() if roles.get(n) in ("probe", "proxy")}
+    cluster = sum(v for n, v in used.items() if roles.get(n) in ("scheduler", "worker", "nanny", "client"))
+    return {**{f"session_cpu_s[{n}]": v for n, v in measuring.items()}, "session_cluster_cpu_s": cluster,
+            "measuring_share": sum(measuring.values()) / cluster if cluster else np.nan}
 
 
 def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console,
@@ -210,6 +228,17 @@ def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
     return long.groupby(["graph", "probes", "process"]).cpu_s.median().reset_index()
 
 
+def session_share(df: pd.DataFrame) -> pd.DataFrame:
+    """Per graph and setting, medians over runs: each measuring process's CPU while the session ran,
+    the cluster's, and the measuring share of it (the budget: at most 2%)."""
+    cols = [c for c in df.columns if c.startswith("session_cpu_s[")] + ["session_cluster_cpu_s", "measuring_share"]
+    if "measuring_share" not in df:
+        return pd.DataFrame()
+    out = df.dropna(subset=["measuring_share"]).groupby(["graph", "probes"])[cols].median().reset_index()
+    return out.rename(columns=lambda c: c.replace("session_cpu_s[", "").rstrip("]") if c.startswith("session_cpu_s[")
+                      else c)
+
+
 def steal(df: pd.DataFrame) -> pd.DataFrame:
     """Median and largest steal per run, per graph and setting (runs recorded before steal was: none)."""
     if "steal_s" not in df:
@@ -235,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--round-trips", type=int, default=5000)
     ap.add_argument("--big-frame-mib", type=int, default=256)
     ap.add_argument("--sample-rate", type=float, help="py-spy's rate in both settings (default: daskprobe's)")
+    ap.add_argument("--cpu-hz", type=int, help="the eBPF CPU sampler's rate in both settings (default: daskprobe's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                     help="run nothing: summarize the pairs of earlier runs' --out directories together")
@@ -256,16 +286,20 @@ def main(argv=None) -> int:
     if args.wire:
         with tempfile.TemporaryDirectory() as tmp:
             results["wire"] = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
-    run_args = ["--sample-rate", str(args.sample_rate)] if args.sample_rate else []
+    run_args = ["--sample-rate", str(args.sample_rate)] * bool(args.sample_rate) + \
+        ["--cpu-hz", str(args.cpu_hz)] * bool(args.cpu_hz)
     raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
-    summary, cpu, stolen = summarize(raw, pair), probe_cpu(raw), steal(raw)
+    summary, cpu, stolen, share = summarize(raw, pair), probe_cpu(raw), steal(raw), session_share(raw)
     raw.to_csv(out / "results.csv", index=False)
     results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records"),
-                "steal_s": stolen.to_dict("records")}
+                "session_cpu": share.to_dict("records"), "steal_s": stolen.to_dict("records")}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print_table(f"makespan ratio {b} / {a} (median of ABBA pairs)", summary)
     if not cpu.empty:
         print_table("CPU seconds per run of each measuring process (median)", cpu)
+    if not share.empty:
+        print_table("CPU seconds while the session ran: each measuring process, the cluster, and the measuring "
+                    "share of the cluster's (median over runs; budget 0.02)", share)
     if not stolen.empty:
         print_table(STEAL_TITLE, stolen)
     if args.wire:

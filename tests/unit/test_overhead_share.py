@@ -1,0 +1,25 @@
+"""experiments/overhead.py's CPU while the session ran, from the proc table's cumulative readings."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from daskprobe.experiments.overhead import session_cpu
+
+
+def test_cpu_inside_the_window_is_interpolated_and_shared_out_by_role(tmp_path):
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"session_window_ns": [1_500, 3_500]}))
+    pd.DataFrame({"name": ["scheduler", "worker-0", "proxy", "probe:pyspy", "daskprobe"],
+                  "role": ["scheduler", "worker", "proxy", "probe", "probe"]}).to_parquet(
+        tmp_path / "tables" / "processes.parquet")
+    rows = []
+    for name, per_ns in (("scheduler", 2.0), ("worker-0", 1.0), ("proxy", 0.1), ("probe:pyspy", 0.05),
+                         ("daskprobe", 0.0)):
+        rows += [{"process": name, "t_ns": t, "cpu_s": 5.0 + per_ns * t} for t in (0, 1_000, 2_000, 3_000, 4_000)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "tables" / "proc.parquet")
+    got = session_cpu(tmp_path)
+    assert got["session_cluster_cpu_s"] == pytest.approx(2_000 * 3.0)  # 2,000 ns of the window at 3 s per ns
+    assert got["session_cpu_s[proxy]"] == pytest.approx(200) and got["session_cpu_s[daskprobe]"] == 0
+    assert got["measuring_share"] == pytest.approx((200 + 100) / 6_000)
