@@ -21,10 +21,12 @@ All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
 
 import argparse
 import ctypes
+import mmap
 import os
 import re
 import select
 import signal
+import struct
 import sys
 import time
 
@@ -187,7 +189,7 @@ def take_gil_symbol(path: str) -> str | None:
 
 class Agent:
     def __init__(self, args):
-        self.args, self.files, self.stacks_cache, self.gil_libs, self.pending = args, {}, {}, {}, []
+        self.args, self.files, self.stacks_cache, self.gil_libs = args, {}, {}, {}
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
@@ -199,7 +201,8 @@ class Agent:
         if args.tcp:
             for port in args.tcp:
                 self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
-        self.b["events"].open_ring_buffer(self.on_event)
+        events = self.b["events"]
+        self.ring = RingReader(events.map_fd, events.max_entries)
 
     def out(self, name: str, mode: str = "a"):
         if name not in self.files:
@@ -253,20 +256,18 @@ class Agent:
             self.stacks_cache[key] = ";".join(names)
         return self.stacks_cache[key]
 
-    def on_event(self, ctx, data, size):
-        raw = ctypes.string_at(data, size)
-        if raw[0] != ebpf_format.CPU:  # kind leads, little-endian; only CPU samples are decoded here
-            self.pending.append(raw)
-            return
-        e = ebpf_format.Event.from_buffer_copy(raw)
-        user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
-        self.out("ebpf_cpu.tsv").write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
-
     def drain(self) -> None:
-        self.b.ring_buffer_consume()
-        if self.pending:
-            self.out("ebpf_events.bin", "ab").write(b"".join(self.pending))
-            self.pending.clear()
+        records = self.ring.records()
+        rest = [r for r in records if r[0] != ebpf_format.CPU]  # kind leads, little-endian
+        if rest:
+            self.out("ebpf_events.bin", "ab").write(b"".join(rest))
+        if len(rest) < len(records):  # CPU samples: the only records decoded here, to symbolize them
+            cpu = self.out("ebpf_cpu.tsv")
+            for raw in records:
+                if raw[0] == ebpf_format.CPU:
+                    e = ebpf_format.Event.from_buffer_copy(raw)
+                    user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
+                    cpu.write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
         for f in self.files.values():
             f.flush()
 
@@ -283,6 +284,38 @@ class Agent:
         if lost:
             self.out("ebpf_status.tsv").write(f"E\t-1\t{lost} events lost: the ring buffer was full\n")
         self.drain()
+
+
+class RingReader:
+    """BPF's ring buffer read in place, with no Python callback per record (bcc's cost about 5 µs
+    each, most of this agent's CPU). The layout and protocol are the kernel's (kernel/bpf/ringbuf.c),
+    as libbpf reads them: a consumer page we advance; a producer page, then the data pages, mapped
+    twice in a row so that a record that wraps around reads as one piece. Each record: a 32-bit
+    length with a busy (not yet committed) and a discard bit, 4 bytes, the data, padding to 8."""
+    BUSY, DISCARD, HEADER = 1 << 31, 1 << 30, 8
+
+    def __init__(self, map_fd: int, size: int):
+        assert size & (size - 1) == 0, "a ring buffer's size is a power of 2"
+        self.page, self.mask = mmap.PAGESIZE, size - 1
+        self.consumer = mmap.mmap(map_fd, self.page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.data = mmap.mmap(map_fd, self.page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self.page)
+
+    def records(self) -> list[bytes]:
+        """Every committed record since the last call, in order; their space is handed back."""
+        cons, = struct.unpack_from("<Q", self.consumer, 0)
+        prod, = struct.unpack_from("<Q", self.data, 0)
+        out = []
+        while cons < prod:
+            at = self.page + (cons & self.mask)
+            header, = struct.unpack_from("<I", self.data, at)
+            if header & self.BUSY:
+                break  # reserved, not yet written: the next drain takes it
+            length = header & ~(self.BUSY | self.DISCARD)
+            if not header & self.DISCARD:
+                out.append(self.data[at + self.HEADER:at + self.HEADER + length])
+            cons += (self.HEADER + length + 7) & ~7
+        struct.pack_into("<Q", self.consumer, 0, cons)
+        return out
 
 
 def main() -> int:
