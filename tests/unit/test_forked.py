@@ -43,3 +43,17 @@ def test_a_body_that_is_interrupted_stops_the_child_and_leaves_no_process(tmp_pa
     with pytest.raises(ChildFailed):
         joined()  # SIGTERM ended it before it could answer
     assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}")  # and it was reaped
+
+
+def test_without_fork_the_piece_runs_here_after_the_body(monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(os, "fork", no_fork)
+    ran = []
+    with beside(lambda: ran.append("piece") or {"pid": os.getpid()}) as joined:
+        ran.append("body")
+    assert joined()["pid"] == os.getpid() and ran == ["body", "piece"]
+    with beside(lambda: 1 / 0) as joined:
+        pass
+    with pytest.raises(ChildFailed, match="ZeroDivisionError"):
+        joined()
