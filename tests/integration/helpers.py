@@ -57,9 +57,11 @@ def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0) -> tuple[RunDir,
 # the other worker: a worker-to-worker get_data is certain.
 PINNED_FLOW = """
 import json, os, sys, threading
-from distributed import Client
+from distributed import Client, get_worker
 
 def inc(x):
+    # the worker's own record of which of its threads ran a task: ground truth for the thread tracks
+    get_worker().__dict__.setdefault("ran_on", set()).add(threading.get_native_id())
     return x + 1
 
 N = {n}
@@ -71,9 +73,8 @@ with Client() as c:
     total = c.submit(sum, a + b)
     assert total.result() == sum(range(1, N + 1))
     print("result", total.result())
-    # the workers' own view of their threads: the ground truth for thread tracks
-    own = c.run(lambda: [[os.getpid(), t.native_id, t.name] for t in threading.enumerate()])
-    print("THREADS", json.dumps(sum(own.values(), [])), file=sys.stderr)
+    own = c.run(lambda dask_worker: [[os.getpid(), tid] for tid in getattr(dask_worker, "ran_on", ())])
+    print("RAN_ON", json.dumps(sum(own.values(), [])), file=sys.stderr)
 """
 
 

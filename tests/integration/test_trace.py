@@ -29,17 +29,17 @@ def test_trace_has_the_expected_tracks(pinned_run):
     by_name = Counter(d.name.split(" ")[0] for d in tracks.values())
     assert by_name["dispatch"] >= 2 and by_name["tasks"] == 2
     names = {n.iid: n.name for p in packets for n in p.interned_data.event_names}
-    # compute slices sit on the tracks of the executor threads that ran them, by the tids the workers
-    # report themselves (the UI puts a thread's CPU samples on the track of its tid)
+    # compute slices sit on the tracks of the threads that ran them, by the tids the tasks themselves
+    # recorded (the UI puts a thread's CPU samples on the track of its tid)
     workers = set(procs[procs.role == "worker"].pid.astype(int))
     worker_threads = {u: (d.thread.pid, d.thread.tid) for u, d in tracks.items()
                       if d.HasField("thread") and d.thread.pid in workers}
     begins = [p.track_event for p in packets if p.track_event.type == TE.TYPE_SLICE_BEGIN]
     slices = Counter(names[e.name_iid] for e in begins if e.track_uuid in worker_threads)
     assert slices == {"inc": n, "sum": 1}
-    ran = {worker_threads[e.track_uuid] for e in begins if e.track_uuid in worker_threads}
-    own = json.loads(proc.stderr.split("THREADS", 1)[1].splitlines()[0])
-    assert ran and ran <= {(pid, tid) for pid, tid, name in own if "Dask-Default-Threads" in name}
+    ran = {worker_threads[e.track_uuid] for e in begins if e.track_uuid in worker_threads and names[e.name_iid] == "inc"}
+    own = json.loads(proc.stderr.split("RAN_ON", 1)[1].splitlines()[0])
+    assert ran == {(pid, tid) for pid, tid in own}
     counters = [p for p in packets if p.track_event.type == TE.TYPE_COUNTER]
     assert counters and all(p.track_event.double_counter_value >= 0 for p in counters)
 

@@ -40,3 +40,13 @@ def test_a_stack_takes_the_category_of_the_first_rule_any_of_its_frames_matches(
     assert cat[12] == UNCATEGORIZED
     lost = classify_stacks(pd.DataFrame({"stack_id": [13], "frame_ids": [[99]]}), frames, rules)
     assert lost[13] == UNCATEGORIZED, "a frame whose definition was torn off matches nothing"
+
+
+def test_an_attempt_goes_to_the_thread_of_its_ident_seen_nearest_its_start():
+    from daskprobe.analyzers.thread_state import attempt_threads
+    # ident 7 is first a thread sampled only after its first task began, later a new thread's
+    threads = pd.DataFrame({"process": ["worker-0"] * 3, "ident": [7, 7, 9], "tid": [101, 102, 103],
+                            "name": ["a", "b", "c"], "first_ns": [150, 1_000, 0], "last_ns": [500, 2_000, 2_000]})
+    attempts = pd.DataFrame({"worker": ["worker-0"] * 4, "thread": [7, 7, 7, 9],
+                             "compute_start_ns": [100, 400, 1_200, 100]})
+    assert attempt_threads(attempts, threads).tid.tolist() == [101, 101, 102, 103]
