@@ -73,6 +73,8 @@ class Signals:
         """Unwind now if a signal came whose Interrupted was lost: raised inside a finalizer
         (a __del__ that ran at that moment), Python prints it as ignored and goes on."""
         if self.signum and self.unwinding:
+            if self.client and self.client.poll() is None:
+                self.client.send_signal(self.signum)
             raise Interrupted(self.signum)
 
     @property
@@ -194,7 +196,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
-        code = client.wait()
+        code = _wait(client, signals)
     except StartError as e:
         say(f"cluster failed to start: {e}")
     except FileNotFoundError as e:
@@ -204,13 +206,25 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         code = 128 + e.signum
     finally:
         signals.unwinding = False
-        helper = threading.Thread(target=meanwhile or (lambda: None), name="daskprobe-meanwhile", daemon=True)
+        # not after a signal: it may have come inside an import, whose locks a thread would wait on
+        quiet = meanwhile if meanwhile and not signals.signum else (lambda: None)
+        helper = threading.Thread(target=quiet, name="daskprobe-meanwhile", daemon=True)
         helper.start()
         stopped_early = _teardown(run, signals, client, cluster, started, command)
         helper.join()  # before anything forks: the thread may hold the import lock
     record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code
+
+
+def _wait(client: subprocess.Popen, signals: Signals) -> int:
+    """The command's exit code; a signal whose Interrupted was lost (see Signals.check) is acted on
+    within half a second, even one that came as the command was being started."""
+    while True:
+        try:
+            return client.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            signals.check()
 
 
 def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, started: list[Probe],
