@@ -207,11 +207,13 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     finally:
         signals.unwinding = False
         # not after a signal: it may have come inside an import, whose locks a thread would wait on
-        quiet = meanwhile if meanwhile and not signals.signum else (lambda: None)
-        helper = threading.Thread(target=quiet, name="daskprobe-meanwhile", daemon=True)
-        helper.start()
+        helper = threading.Thread(target=meanwhile, name="daskprobe-meanwhile", daemon=True) \
+            if meanwhile and not signals.signum else None
+        if helper:
+            helper.start()
         stopped_early = _teardown(run, signals, client, cluster, started, command)
-        helper.join()  # before anything forks: the thread may hold the import lock
+        if helper:
+            helper.join()  # before anything forks: the thread may hold the import lock
     record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code
