@@ -33,6 +33,13 @@ def added(base, pert, category):
             pert["session_s"] - base["session_s"])
 
 
+def holds(got: float, share: float, more: float, injected: float, pert: dict, most: float = 1.3):
+    """The category holds `share` of the injected time that reached the session, and not much more
+    than was injected. The session's growth alone is no yardstick on a loaded machine: the pair
+    also differs by noise (CI once saw 3.1 s more for 1.6 s injected, the rest in cpu_starvation)."""
+    assert share * min(more, injected) <= got <= most * injected, (got, more, injected, pert["critical_path_s"])
+
+
 def finding_ids(s: dict) -> list[str]:
     return [f["id"] for f in s["findings"]]
 
@@ -47,7 +54,8 @@ def test_wire_delay_goes_to_network_and_an_unperturbed_loopback_has_none(tmp_pat
     pert = summary(tmp_path, "delayed", "chain", "--probes", "proxy", "--delay-ms", "10")
     net, more = added(base, pert, "network")
     assert more > 1.0, "2 rounds x 40 hops x 2 messages x 10 ms"
-    assert net >= 0.85 * more, (net, more, pert["critical_path_s"])
+    # at most twice: a hop whose input is on the other worker fetches it, two more messages
+    holds(net, 0.85, more, 2 * 40 * 2 * 0.010, pert, most=2.2)
 
 
 def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
@@ -55,8 +63,9 @@ def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
     pert = summary(tmp_path, "slow", "chain", "--probes", "proxy,pyspy,offcpu,gil", *preload(),
                    env={"DASKPROBE_INJECT": "decisions:0.02"})
     decisions, more = added(base, pert, "scheduler_decisions")
-    assert more > 1.0, "80 decisions x 20 ms"
-    assert decisions >= 0.75 * more, (decisions, more, pert["critical_path_s"])
+    injected = 2 * 40 * 0.02  # two chains of 40 tasks, one worker choice each, 20 ms spinning in each
+    assert more > 0.8 * injected, (base["session_s"], pert["session_s"])
+    holds(decisions, 0.75, more, injected, pert)
     assert "scheduler-decisions" in finding_ids(pert), pert["findings"]
 
 
@@ -79,7 +88,8 @@ def test_client_work_between_computations_is_the_clients(tmp_path):
     pert = summary(tmp_path, "think", "chain", "--probes", "proxy", env={"THINK_S": "2"})
     client, more = added(base, pert, "client")
     assert [len(s["jobs"]) for s in (base, pert)] == [2, 2], "two computations, two jobs"
-    assert client >= 0.9 * more and more > 1.5, (client, more, pert["critical_path_s"])
+    assert more > 1.5, (base["session_s"], pert["session_s"])
+    holds(client, 0.9, more, 2.0, pert)
     assert finding_ids(pert)[0] == "client", pert["findings"]
 
 

@@ -66,7 +66,9 @@ def test_samples_align_with_known_switches_within_1ms(tmp_path):
     samples["phase"] = samples.stack_id.map(stacks.set_index("stack_id").frame_ids).map(
         lambda ids: next((fn[i] for i in ids if fn[i].startswith("phase_")), None))
     seen = samples.dropna(subset=["phase"])
-    assert len(seen) >= 0.8 * 60 * 37e-3 * 250, "most scheduled samples were taken"
+    # Enough samples for the check below to mean something. Not all that were scheduled: on a
+    # loaded 2-core CI machine the sampler itself waits for a CPU (CI once got 67%).
+    assert len(seen) >= 0.4 * 60 * 37e-3 * 250, "too few samples to judge alignment"
     tolerance = 1_000_000
     errors = []
     for s in seen.itertuples():
