@@ -40,28 +40,54 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
 
-# Helpers whose captures are complete but whose exit takes a while (the eBPF agent's
-# kernel detaching its probes): the run goes on meanwhile, and reaps them before it ends.
+# Processes whose work is done but whose exit takes a while (the eBPF agent's kernel detaching
+# its probes, a Dask process's interpreter tearing down): the run goes on meanwhile, and reaps them
+# before it ends.
 EXITING: list[subprocess.Popen] = []
 
 
 def reap_exiting(grace: float = 5.0) -> None:
-    stop(EXITING, grace)
+    """Wait for them (each was told to stop already); SIGKILL any still there after `grace`."""
+    deadline = time.monotonic() + grace
+    for p in EXITING:
+        if not _ended(p, deadline):
+            _kill(p)
     EXITING.clear()
 
 
-def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL."""
+def stop(procs: list[subprocess.Popen], grace: float = 5.0, done=None) -> None:
+    """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL. A process for which
+    `done(p)` turns true has finished what matters before it exits: it is left to exit in the
+    background (EXITING) instead of waited for."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in live:
+        if not _ended(p, deadline, done):
+            _kill(p)
+
+
+def _ended(p: subprocess.Popen, deadline: float, done=None) -> bool:
+    if done is None:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
+            return True
         except subprocess.TimeoutExpired:
-            _signal_group(p, signal.SIGKILL)
-            p.wait()
+            return False
+    while p.poll() is None:
+        if done(p):
+            EXITING.append(p)
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _kill(p: subprocess.Popen) -> None:
+    _signal_group(p, signal.SIGKILL)
+    p.wait()
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -72,7 +98,10 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 
 def log_tail(log: Path, chars: int = 3000) -> str:
+    """About the last `chars` characters (the last bytes, as read: a log can be long)."""
     try:
-        return log.read_text(errors="replace")[-chars:]
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+            return f.read().decode(errors="replace")
     except FileNotFoundError:
         return "(no log)"

@@ -195,11 +195,21 @@ class Cluster:
         return f"tcp://{self.scheduler.contact}"
 
     def stop(self, grace: float = 5.0) -> None:
-        """Workers first, then the scheduler, the proxy last so it sees them go."""
-        stop([m.proc for m in self.members[1:] if m.proc and m.role == "worker"], grace)
-        stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace)
+        """Workers first, then the scheduler, the proxy last so it sees them go. A Dask process
+        has closed its connections when it logs its end; its interpreter takes 0.3-0.4 s more to
+        exit, which the run does not wait for (it reaps them before it ends)."""
+        workers = [m for m in self.members[1:] if m.proc and m.role == "worker"]
+        stop([m.proc for m in workers], grace, done=self._logged("End worker"))
+        stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
+             done=self._logged("End scheduler"))
         if self.proxy:
             stop([self.proxy], grace)
+
+    def _logged(self, end: str):
+        """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is
+        waited for)."""
+        logs = {m.proc.pid: self.run.log(m.name) for m in self.members if m.proc}
+        return lambda p: end in log_tail(logs[p.pid], 500)
 
     def describe(self) -> list[dict]:
         """Processes as run.json and the processes table record them."""
