@@ -58,6 +58,13 @@ def test_tcp_bytes_agree_with_the_proxy(all_probes):
     assert abs(seen.sum() / sum(want.values()) - 1) < 0.1
 
 
+def test_the_command_is_seen_to_end_after_its_last_message(all_probes):
+    ended = all_probes.meta()["command_ended_ns"]
+    msgs = all_probes.table("messages")
+    last = msgs[msgs.src_role == "client"].t_last_ns.max()  # on the wire, at the proxy
+    assert last < ended < last + 10e9, (last, ended)
+
+
 def test_trace_has_samples_gil_and_offcpu(all_probes):
     packets = load(all_probes.trace)
     counts = check_trace(packets)
