@@ -197,7 +197,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
         code = _wait(client, signals)
-        run.update_meta(command_ended_ns=time.monotonic_ns())
+        record(run, command_ended_ns=time.monotonic_ns())  # a full disk by now must not cost the exit code
     except StartError as e:
         say(f"cluster failed to start: {e}")
     except FileNotFoundError as e:

@@ -286,11 +286,12 @@ from distributed import Client
 with Client() as c:
     c.gather(c.map(lambda x: x + 1, range(50)))
     time.sleep(1)  # what was captured by now has been written (captures flush every 50-200 ms)
-    with open({str(filler)!r}, "wb") as f:  # something else fills the disk while the run goes on
+    # something else fills the disk while the run goes on; unbuffered, or closing the file would
+    # flush what the full disk refused and fail the command itself
+    with open({str(filler)!r}, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"x" * 65536)
-                f.flush()
         except OSError:
             pass
     c.gather(c.map(lambda x: x + 2, range(50)))
