@@ -126,7 +126,8 @@ def _by_states(segs: pd.DataFrame, states: pd.DataFrame, st: dict, proc_cpu: pd.
     fixed = [_all(segs.assign(seconds=x / 1e9), cat) for x, cat in ((gil, "gil_contention"), (idle, "idle"))]
     fixed.append(_runnable(segs, runnable / 1e9, proc_cpu, pid, st["runnable"], s0, s1, f"{pool}:runnable"))
     fixed.append(_all(segs.assign(seconds=batching / 1e9, part=segs.part + " (batching)"), "runtime_bookkeeping"))
-    return pd.concat([*fixed, work_rows, _split(segs, oncpu / 1e9, counts, f"{pool}:on-cpu", fallback)], ignore_index=True)
+    parts = [*fixed, work_rows, _split(segs, oncpu / 1e9, counts, f"{pool}:on-cpu", fallback)]
+    return pd.concat([p for p in parts if len(p)], ignore_index=True)  # an empty part would make every column object
 
 
 def _runnable(segs, seconds, proc_cpu, pid, runnable, s0, s1, pool) -> pd.DataFrame:
@@ -185,8 +186,8 @@ def totals(attr: pd.DataFrame, by: list[str] = ()) -> pd.DataFrame:
         per_pool = sampled.groupby([*keys, "pool"]).agg(n=("n", "first"), pool_n=("pool_n", "first"),
                                                        pool_seconds=("pool_seconds", "first")).reset_index()
         lo, hi = wilson(per_pool.n.to_numpy(), per_pool.pool_n.to_numpy())
-        per_pool["sd"] = per_pool.pool_seconds * (hi - lo) / (2 * 1.645)
-        agg = per_pool.groupby(keys).agg(samples=("n", "sum"), var=("sd", lambda x: float((x ** 2).sum())))
+        per_pool["var"] = (per_pool.pool_seconds.astype("float64") * (hi - lo) / (2 * 1.645)) ** 2
+        agg = per_pool.groupby(keys).agg(samples=("n", "sum"), var=("var", "sum"))
         out = out.join(agg)
     out["samples"] = out.get("samples", pd.Series(dtype="float64")).astype("Int64")
     sd = np.sqrt(out.get("var", pd.Series(0.0, index=out.index)).fillna(0.0))

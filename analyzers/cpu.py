@@ -101,9 +101,9 @@ def cpu_time(cpu: pd.DataFrame, states: pd.DataFrame, threads: pd.DataFrame, edg
     edges = np.asarray(edges, dtype="int64")
     on = cpu[cpu.on_cpu & (cpu.t_ns >= edges[0]) & (cpu.t_ns < edges[-1])]
     on = on.assign(bin=np.searchsorted(edges, on.t_ns.to_numpy(), side="right") - 1)
-    out = []
+    out, by_thread = [], dict(list(on.groupby(["pid", "tid"], sort=False)))
     for th in threads.itertuples():
-        mine = on[(on.pid == th.pid) & (on.tid == th.tid)]
+        mine = by_thread.get((th.pid, th.tid), on.iloc[:0])
         if th.ebpf_states:
             secs = on_cpu_ns(states, th, edges[:-1], edges[1:]) / 1e9
         else:
@@ -116,10 +116,13 @@ def cpu_time(cpu: pd.DataFrame, states: pd.DataFrame, threads: pd.DataFrame, edg
 def _share(secs: np.ndarray, mine: pd.DataFrame, th) -> pd.DataFrame:
     """Each bin's seconds by the categories of its on-CPU samples (the thread's over all
     bins where a bin has none; uncategorized where the thread has none at all)."""
+    rows, busy = [], np.flatnonzero(secs > 0)
+    if mine.empty:
+        rows = [(b, th.process, th.tid, UNCATEGORIZED, secs[b], 0) for b in busy]
+        return pd.DataFrame(rows, columns=["bin", "process", "tid", "category", "seconds", "samples"])
     counts = mine.groupby(["bin", "category"]).size().unstack(fill_value=0)
     overall = mine.category.value_counts()
-    rows = []
-    for b in np.flatnonzero(secs > 0):
+    for b in busy:
         k = counts.loc[b] if b in counts.index else overall
         k = k[k > 0]
         n = int(k.sum())

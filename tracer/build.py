@@ -9,7 +9,7 @@ import time
 import traceback
 
 from ..probes.rundir import RunDir
-from .forked import ChildFailed, beside
+from .forked import ChildFailed, Gate, beside
 from .session import Interrupted, record, say
 
 
@@ -84,14 +84,14 @@ def _tables(run: RunDir) -> None:
     tables.build(run)
 
 
-def _trace(run: RunDir) -> None:
+def _trace(run: RunDir, analysed=lambda: None) -> None:
     from . import trace_writer
-    trace_writer.write(run)
+    trace_writer.write(run, analysed)
 
 
 def warm_up() -> None:
-    """Import what the stages use and load plotly's figure kinds (about 0.5 s) while something
-    else waits: `run` does it while the cluster stops. Best effort: a stage imports what it needs."""
+    """Import what the stages use and load plotly's figure kinds (about 0.5-0.8 s) while something
+    else waits: `run` does it while the probes get ready. Best effort: a stage imports what it needs."""
     with contextlib.suppress(Exception):
         from . import tables, trace_writer  # noqa: F401
         from ..analyzers import summary  # noqa: F401
@@ -103,17 +103,21 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     """Every stage in order, each whatever the others did; run.json says which failed,
     how long each took, and whether all ran (`finalized`). A stage imports what it
     needs itself, so that a signal in an import is a stage's interruption too. The
-    trace and the page both only read the analysis: the trace is written in a child
-    process meanwhile."""
+    trace is written in a child process: what it takes from the decoded tables while the
+    analysis runs here, the rest (from the analysis' tables) while the page is written."""
     errors, seconds, began = {}, {}, time.perf_counter()
     try:
         _timed(run, "tables", _tables, errors, seconds)
-        _timed(run, "analysis", analysis, errors, seconds)
-        joined = None
+        gate, joined = Gate(), None
         try:
-            with beside(lambda: _in_child(run, "trace", _trace)) if trace else contextlib.nullcontext() as joined:
+            with beside(lambda: _trace_child(run, gate)) if trace else contextlib.nullcontext() as joined:
+                try:
+                    _timed(run, "analysis", analysis, errors, seconds)
+                finally:
+                    gate.open()
                 _timed(run, "html", _html, errors, seconds)
         finally:
+            gate.open()
             _merge(joined, "trace", errors, seconds)
     except Stopped:
         pass
@@ -123,6 +127,13 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
         say(f"finalized in {time.perf_counter() - began:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()) + ")")
     return not errors
+
+
+def _trace_child(run: RunDir, gate: Gate) -> dict:
+    """The trace stage, its seconds without the wait for the analysis."""
+    out = _in_child(run, "trace", lambda r: _trace(r, gate.wait))
+    out["seconds"]["trace"] = round(out["seconds"]["trace"] - gate.waited, 3)
+    return out
 
 
 def _timed(run: RunDir, name: str, fn, errors: dict, seconds: dict, spinner: bool = True) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 
@@ -77,3 +78,29 @@ def _child(fn, r: int, w: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(0)
+
+
+class Gate:
+    """A one-way go from this process to a child forked after it was made: open() here, wait()
+    there (a pipe's end of file: a parent that dies opens it too). Where the piece runs in this
+    process instead (no fork), it runs after the body, so wait() finds the gate open."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        self.opened, self.waited = False, 0.0
+
+    def open(self) -> None:
+        if not self.opened:
+            self.opened = True
+            os.close(self.r)
+            os.close(self.w)
+
+    def wait(self) -> None:
+        """In the child: block until the parent opens the gate; `waited` says how long."""
+        if self.opened:
+            return
+        start = time.perf_counter()
+        os.close(self.w)  # the child's copy: else the parent closing its own is never seen
+        os.read(self.r, 1)
+        os.close(self.r)
+        self.opened, self.waited = True, time.perf_counter() - start

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -156,9 +155,10 @@ def _check_client_python(command: list[str], cluster: dict) -> None:
 
 
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
-        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, meanwhile=None) -> int:
-    """Run the command against a cluster behind the probes; the user's exit code. `meanwhile`
-    runs in a thread while the cluster and probes stop (they mostly wait)."""
+        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None) -> int:
+    """Run the command against a cluster behind the probes; the user's exit code. `warm_up` runs
+    once the cluster is up, while the probes get ready (the eBPF agent compiles for a second or
+    so): what it loads then is not loaded while the run finalizes, nor while the command runs."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
@@ -181,6 +181,9 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         cluster.start()
         phases.append(("cluster", time.perf_counter()))
         signals.check()
+        if warm_up:  # here, not in a thread: a signal inside an import must not leave another thread its lock
+            warm_up()
+            phases.append(("warm-up", time.perf_counter()))
         _ready(started, run)
         phases.append(("probes ready", time.perf_counter()))
         signals.check()
@@ -207,14 +210,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         code = 128 + e.signum
     finally:
         signals.unwinding = False
-        # not after a signal: it may have come inside an import, whose locks a thread would wait on
-        helper = threading.Thread(target=meanwhile, name="daskprobe-meanwhile", daemon=True) \
-            if meanwhile and not signals.signum else None
-        if helper:
-            helper.start()
         stopped_early = _teardown(run, signals, client, cluster, started, command)
-        if helper:
-            helper.join()  # before anything forks: the thread may hold the import lock
     record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code

@@ -13,6 +13,7 @@ trace_packets encodes in bulk and writes in time order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -28,7 +29,10 @@ MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst
                    "op", "key", "n_keys", "msg_bytes", "batch_size"]  # not the long stimulus ids
 
 
-def write(run: RunDir) -> None:
+def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
+    """The trace of a run directory. What reads only the decoded tables is built first; `analysed()`
+    returns once the analysis has written its tables (finalize builds the first part beside the
+    analysis); then what reads them (threads, critical path, tasks in flight)."""
     procs, msgs, tasks = run.table("processes"), run.table("messages", columns=MESSAGE_COLUMNS), run.table("attempts")
     with open_new(run.trace) as f:
         w = Writer(f)
@@ -37,20 +41,22 @@ def write(run: RunDir) -> None:
                       for r in procs.itertuples() if pd.notna(r.pid)}
         samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process", "thread_name"])
         threads = _Threads(samples, run.table("thread_names", missing_ok=True), tracks, proc_track)
-        pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         flows = _task_flows(tasks, msgs)
+        decoded = [_message_slices(msgs, tracks, proc_track, flows),
+                   _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
+                   _gil_slices(run.table("gil_waits"), threads),
+                   _offcpu_slices(run.table("offcpu"), threads)]
+        counters = [_message_rate(msgs, tracks), _proc_counters(run.table("proc"), tracks, proc_track)]
+        samples, stacks, frames = _cpu_samples(run, samples, threads)
+        stacks = w.stacks(stacks, frames)
+        analysed()
+        pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         ran_on = attempt_threads(tasks, run.table("threads", missing_ok=True).reindex(columns=THREAD_COLUMNS)).tid
         slices = pd.concat([_compute_slices(tasks.assign(tid=ran_on), tracks, proc_track, threads, pids, flows),
-                            _message_slices(msgs, tracks, proc_track, flows),
-                            _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
-                            _gil_slices(run.table("gil_waits"), threads),
-                            _offcpu_slices(run.table("offcpu"), threads),
-                            _path_slices(run, tracks)], ignore_index=True)
-        counters = pd.concat([_in_flight(run, tracks, proc_track), _message_rate(msgs, tracks),
-                              _proc_counters(run.table("proc"), tracks, proc_track)], ignore_index=True)
-        samples, stacks, frames = _cpu_samples(run, samples, threads)
+                            *decoded, _path_slices(run, tracks)], ignore_index=True)
+        counters = pd.concat([_in_flight(run, tracks, proc_track), *counters], ignore_index=True)
         slices = slices.assign(name=w.names(slices.name))  # iids: cheaper to sort than strings
-        emit(w, _no_overlap(slices), counters, samples, w.stacks(stacks, frames))
+        emit(w, _no_overlap(slices), counters, samples, stacks)
 
 
 def _slices(track, start, end, name, flow_out=None, flow_in=None, args: dict | None = None) -> pd.DataFrame:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from daskprobe.tracer.forked import ChildFailed, beside
+from daskprobe.tracer.forked import ChildFailed, Gate, beside
 
 
 def test_the_childs_result_comes_back_and_both_sides_ran_at_once():
@@ -57,3 +57,37 @@ def test_without_fork_the_piece_runs_here_after_the_body(monkeypatch):
         pass
     with pytest.raises(ChildFailed, match="ZeroDivisionError"):
         joined()
+
+
+def test_a_gate_holds_the_child_until_the_body_opens_it(tmp_path):
+    gate, mark = Gate(), tmp_path / "opened"
+
+    def child():
+        gate.wait()
+        return {"saw_mark": mark.exists(), "waited": gate.waited}
+    with beside(child) as joined:
+        time.sleep(0.3)
+        mark.touch()  # before the gate opens: the child must see it
+        gate.open()
+    got = joined()
+    assert got["saw_mark"] and got["waited"] >= 0.25
+
+
+def test_a_gate_never_opened_is_opened_by_a_body_that_fails():
+    gate = Gate()
+    with pytest.raises(KeyError):
+        try:
+            with beside(lambda: gate.wait() or "through") as joined:
+                raise KeyError("analysis failed")
+        finally:
+            gate.open()
+    with pytest.raises(ChildFailed):  # the failed body stopped the child (SIGTERM), and it is gone
+        joined()
+
+
+def test_without_fork_a_gate_is_open_when_the_piece_runs(monkeypatch):
+    monkeypatch.setattr(os, "fork", lambda: (_ for _ in ()).throw(OSError(12, "Cannot allocate memory")))
+    gate = Gate()
+    with beside(lambda: gate.wait() or "ran") as joined:
+        gate.open()
+    assert joined() == "ran"

@@ -55,7 +55,7 @@ def main(args, command: list[str]) -> int:
     run_dir = options.new_run(RunDir, args.out, command)
     with Signals() as signals:
         code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
-                   signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, meanwhile=warm_up)
+                   signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, warm_up=warm_up)
         try:
             finalize(run_dir, trace=not args.no_trace)
         finally:
