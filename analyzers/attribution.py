@@ -92,9 +92,11 @@ def _split(segs: pd.DataFrame, seconds: np.ndarray, counts: pd.Series, pool: str
     n = int(counts.sum())
     if n == 0:
         return _all(segs.assign(seconds=seconds), UNCATEGORIZED)
-    out = [segs.assign(category=cat, seconds=seconds * k / n, pool=pool, pool_seconds=float(seconds.sum()),
-                       pool_n=n, n=int(k)) for cat, k in counts.items()]
-    return pd.concat(out, ignore_index=True)
+    k = counts.to_numpy("int64")
+    rows = segs.iloc[np.tile(np.arange(len(segs)), len(k))].reset_index(drop=True)  # a block per category
+    return rows.assign(category=np.repeat(counts.index.to_numpy(object), len(segs)),
+                       seconds=np.tile(seconds, len(k)) * np.repeat(k, len(segs)) / n, pool=pool,
+                       pool_seconds=float(seconds.sum()), pool_n=n, n=np.repeat(k, len(segs)))
 
 
 def _by_samples(segs: pd.DataFrame, loop: pd.DataFrame, pool: str, fallback: pd.Series) -> pd.DataFrame:
