@@ -20,7 +20,7 @@ from .critical_path import critical_paths
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, job_of, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
-from .thread_state import thread_states, threads_table
+from .thread_state import attempt_threads, thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle
 
 SCHEMA = 2
@@ -108,6 +108,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
         "thread_states": "ebpf" if len(states) else "samples"}
     summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states}, meta)
     out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
+           "attempt_threads": attempt_threads(t["attempts"], threads),
            "in_flight": in_flight(attempts),
            "prefixes": prefix_costs(tasks, path, summary["session_s"]),
            "critical_path": path,

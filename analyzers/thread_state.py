@@ -98,13 +98,15 @@ def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:
 
 
 def attempt_threads(attempts: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
-    """Per attempt (index-aligned): the tid and name of the worker thread that ran it. A task-finished
+    """Table attempt_threads: per attempt (its row in attempts) whose thread is known, the tid and
+    name of the worker thread that ran it. A task-finished
     names its thread by Python ident, which a later thread may get again once the first has ended:
     of the threads with that ident, the one seen nearest the compute's start wins (seen alive then:
     none nearer). A thread is seen only from its first sample, which may come after the start."""
-    a = attempts[["worker", "thread", "compute_start_ns"]].dropna().reset_index()
+    a = attempts[["worker", "thread", "compute_start_ns"]].reset_index(drop=True).rename_axis("attempt")
+    a = a.dropna().reset_index()
     th = threads.dropna(subset=["ident", "process"])[["process", "ident", "tid", "name", "first_ns", "last_ns"]]
     m = a.merge(th.astype({"ident": "int64"}), left_on=["worker", "thread"], right_on=["process", "ident"])
     m["gap"] = np.maximum(0, np.maximum(m.first_ns - m.compute_start_ns, m.compute_start_ns - m.last_ns))
-    m = m.sort_values(["index", "gap"], kind="stable").drop_duplicates("index").set_index("index")
-    return m[["tid", "name"]].reindex(attempts.index)
+    m = m.sort_values(["attempt", "gap"], kind="stable").drop_duplicates("attempt")
+    return m[["attempt", "tid", "name"]].reset_index(drop=True)

@@ -15,9 +15,7 @@ from plotly.offline import get_plotlyjs
 from ..analyzers.categories import UNCATEGORIZED
 from ..analyzers.jobs import exchanges
 from ..analyzers.tasks import task_overheads
-from ..analyzers.thread_state import attempt_threads
 from ..probes.rundir import RunDir
-from ..probes.schema import TABLES
 
 # Per figure, so that a 100K-task page draws in seconds: each bar is an SVG element (a browser
 # draws about 2,500 a second), a line point costs far less. Larger runs keep their longest
@@ -171,7 +169,7 @@ def task_stream(p: Page):
     if t.empty or "session_window_ns" not in p.summary:
         return "Task stream", "", None
     start = p.summary["session_window_ns"][0]
-    names = attempt_threads(t, p.run.table("threads", missing_ok=True).reindex(columns=TABLES["threads"].names)).name
+    names = p.run.table("attempt_threads", missing_ok=True).set_index("attempt").name.reindex(t.index)
     thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
     label = [f"{w} / " + (n.removeprefix(f"{w}-") if isinstance(n, str) else f"thread {k}")
              for w, n, k in zip(t.worker, names, thread_no)]

@@ -294,6 +294,13 @@ ANALYSIS = {
         C("first_ns", "int64", MONO, "when it was first seen"),
         C("last_ns", "int64", MONO, "when it was last seen"),
     )),
+    "attempt_threads": Table("One row per attempt whose worker thread is known: the thread that ran it. A "
+                             "task-finished names its thread by Python ident, which a later thread may get again: "
+                             "of the threads with that ident, the one seen nearest the compute's start.", (
+        C("attempt", "int64", "", "the attempt's row in attempts (from 0)"),
+        TID,
+        C("name", "str", "", "the thread's name (threads.name)"),
+    )),
     "cpu_samples": Table("One row per sample the CPU analysis counts (a process with Python samples is counted "
                          "from those only), with its thread state and category.", (
         C("t_ns", "int64", MONO, "as in samples"),

@@ -19,12 +19,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..analyzers.thread_state import attempt_threads
 from ..probes.rundir import RunDir, open_new
-from ..probes.schema import TABLES
 from .trace_packets import Tracks, Writer, emit, event_tail
 RATE_BIN_NS = 100_000_000
-THREAD_COLUMNS = TABLES["threads"].names  # a threads table of an older run has no ident
 MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns", "t_last_ns",
                    "op", "key", "n_keys", "msg_bytes", "batch_size"]  # not the long stimulus ids
 
@@ -51,8 +48,8 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         stacks = w.stacks(stacks, frames)
         analysed()
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
-        ran_on = attempt_threads(tasks, run.table("threads", missing_ok=True).reindex(columns=THREAD_COLUMNS)).tid
-        slices = pd.concat([_compute_slices(tasks.assign(tid=ran_on), tracks, proc_track, threads, pids, flows),
+        ran_on = run.table("attempt_threads", missing_ok=True).set_index("attempt").tid.reindex(range(len(tasks)))
+        slices = pd.concat([_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids, flows),
                             *decoded, _path_slices(run, tracks)], ignore_index=True)
         counters = pd.concat([_in_flight(run, tracks, proc_track), *counters], ignore_index=True)
         slices = slices.assign(name=w.names(slices.name))  # iids: cheaper to sort than strings

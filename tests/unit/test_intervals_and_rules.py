@@ -47,6 +47,7 @@ def test_an_attempt_goes_to_the_thread_of_its_ident_seen_nearest_its_start():
     # ident 7 is first a thread sampled only after its first task began, later a new thread's
     threads = pd.DataFrame({"process": ["worker-0"] * 3, "ident": [7, 7, 9], "tid": [101, 102, 103],
                             "name": ["a", "b", "c"], "first_ns": [150, 1_000, 0], "last_ns": [500, 2_000, 2_000]})
-    attempts = pd.DataFrame({"worker": ["worker-0"] * 4, "thread": [7, 7, 7, 9],
-                             "compute_start_ns": [100, 400, 1_200, 100]})
-    assert attempt_threads(attempts, threads).tid.tolist() == [101, 101, 102, 103]
+    attempts = pd.DataFrame({"worker": ["worker-0"] * 5, "thread": [7, 7, None, 7, 9],
+                             "compute_start_ns": [100, 400, 300, 1_200, 100]})
+    # the third never named its thread: no row
+    assert attempt_threads(attempts, threads).set_index("attempt").tid.to_dict() == {0: 101, 1: 101, 3: 102, 4: 103}
