@@ -9,6 +9,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from .base import HELPER_NICE, Probe, is_root
@@ -83,7 +84,8 @@ class Ebpf(Probe):
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
+        told = time.monotonic()
         if select.select([self.proc.stdout], [], [], 3 * grace)[0] and self.proc.stdout.readline() == b"done\n":
-            EXITING.append(self.proc)
+            EXITING[self.proc] = told
         else:
             stop([self.proc], grace=grace)

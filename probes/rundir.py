@@ -72,9 +72,7 @@ class RunDir:
         path = self.path / "run.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
         meta.update(fields)
-        tmp = path.with_suffix(".json.tmp")
-        write_new(tmp, json.dumps(meta, indent=2, default=str).encode())
-        os.replace(tmp, path)
+        write_new(path, json.dumps(meta, indent=2, default=str).encode(), fresh=False)
         return meta
 
     def write_file(self, name: str, text: str) -> Path:
@@ -91,7 +89,7 @@ class RunDir:
             table = pa.Table.from_pandas(df, schema=schema.arrow_schema(name), preserve_index=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise schema.SchemaError(f"table {name!r}: " + "; ".join(map(str, e.args))) from None
-        with open_new(path) as f:
+        with open_whole(path) as f:
             pq.write_table(table, f)
         return path
 
@@ -152,7 +150,26 @@ def open_append(path: Path, text: bool = False):
     return os.fdopen(fd, "a" if text else "ab")
 
 
-def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write a file afresh without following a symlink planted where it goes."""
-    with open_new(path, mode) as f:
+@contextlib.contextmanager
+def open_whole(path: Path, mode: int = 0o644, fresh: bool = True):
+    """A file written afresh that appears at `path` only once complete: written beside it (without
+    following a symlink planted there) and renamed over it at the end. A failure, a signal or a
+    full disk leaves no part of it at `path`; nor, if fresh, an older file (else the older one)."""
+    if fresh:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    part = path.with_name(path.name + ".partial")
+    try:
+        with open_new(part, mode) as f:
+            yield f
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+    os.replace(part, path)
+
+
+def write_new(path: Path, data: bytes, mode: int = 0o644, fresh: bool = True) -> None:
+    """Write a whole file afresh (open_whole)."""
+    with open_whole(path, mode, fresh) as f:
         f.write(data)

@@ -124,7 +124,7 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     done = len(seconds) == 3 + trace and not any("interrupted" in e for e in errors.values())
     record(run, finalize_errors=errors, finalize_seconds=seconds, finalized=done)
     with contextlib.suppress(OSError):
-        say(f"finalized in {time.perf_counter() - began:.1f} s ("
+        say(f"{'finalized' if done else 'finalizing stopped'} in {time.perf_counter() - began:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()) + ")")
     return not errors
 

@@ -233,8 +233,9 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     died = {p.name: why for p in started if (why := p.died())}  # before stopping: then all have ended
     if cluster and (why := ended_early(cluster.proxy)):
         died["proxy"] = why
+    killed = []
     steps = [("the command", lambda: _reap(client, signals.grace))]
-    steps += [("the cluster", lambda: cluster.stop(signals.grace))] if cluster else []
+    steps += [("the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
     steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
     seconds = {}
     for what, step in steps:
@@ -245,6 +246,10 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
             say(f"stopping {what} failed: {type(e).__name__}: {e}")
         seconds[what] = round(time.perf_counter() - start, 3)
     record(run, teardown_s=seconds)
+    if killed:
+        say(f"{', '.join(killed)} did not stop within {signals.grace:g} s of SIGTERM (a task still running?): "
+            "killed")
+        record(run, killed=killed)
     errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
     if cluster and (stopped := _proxy_capture_stopped(run)):
         errors["proxy"] = stopped

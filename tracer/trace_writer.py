@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..probes.rundir import RunDir, open_new
+from ..probes.rundir import RunDir, open_whole
 from .trace_packets import Tracks, Writer, emit, event_tail
 RATE_BIN_NS = 100_000_000
 MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns", "t_last_ns",
@@ -31,7 +31,7 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
     returns once the analysis has written its tables (finalize builds the first part beside the
     analysis); then what reads them (threads, critical path, tasks in flight)."""
     procs, msgs, tasks = run.table("processes"), run.table("messages", columns=MESSAGE_COLUMNS), run.table("attempts")
-    with open_new(run.trace) as f:
+    with open_whole(run.trace) as f:
         w = Writer(f)
         tracks = Tracks(w)
         proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)

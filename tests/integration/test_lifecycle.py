@@ -201,3 +201,24 @@ def test_sigterm_tears_down_and_finalizes(tmp_path):
     p, run = _start_sleeping_run(tmp_path)
     p.terminate()
     _assert_clean_teardown(p, run, 128 + signal.SIGTERM)
+
+
+def test_workers_that_do_not_stop_are_killed_named_and_leave_no_process(tmp_path):
+    # a task still sleeping when the command exits keeps its worker from closing; a thread that is
+    # not a daemon keeps the other's interpreter up after it logged its end
+    code = """
+import threading, time
+from distributed import Client, fire_and_forget
+def linger():
+    threading.Thread(target=time.sleep, args=(60,)).start()
+with Client() as c:
+    c.run(linger, workers=[w for w, i in c.scheduler_info()["workers"].items() if i["name"] == "worker-1"])
+    fire_and_forget(c.submit(time.sleep, 60, workers=["worker-0"]))
+    time.sleep(1)
+"""
+    run, p = run_flow(tmp_path, code, "--workers", "2", "--probes", "proxy")
+    meta = run.meta()
+    assert sorted(meta["killed"]) == ["worker-0", "worker-1"], p.stderr[-3000:]
+    assert "worker-0 did not stop within 5 s of SIGTERM" in p.stderr
+    assert "worker-1 still running 5 s after SIGTERM" in p.stderr
+    assert meta["finalized"] and not any(alive(r["pid"]) for r in meta["processes"] if r["pid"])

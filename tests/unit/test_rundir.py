@@ -1,10 +1,11 @@
-"""Where a run directory may be made: nowhere another user could swap it for a symlink."""
+"""Where a run directory may be made (nowhere another user could swap it for a symlink), and how its
+files are written (whole, or not at all)."""
 
 import os
 
 import pytest
 
-from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.rundir import RunDir, open_whole
 
 NOBODY = 65534
 
@@ -44,3 +45,32 @@ def test_another_users_directory_or_symlink_is_refused_but_the_sudo_user_is_trus
     monkeypatch.setenv("SUDO_UID", str(NOBODY))  # root through sudo, in that user's own checkout
     run = RunDir.create(str(theirs / "run"), ["x"])
     assert run.path.is_dir() and run.path == theirs.resolve() / "run"
+
+
+def test_a_file_interrupted_while_written_leaves_no_part_and_no_stale_copy(tmp_path):
+    path = tmp_path / "trace.pftrace"
+    path.write_bytes(b"an older build's")
+    with pytest.raises(KeyboardInterrupt):
+        with open_whole(path) as f:
+            f.write(b"half")
+            raise KeyboardInterrupt
+    assert sorted(tmp_path.iterdir()) == [], "neither the part nor the older file"
+    with open_whole(path) as f:
+        f.write(b"whole")
+    assert path.read_bytes() == b"whole" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_run_json_keeps_its_last_whole_version_and_symlinks_are_replaced_not_followed(tmp_path):
+    run = RunDir(tmp_path)
+    run.update_meta(a=1)
+    with pytest.raises(KeyboardInterrupt):  # run.json is rewritten as update_meta does it: not fresh
+        with open_whole(tmp_path / "run.json", fresh=False) as f:
+            f.write(b"{")
+            raise KeyboardInterrupt
+    assert run.meta() == {"a": 1}
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "report.html").symlink_to(victim)
+    (tmp_path / "report.html.partial").symlink_to(victim)
+    run.write_file("report.html", "<html>")
+    assert victim.read_text() == "precious" and (tmp_path / "report.html").read_text() == "<html>"

@@ -44,7 +44,6 @@ def add_arguments(p) -> None:
 
 def main(args, command: list[str]) -> int:
     from ...probes import registry
-    from ...probes.procs import reap_exiting
     from ...probes.rundir import RunDir
     from ..build import finalize, warm_up
     from ..session import Signals, default_command, run, say
@@ -59,11 +58,24 @@ def main(args, command: list[str]) -> int:
         try:
             finalize(run_dir, trace=not args.no_trace)
         finally:
-            reap_exiting(signals.grace)
+            _reap(run_dir, signals.grace)
     if signals.signum and not code:  # interrupted while finalizing a run that had ended well
         code = 128 + signals.signum
     say(f"run directory: {run_dir.path}")
     return code
+
+
+def _reap(run_dir, grace: float) -> None:
+    """Reap what was left exiting; name (and record in run.json) what had to be killed."""
+    from ...probes.procs import reap_exiting
+    from ..session import record, say
+    if not (killed := reap_exiting(grace)):
+        return
+    meta = run_dir.meta()
+    by_pid = {p["pid"]: p["name"] for p in meta.get("processes", [])}
+    names = [by_pid.get(p.pid, f"pid {p.pid}") for p in killed]
+    say(f"{', '.join(names)} still running {grace:g} s after SIGTERM (a thread that is not a daemon?): killed")
+    record(run_dir, killed=meta.get("killed", []) + names)
 
 
 def _spec(args, probes: list[str]):
