@@ -195,14 +195,11 @@ class Cluster:
         return f"tcp://{self.scheduler.contact}"
 
     def stop(self, grace: float = 5.0) -> list[str]:
-        """Workers first, then the scheduler, the proxy last so it sees them go. A Dask process
-        has closed its connections when it logs its end; its interpreter takes 0.3-0.4 s more to
-        exit, which the run does not wait for (it reaps them before it ends). The names of those
-        that had to be killed."""
-        workers = [m for m in self.members[1:] if m.proc and m.role == "worker"]
-        killed = stop([m.proc for m in workers], grace, done=self._logged("End worker"))
-        killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
-                       done=self._logged("End scheduler"))
+        """Workers first, then the scheduler, the proxy last so it sees them go: it is stopped at
+        once (SIGTERM), so every socket of theirs must have closed, and its records been written,
+        by then. The names of those that had to be killed."""
+        killed = stop([m.proc for m in self.members[1:] if m.proc and m.role == "worker"], grace)
+        killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace)
         killed += stop([self.proxy], grace) if self.proxy else []
         return self.names(killed)
 
@@ -211,12 +208,6 @@ class Cluster:
         by_pid = {m.proc.pid: m.name for m in self.members if m.proc}
         by_pid |= {self.proxy.pid: "proxy"} if self.proxy else {}
         return [by_pid[p.pid] for p in procs if p.pid in by_pid]
-
-    def _logged(self, end: str):
-        """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is
-        waited for)."""
-        logs = {m.proc.pid: self.run.log(m.name) for m in self.members if m.proc}
-        return lambda p: end in log_tail(logs[p.pid], 500)
 
     def describe(self) -> list[dict]:
         """Processes as run.json and the processes table record them."""

@@ -1,5 +1,5 @@
-"""Stopping processes: one that has finished what matters is left to exit in the background and
-reaped later; one that does not stop is killed."""
+"""Stopping processes: one that stops on SIGTERM is waited for; one that does not is killed and
+named; a helper left exiting is reaped within its grace from when it was told to stop."""
 
 import sys
 import time
@@ -9,49 +9,39 @@ from daskprobe.probes import procs
 CHILD = """
 import signal, sys, time
 def on_term(*_):
-    print("End worker", flush=True)  # its work is over; its exit takes a while yet
-    time.sleep({linger})
+    time.sleep({linger})  # its exit takes a while
     sys.exit(0)
-signal.signal(signal.SIGTERM, on_term if {ends} else signal.SIG_IGN)
+signal.signal(signal.SIGTERM, on_term if {stops} else signal.SIG_IGN)
 print("ready", flush=True)
 time.sleep(60)
 """
 
 
-def child(tmp_path, linger: float, ends: bool = True):
-    log = tmp_path / "child.log"
-    p = procs.spawn([sys.executable, "-c", CHILD.format(linger=linger, ends=ends)], log)
+def child(tmp_path, linger: float, stops: bool = True):
+    log = tmp_path / f"child-{len(list(tmp_path.iterdir()))}.log"
+    p = procs.spawn([sys.executable, "-c", CHILD.format(linger=linger, stops=stops)], log)
     while "ready" not in procs.log_tail(log):
         assert p.poll() is None
         time.sleep(0.01)
-    return p, lambda q: "End worker" in procs.log_tail(log)
+    return p
 
 
-def test_a_process_that_has_ended_its_work_is_not_waited_for_but_reaped(tmp_path):
-    p, done = child(tmp_path, linger=3)
-    procs.stop([p], grace=30, done=done)
-    assert p.poll() is None and p in procs.EXITING, "still exiting, not waited for"
-    procs.reap_exiting(grace=30)
-    assert p.returncode == 0 and not procs.EXITING, "it exited by itself, and was reaped"
+def test_a_process_that_stops_is_waited_for_and_one_that_does_not_is_killed_and_named(tmp_path):
+    quick, stubborn = child(tmp_path, linger=0.5), child(tmp_path, linger=0, stops=False)
+    assert procs.stop([quick, stubborn], grace=2) == [stubborn]
+    assert quick.returncode == 0 and stubborn.returncode == -9
 
 
-def test_one_that_outlives_the_reaping_grace_is_killed(tmp_path):
-    p, done = child(tmp_path, linger=60)
-    procs.stop([p], grace=30, done=done)
-    procs.reap_exiting(grace=0.3)
-    assert p.returncode == -9
-
-
-def test_one_that_ignores_sigterm_and_never_ends_is_killed(tmp_path):
-    p, done = child(tmp_path, linger=0, ends=False)
-    procs.stop([p], grace=0.3, done=done)
-    assert p.returncode == -9 and p not in procs.EXITING
-
-
-def test_without_done_stop_waits_for_the_exit(tmp_path):
-    p, _ = child(tmp_path, linger=0.5)
-    procs.stop([p], grace=30)
-    assert p.returncode == 0
+def test_an_exiting_helper_is_reaped_within_its_grace_from_when_it_was_told(tmp_path):
+    slow, stuck = child(tmp_path, linger=1), child(tmp_path, linger=60)
+    told = time.monotonic()
+    for p in (slow, stuck):
+        procs._signal_group(p, 15)
+        procs.EXITING[p] = told
+    time.sleep(0.5)
+    assert procs.reap_exiting(grace=3) == [stuck]
+    assert slow.returncode == 0 and stuck.returncode == -9 and not procs.EXITING
+    assert time.monotonic() - told < 3 + 2, "the grace counts from the SIGTERM, not from the reaping"
 
 
 def test_log_tail_reads_the_end_of_a_long_log(tmp_path):
