@@ -41,9 +41,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from ..probes.proxy import Route, start_proxy
+from ..probes.proxy import Route, start_proxy, stop_proxy
 from ..tracer.cluster import free_port
-from ..probes.procs import stop
 
 SATURATION = "distributed.scheduler.worker-saturation=inf"
 STEAL_TITLE = "CPU seconds the hypervisor took per run, all CPUs (steal in /proc/stat)"
@@ -158,7 +157,7 @@ def round_trips(via_proxy: bool, n: int, tmp: Path) -> np.ndarray:
             _recv_exact(c, 64, buf)
             rtt.append(time.perf_counter_ns() - t0)
     if proxy:
-        stop([proxy])
+        stop_proxy(proxy)
     return np.array(rtt[n // 10:]) / 1e3  # µs, warm-up dropped
 
 
@@ -175,7 +174,7 @@ def big_frame_seconds(via_proxy: bool, size: int, reps: int, tmp: Path) -> list[
             c.recv(1)
             out.append(time.perf_counter() - t0)
     if proxy:
-        stop([proxy])
+        stop_proxy(proxy)
     return out
 
 

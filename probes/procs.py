@@ -40,35 +40,46 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
 
-# Helpers whose captures are complete but whose exit takes a while (the eBPF agent's kernel
-# detaching its probes), each with when it was told to stop: the run goes on meanwhile, and reaps
-# them before it ends.
+# Processes whose work is done but whose exit takes a while (the eBPF agent's kernel detaching
+# its probes, a Dask process's interpreter tearing down), each with when it was told to stop: the
+# run goes on meanwhile, and reaps them before it ends.
 EXITING: dict[subprocess.Popen, float] = {}
 
 
 def reap_exiting(grace: float = 5.0) -> list[subprocess.Popen]:
-    """Wait for them until `grace` seconds after each was told to stop; SIGKILL any still there.
-    Those killed."""
+    """Wait for them until `grace` seconds after each was told to stop; SIGKILL any still there
+    (say, a thread that is not a daemon keeps its interpreter up). Those killed."""
     killed = [p for p, told in EXITING.items() if not _ended(p, told + grace) and _kill(p)]
     EXITING.clear()
     return killed
 
 
-def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> list[subprocess.Popen]:
-    """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL; those killed."""
+def stop(procs: list[subprocess.Popen], grace: float = 5.0, done=None) -> list[subprocess.Popen]:
+    """SIGTERM each process group, wait up to `grace` seconds, then SIGKILL; those killed. A process
+    for which `done(p)` turns true has finished what matters before it exits: it is left to exit in
+    the background (EXITING) instead of waited for."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
         _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    return [p for p in live if not _ended(p, deadline) and _kill(p)]
+    told = time.monotonic()
+    return [p for p in live if not _ended(p, told + grace, done, told) and _kill(p)]
 
 
-def _ended(p: subprocess.Popen, deadline: float) -> bool:
-    try:
-        p.wait(max(0.0, deadline - time.monotonic()))
-        return True
-    except subprocess.TimeoutExpired:
-        return False
+def _ended(p: subprocess.Popen, deadline: float, done=None, told: float = 0.0) -> bool:
+    if done is None:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    while p.poll() is None:
+        if done(p):
+            EXITING[p] = told
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _kill(p: subprocess.Popen) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from .base import native_binary
-from .procs import spawn
+from .procs import spawn, stop
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,22 @@ def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0
     cmd = [proxy_binary(), "--capture", str(capture), "--delay-us", str(delay_us)]
     for r in routes:
         cmd += ["--route", f"{r.listen},{r.upstream},{r.label}"]
-    proc = spawn(cmd, log, stdout=subprocess.PIPE)
+    proc = spawn(cmd, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # it runs until its stdin ends
     line = proc.stdout.readline().strip()
     if line != b"ready":
         proc.kill()
         raise RuntimeError(f"proxy failed to start: {log.read_text()[-2000:]}")
     return proc
+
+
+def stop_proxy(proc: subprocess.Popen, grace: float = 5.0) -> list[subprocess.Popen]:
+    """End its stdin: it records every connection still open as closed now, with the bytes it
+    forwarded, writes what it has queued and exits; SIGTERM, then SIGKILL, if it has not within
+    `grace` seconds. Returns it if it had to be killed."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        proc.wait(grace)
+        return []
+    except subprocess.TimeoutExpired:
+        return stop([proc], 0.5)

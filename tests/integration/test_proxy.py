@@ -20,7 +20,7 @@ import pytest
 
 from helpers import daskprobe
 from daskprobe.probes.procfs import cpu_s
-from daskprobe.probes.proxy import Route, proxy_binary, start_proxy
+from daskprobe.probes.proxy import Route, proxy_binary, start_proxy, stop_proxy
 from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.tracer.cluster import free_port
 from daskprobe.probes.procs import stop
@@ -69,7 +69,7 @@ def proxied(request, tmp_path, monkeypatch):
     capture = tmp_path / "proxy.bin"
     proc = start_proxy(capture, [Route(listen, f"127.0.0.1:{echo.port}", "worker-0")], tmp_path / "proxy.log")
     yield echo, int(listen.split(":")[1]), capture, proc
-    stop([proc])
+    stop_proxy(proc)
 
 
 def frame_message(frames: list[bytes]) -> bytes:
@@ -203,7 +203,7 @@ def test_captured_pickles_are_never_unpickled(proxied, tmp_path):
     payload = frame_message([frame0, msgpack.packb({"serializer": "pickle"}), bomb])
     assert send_chunked(port, payload, random.Random(3)) == hashlib.sha256(payload).hexdigest()
     wait_for(lambda: len(read_capture(capture).messages) == 2)
-    stop([proc])
+    stop_proxy(proc)
     run = built(tmp_path, capture)
     assert not trap.exists()
     import pandas as pd
@@ -232,7 +232,7 @@ def test_peers_that_reset_are_counted_lost_and_the_route_serves_on(proxied, tmp_
     assert len(cap.lost) == 50 and cap.lost.reason.str.startswith("peer gone").all()
     assert cap.lost.t_ns.gt(0).all()
     assert proc.poll() is None
-    stop([proc])
+    stop_proxy(proc)
     run = built(tmp_path, capture)
     assert json.loads((run / "run.json").read_text())["capture"]["lost_connections"] == 50
 
@@ -288,3 +288,17 @@ def test_capture_write_error_stops_capturing_not_forwarding(proxied, tmp_path):
     cap = read_capture(capture)
     assert cap.torn_bytes == 0 and len(cap.messages) >= 2 and capture.stat().st_size <= 20000
     assert proc.poll() is None
+
+
+def test_connections_still_open_when_the_proxy_stops_are_recorded_closed_with_their_bytes(proxied):
+    echo, port, capture, proc = proxied
+    payload = frame_message([msgpack.packb({"op": "heartbeat"}), b"x" * 100_000])
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(payload)
+    got = 0
+    while got < len(payload):  # echoed back: both directions forwarded it all
+        got += len(s.recv(1 << 20))
+    assert stop_proxy(proc) == [] and proc.returncode == 0, "it stopped by itself, when its stdin ended"
+    s.close()
+    c = read_capture(capture).connections.iloc[0]
+    assert c.bytes_to_upstream == c.bytes_from_upstream == len(payload) and c.closed_ns > c.opened_ns

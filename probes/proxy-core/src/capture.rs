@@ -6,6 +6,7 @@ use crate::failures::log;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread;
 use std::time::Duration;
@@ -35,15 +36,18 @@ impl Capture {
         Ok(Capture { file, end, buf: Vec::with_capacity(WRITE_AT) })
     }
 
-    /// Drain the queue and write every FLUSH_EVERY. The writer sleeps instead
-    /// of blocking in recv(), so forwarding threads never pay for waking it:
-    /// on a 2-core machine a wake-up and a write per message compete with the
-    /// scheduler. After a failed write it returns, dropping the queue, so
-    /// records sent from then on are dropped at once.
-    pub fn run(mut self, rx: Receiver<Vec<u8>>) {
+    /// Drain the queue and write every FLUSH_EVERY, and once more when
+    /// `stopping` is set (the thread is unparked then). The writer sleeps
+    /// instead of blocking in recv(), so forwarding threads never pay for
+    /// waking it: on a 2-core machine a wake-up and a write per message
+    /// compete with the scheduler. After a failed write it returns, dropping
+    /// the queue, so records sent from then on are dropped at once.
+    pub fn run(mut self, rx: Receiver<Vec<u8>>, stopping: &AtomicBool) {
         loop {
-            thread::sleep(FLUSH_EVERY);
+            thread::park_timeout(FLUSH_EVERY);
+            let last = stopping.load(Ordering::Relaxed);
             match self.drain(&rx) {
+                Ok(true) if last => return,
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(e) => {

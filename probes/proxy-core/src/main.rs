@@ -3,7 +3,9 @@
 //!
 //! usage: daskprobe-proxy --capture FILE --route LISTEN,UPSTREAM,LABEL [--route ...] [--delay-us N]
 //!
-//! Prints "ready" on stdout once every route listens. One thread per
+//! Prints "ready" on stdout once every route listens, and stops when its
+//! stdin ends: it records each direction still open as closed then (with
+//! the bytes it forwarded), writes what is queued, and exits. One thread per
 //! direction of each connection: read, forward at once, then parse lengths.
 //! Records go through a channel to a single writer that drains and flushes
 //! every 50 ms. Nothing a peer or the OS does (resets, fd limits, a full
@@ -21,7 +23,9 @@ use daskprobe_proxy::framing;
 use failures::Failures;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::Arc;
 use std::thread;
@@ -62,6 +66,9 @@ fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
     Ok((capture.ok_or("--capture is required")?, routes, delay))
 }
 
+/// The directions still open, with the bytes each has forwarded: what a stop records as closed.
+type Open = Arc<Mutex<HashMap<(u32, u8), Arc<AtomicU64>>>>;
+
 /// The capture side of one connection direction: parse what was forwarded, record it.
 struct Recorder {
     conn: u32,
@@ -69,17 +76,20 @@ struct Recorder {
     parser: framing::Parser,
     events: Vec<framing::Event>,
     tx: Sender<Vec<u8>>,
-    total: u64,
+    total: Arc<AtomicU64>,
+    open: Open,
 }
 
 impl Recorder {
-    fn new(conn: u32, dir: u8, tx: Sender<Vec<u8>>) -> Recorder {
-        Recorder { conn, dir, parser: framing::Parser::new(), events: Vec::new(), tx, total: 0 }
+    fn new(conn: u32, dir: u8, tx: Sender<Vec<u8>>, open: Open) -> Recorder {
+        let total = Arc::new(AtomicU64::new(0));
+        open.lock().unwrap().insert((conn, dir), total.clone());
+        Recorder { conn, dir, parser: framing::Parser::new(), events: Vec::new(), tx, total, open }
     }
 
     /// Bytes read at `read` and handed on at `sent`, after they were written.
     fn forwarded(&mut self, bytes: &[u8], read: u64, sent: u64) {
-        self.total += bytes.len() as u64;
+        self.total.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.parser.feed(bytes, read, sent, &mut self.events);
         for ev in self.events.drain(..) {
             let _ = self.tx.send(record::event(self.conn, self.dir, ev));
@@ -93,7 +103,8 @@ impl Recorder {
             let _ = self.tx.send(record::event(self.conn, self.dir, ev));
         }
         let _ = dst.shutdown(Shutdown::Write);
-        let _ = self.tx.send(record::close(self.conn, self.dir, now, self.total));
+        self.open.lock().unwrap().remove(&(self.conn, self.dir));
+        let _ = self.tx.send(record::close(self.conn, self.dir, now, self.total.load(Ordering::Relaxed)));
     }
 }
 
@@ -109,12 +120,12 @@ fn read_some(src: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
 }
 
 /// One connection direction: read, forward at once, then parse.
-fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
+fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration, open: Open) {
     if !delay.is_zero() {
-        return pump_delayed(conn, dir, src, dst, tx, delay);
+        return pump_delayed(conn, dir, src, dst, tx, delay, open);
     }
     let mut buf = vec![0u8; READ_BUF];
-    let mut rec = Recorder::new(conn, dir, tx);
+    let mut rec = Recorder::new(conn, dir, tx, open);
     while let Some(n) = read_some(&mut src, &mut buf) {
         let read = now_ns();
         // Stamp delivery before writing: the write wakes the receiver, which
@@ -132,7 +143,8 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
 /// after it was read, by a second thread, so bytes behind a held message are
 /// not held longer (no head-of-line blocking, as a slow link has none). At most
 /// DELAY_QUEUE reads wait in flight; beyond that the reader waits too.
-fn pump_delayed(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration) {
+fn pump_delayed(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration,
+                open: Open) {
     let (held_tx, held_rx) = sync_channel::<(u64, Vec<u8>)>(DELAY_QUEUE);
     let reader = thread::spawn(move || {
         let mut buf = vec![0u8; READ_BUF];
@@ -142,7 +154,7 @@ fn pump_delayed(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: 
             }
         }
     });
-    let mut rec = Recorder::new(conn, dir, tx);
+    let mut rec = Recorder::new(conn, dir, tx, open);
     for (read, bytes) in held_rx {
         let due = read + delay.as_nanos() as u64;
         let now = now_ns();
@@ -165,6 +177,7 @@ struct Shared {
     tx: Sender<Vec<u8>>,
     delay: Duration,
     failures: Failures,
+    open: Open,
 }
 
 impl Shared {
@@ -232,10 +245,10 @@ fn find_peer_pid(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u
 /// sender instead ends it and closes its sockets.
 fn spawn_pump(dir: u8, src: TcpStream, dst: TcpStream, shared: &Shared) -> io::Result<Sender<u32>> {
     let (go, wait) = channel();
-    let (tx, delay) = (shared.tx.clone(), shared.delay);
+    let (tx, delay, open) = (shared.tx.clone(), shared.delay, shared.open.clone());
     thread::Builder::new().spawn(move || {
         if let Ok(conn) = wait.recv() {
-            pump(conn, dir, src, dst, tx, delay);
+            pump(conn, dir, src, dst, tx, delay, open);
         }
     })?;
     Ok(go)
@@ -251,22 +264,30 @@ fn main() {
         std::process::exit(1);
     });
     let (tx, rx) = channel();
-    let writer_thread = thread::spawn(move || out.run(rx));
-    let shared = Arc::new(Shared { ids: AtomicU32::new(1), tx, delay, failures: Failures::default() });
-    let mut servers = Vec::new();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop_flag = stopping.clone();
+    let writer_thread = thread::spawn(move || out.run(rx, &stop_flag));
+    let open: Open = Arc::default();
+    let shared = Arc::new(Shared { ids: AtomicU32::new(1), tx: tx.clone(), delay, failures: Failures::default(),
+                                   open: open.clone() });
     for route in routes {
         let listener = TcpListener::bind(&route.listen).unwrap_or_else(|e| {
             eprintln!("daskprobe-proxy: cannot listen on {}: {e}", route.listen);
             std::process::exit(1);
         });
         let shared = shared.clone();
-        servers.push(thread::spawn(move || serve(route, listener, shared)));
+        thread::spawn(move || serve(route, listener, shared));
     }
     drop(shared);
     println!("ready");
     let _ = std::io::stdout().flush();
-    for s in servers {
-        let _ = s.join();
+    let _ = io::stdin().read_to_end(&mut Vec::new()); // until daskprobe closes it (or is gone)
+    let now = now_ns();
+    for (&(conn, dir), total) in open.lock().unwrap().iter() {
+        let _ = tx.send(record::close(conn, dir, now, total.load(Ordering::Relaxed)));
     }
+    stopping.store(true, Ordering::Relaxed);
+    writer_thread.thread().unpark();
     let _ = writer_thread.join();
+    std::process::exit(0);
 }
