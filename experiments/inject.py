@@ -2,7 +2,7 @@
 for the attribution benchmark and its tests.
 
     --config distributed.scheduler.preload=['/path/to/inject.py']
-    DASKPROBE_INJECT=decisions:0.01   every worker choice costs 10 ms more, spent
+    DASKPROBE_INJECT=decisions:0.01   every worker choice costs 10 ms more CPU, spent
                                       inside the scheduler's worker-choice methods
     DASKPROBE_INJECT=gil-spin         a scheduler thread spinning in pure Python
     DASKPROBE_INJECT=gil-c:0.03       a scheduler thread holding the GIL in C calls
@@ -27,8 +27,10 @@ def _slower(name: str, seconds: float):
     original = getattr(SchedulerState, name)
 
     def slower(self, *args, **kwargs):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:  # busy in pure Python, inside the worker choice
+        # busy in pure Python, inside the worker choice, for `seconds` of this thread's CPU: a wall-clock
+        # spin on a loaded machine would be partly waiting for a CPU, which is cpu_starvation
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
             pass
         return original(self, *args, **kwargs)
 

@@ -63,7 +63,7 @@ def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
     pert = summary(tmp_path, "slow", "chain", "--probes", "proxy,pyspy,offcpu,gil", *preload(),
                    env={"DASKPROBE_INJECT": "decisions:0.02"})
     decisions, more = added(base, pert, "scheduler_decisions")
-    injected = 2 * 40 * 0.02  # two chains of 40 tasks, one worker choice each, 20 ms spinning in each
+    injected = 2 * 40 * 0.02  # two chains of 40 tasks, one worker choice each, 20 ms of CPU in each
     assert more > 0.8 * injected, (base["session_s"], pert["session_s"])
     holds(decisions, 0.75, more, injected, pert)
     assert "scheduler-decisions" in finding_ids(pert), pert["findings"]
