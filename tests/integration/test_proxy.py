@@ -298,6 +298,9 @@ def test_connections_still_open_when_the_proxy_stops_are_recorded_closed_with_th
     got = 0
     while got < len(payload):  # echoed back: both directions forwarded it all
         got += len(s.recv(1 << 20))
+    # and recorded it: a pump thread counts what it forwarded just after the write that the peer may
+    # already have read
+    wait_for(lambda: len(read_capture(capture).messages) == 2)
     assert stop_proxy(proc) == [] and proc.returncode == 0, "it stopped by itself, when its stdin ended"
     s.close()
     c = read_capture(capture).connections.iloc[0]
