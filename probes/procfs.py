@@ -91,7 +91,6 @@ class ProcFS(Probe):
             next_tick += self.period
             self.done.wait(max(0.0, next_tick - time.monotonic()))
 
-
     def _stat(self, pid: int) -> list[bytes] | None:
         """stat_fields(), from a file kept open and read again in place (a ninth of the CPU of
         opening it each tick: 9 against 78 µs); None once the process is gone."""

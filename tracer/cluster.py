@@ -194,29 +194,22 @@ class Cluster:
     def client_address(self) -> str:
         return f"tcp://{self.scheduler.contact}"
 
-    def stop(self, grace: float = 5.0) -> list[str]:
+    def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Workers first, then the scheduler, the proxy last so it sees them go. A Dask process
         has done all it does once it logs its end; its interpreter takes 0.3-0.4 s more to exit,
         which the run does not wait for (it reaps them before it ends). Sockets it still holds
-        then, the proxy records as closed when it stops. The names of those that had to be killed."""
+        then, the proxy records as closed when it stops. Those that had to be killed."""
         workers = [m for m in self.members[1:] if m.proc and m.role == "worker"]
         killed = stop([m.proc for m in workers], grace, done=self._logged("End worker"))
         killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
                        done=self._logged("End scheduler"))
-        killed += stop_proxy(self.proxy, grace) if self.proxy else []
-        return self.names(killed)
+        return killed + (stop_proxy(self.proxy, grace) if self.proxy else [])
 
     def _logged(self, end: str):
         """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is
         waited for)."""
         logs = {m.proc.pid: self.run.log(m.name) for m in self.members if m.proc}
         return lambda p: end in log_tail(logs[p.pid], 500)
-
-    def names(self, procs: list[subprocess.Popen]) -> list[str]:
-        """The members (and proxy) that are these processes."""
-        by_pid = {m.proc.pid: m.name for m in self.members if m.proc}
-        by_pid |= {self.proxy.pid: "proxy"} if self.proxy else {}
-        return [by_pid[p.pid] for p in procs if p.pid in by_pid]
 
     def describe(self) -> list[dict]:
         """Processes as run.json and the processes table record them."""

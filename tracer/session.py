@@ -246,10 +246,7 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
             say(f"stopping {what} failed: {type(e).__name__}: {e}")
         seconds[what] = round(time.perf_counter() - start, 3)
     record(run, teardown_s=seconds)
-    if killed:
-        say(f"{', '.join(killed)} did not stop within {signals.grace:g} s of SIGTERM (a task still running?): "
-            "killed")
-        record(run, killed=killed)
+    note_killed(run, killed, f"did not stop within {signals.grace:g} s of SIGTERM (a task still running?)")
     errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
     if cluster and (stopped := _proxy_capture_stopped(run)):
         errors["proxy"] = stopped
@@ -269,6 +266,17 @@ def _proxy_capture_stopped(run: RunDir) -> str | None:
     except OSError:
         return None
     return next((ln.strip() for ln in log.splitlines() if "capture stopped" in ln), None)
+
+
+def note_killed(run: RunDir, procs: list[subprocess.Popen], why: str) -> None:
+    """Say which of the run's processes had to be killed, and why; add them to run.json's `killed`."""
+    if not procs:
+        return
+    meta = run.meta()
+    by_pid = {p["pid"]: p["name"] for p in meta.get("processes", [])}
+    names = [by_pid.get(p.pid, f"pid {p.pid}") for p in procs]
+    say(f"{', '.join(names)} {why}: killed")
+    record(run, killed=meta.get("killed", []) + names)
 
 
 def record(run: RunDir, **fields) -> None:

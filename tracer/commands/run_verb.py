@@ -68,14 +68,8 @@ def main(args, command: list[str]) -> int:
 def _reap(run_dir, grace: float) -> None:
     """Reap what was left exiting; name (and record in run.json) what had to be killed."""
     from ...probes.procs import reap_exiting
-    from ..session import record, say
-    if not (killed := reap_exiting(grace)):
-        return
-    meta = run_dir.meta()
-    by_pid = {p["pid"]: p["name"] for p in meta.get("processes", [])}
-    names = [by_pid.get(p.pid, f"pid {p.pid}") for p in killed]
-    say(f"{', '.join(names)} still running {grace:g} s after SIGTERM (a thread that is not a daemon?): killed")
-    record(run_dir, killed=meta.get("killed", []) + names)
+    from ..session import note_killed
+    note_killed(run_dir, reap_exiting(grace), f"still running {grace:g} s after SIGTERM (a thread that is not a daemon?)")
 
 
 def _spec(args, probes: list[str]):
