@@ -43,7 +43,9 @@ COLUMNS = ["job", "kind", "part", "process", "category", "seconds", "pool", "poo
 def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame, cpu: pd.DataFrame,
               threads: pd.DataFrame) -> pd.DataFrame:
     """One row per (segment group, category): seconds, and for sample-derived rows their pool."""
+    path = path[["job", "kind", "part", "process", "start_ns", "end_ns", "batch_ns"]]  # each filter copies every column
     path = path.assign(seconds=(path.end_ns - path.start_ns) / 1e9)
+    cpu = cpu[["t_ns", "pid", "tid", "source", "on_cpu", "owns_gil", "category"]]
     direct = path[path.kind.isin(DIRECT)]
     rows = [pd.DataFrame({"job": direct.job, "kind": direct.kind, "part": direct.part, "process": direct.process,
                           "category": direct.kind, "seconds": direct.seconds})]

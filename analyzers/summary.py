@@ -76,7 +76,23 @@ class Analysis:
     summary: dict
 
 
-def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
+SAMPLED = ("thread_states", "stack_categories", "cpu_samples", "threads")
+
+
+def sampled(t: dict, meta: dict, rules: list[Path] = ()) -> dict:
+    """What the samples and thread states say, apart from the messages' side (it needs no job or
+    path, so it can be computed beside them): the SAMPLED tables."""
+    states = thread_states(t["offcpu"], t["gil_waits"])
+    category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
+    cpu = classify_samples(t["samples"], t["processes"], states, category, t["attempts"],
+                           meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
+    return {"thread_states": states, "threads": threads_table(t["samples"], states, t["thread_names"]),
+            "cpu_samples": cpu, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
+
+
+def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
+    """side(): the SAMPLED tables, if computed (and written) elsewhere; else they are computed here,
+    by sampled(), and are among the tables returned."""
     base = {"schema": SCHEMA, "definitions": DEFINITIONS | {
         f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}}
     graphs, jobs = graph_jobs(t["graphs"], t["messages"])
@@ -85,35 +101,27 @@ def analyze(t: dict, meta: dict, rules: list[Path] = ()) -> Analysis:
         return Analysis({}, base | {"error": _nothing(t)})
     attempts = assign_jobs(t["attempts"], jobs)
     tasks = tasks_table(attempts, graphs)
-    states = thread_states(t["offcpu"], t["gil_waits"])
-    category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
-    cpu = classify_samples(t["samples"], t["processes"], states, category, attempts,
-                           meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
-    threads = threads_table(t["samples"], states, t["thread_names"])
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
     path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True).sort_values("start_ns", ignore_index=True)
     if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send
         path["batch_ns"] = path.batch_ns.where(path.kind != "scheduler", 0)  # interval to hold its messages
+    numbers, again, span = _numbers(t, jobs, tasks, attempts, window), recomputed(attempts), _makespan(jobs)
+    whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span),
+             "task_overhead_s": task_overhead(tasks), "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], span, len(tasks))}
+    out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(attempts),
+           "prefixes": prefix_costs(tasks, path, numbers["session_s"]), "critical_path": path}
+    sides = side() if side else sampled(t, meta, rules)  # all above needs no samples: done while they are read
+    states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]
     attr = attribute(path, t["processes"], states, cpu, threads)
-    cluster = threads[threads.pid.isin(_pids(t["processes"], CLUSTER))]
-    cpu_in_window = cpu_time(cpu, states, cluster, _makespan(jobs))
-    summary = base | _numbers(t, jobs, tasks, attempts, window) | _split(attr) | {
-        "jobs": _jobs(jobs, tasks, attempts, attr, window),
-        "recomputed": _recomputed(recomputed(attempts)),
+    cpu_in_window = cpu_time(cpu, states, threads[threads.pid.isin(_pids(t["processes"], CLUSTER))], span)
+    summary = base | numbers | _split(attr) | {
+        "jobs": _jobs(jobs, tasks, attempts, attr, window, again), "recomputed": whole["recomputed"],
         "cpu_by_category_s": cpu_by_category(cpu_in_window),
-        "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], _makespan(jobs)),
-        "worker_idle_s": worker_idle(attempts, _makespan(jobs)),
-        "task_overhead_s": task_overhead(tasks),
-        "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], _makespan(jobs), len(tasks)),
+        "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], span)} | whole | {
         "thread_states": "ebpf" if len(states) else "samples"}
     summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states}, meta)
-    out = {"jobs": jobs, "tasks": tasks, "thread_states": states, "threads": threads, "cpu_samples": cpu,
-           "attempt_threads": attempt_threads(t["attempts"], threads),
-           "in_flight": in_flight(attempts),
-           "prefixes": prefix_costs(tasks, path, summary["session_s"]),
-           "critical_path": path,
-           "attribution": attr, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
-    return Analysis(out, summary)
+    out |= {"attempt_threads": attempt_threads(t["attempts"], threads), "attribution": attr}
+    return Analysis(out | ({} if side else sides), summary)
 
 
 def _nothing(t: dict) -> str:
@@ -169,9 +177,8 @@ def _interval(r) -> dict:
             "few_samples": samples is not None and samples < FEW_SAMPLES}
 
 
-def _jobs(jobs, tasks, attempts, attr, window) -> list[dict]:
+def _jobs(jobs, tasks, attempts, attr, window, again) -> list[dict]:
     out = []
-    again = recomputed(attempts)
     for j in jobs.itertuples():
         mine = attr[attr.job == j.job]
         split = _split(mine)

@@ -55,18 +55,33 @@ def warm_up() -> None:
                go.Icicle(labels=["a"], parents=[""])]).to_json()
 
 
-def write_html(run: RunDir) -> None:
-    summary = json.loads((run / "summary.json").read_text())
+def _page(run: RunDir) -> Page:
     category = run.table("stack_categories").set_index("stack_id").category if run.has_table("stack_categories") \
         else pd.Series(dtype=object)
-    page = Page(run, summary, category)
+    return Page(run, json.loads((run / "summary.json").read_text()), category)
+
+
+def figure_sections(run: RunDir, which: range | None = None) -> list[list]:
+    """[position in FIGURES, title, section] of the figures (those at `which`) that have data: the
+    page's figures can be drawn in parts, by several processes."""
+    page = _page(run)
+    if "error" in page.summary:
+        return []
+    which = range(len(FIGURES)) if which is None else which
+    return [[i, f[0], section(*f)] for i, f in ((i, FIGURES[i](page)) for i in which) if f[2] is not None]
+
+
+def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
+    """report.html, with the figure sections given (figure_sections, in parts) or drawn here."""
+    page = _page(run)
+    summary = page.summary
     if "error" in summary:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
     else:
-        drawn = [f for f in (fig(page) for fig in FIGURES) if f[2] is not None]  # no data: left out
+        drawn = sorted(figure_sections(run) if drawn is None else drawn)  # no data: left out
         prefixes = prefix_table(page)
-        titles = {f[0] for f in drawn} | ({"Task prefixes"} if prefixes else set())
-        sections = [headline(summary), findings_section(summary, titles), prefixes] + [section(*f) for f in drawn]
+        titles = {title for _, title, _ in drawn} | ({"Task prefixes"} if prefixes else set())
+        sections = [headline(summary), findings_section(summary, titles), prefixes] + [s for _, _, s in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -322,15 +337,16 @@ def gil_per_thread(p: Page):
 
 def top_functions(p: Page):
     run = p.run
-    s, procs = run.table("samples"), run.table("processes")
+    s, procs = run.table("samples", columns=["pid", "active", "stack_id"]), run.table("processes")
     s = s[s.pid.isin(procs[procs.role == "scheduler"].pid) & s.active.astype(bool)]
     if s.empty:
         return "Top functions in each category", "", None
     stacks = run.table("stacks").set_index("stack_id").frame_ids
-    frames = run.table("frames").set_index("frame_id")
-    cat = p.category
-    leaf = s.stack_id.map(lambda i: frames.function.get(stacks[i][0], "?") if len(stacks[i]) else "?")
-    counts = pd.DataFrame({"category": s.stack_id.map(cat).fillna(UNCATEGORIZED), "function": leaf})
+    function = run.table("frames", columns=["frame_id", "function"]).set_index("frame_id").function
+    used = s.stack_id.unique()  # far fewer stacks than samples: the leaf is looked up once per stack
+    leaf = pd.Series([function.get(f[0], "?") if len(f) else "?" for f in stacks.reindex(used)], index=used)
+    counts = pd.DataFrame({"category": s.stack_id.map(p.category).fillna(UNCATEGORIZED),
+                           "function": s.stack_id.map(leaf)})
     top = counts.value_counts().groupby(level=0, group_keys=False).head(10).reset_index(name="n")
     ids = list(top.category.unique()) + [f"{c}/{f}" for c, f in zip(top.category, top.function)]
     parents = [""] * top.category.nunique() + list(top.category)

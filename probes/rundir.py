@@ -89,8 +89,8 @@ class RunDir:
             table = pa.Table.from_pandas(df, schema=schema.arrow_schema(name), preserve_index=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise schema.SchemaError(f"table {name!r}: " + "; ".join(map(str, e.args))) from None
-        with open_whole(path) as f:
-            pq.write_table(table, f)
+        with open_whole(path) as f:  # without dictionaries: half the time to write, 4% larger (10K tasks)
+            pq.write_table(table, f, use_dictionary=False)
         return path
 
     def table(self, name: str, missing_ok: bool = False, columns: list[str] | None = None) -> pd.DataFrame:

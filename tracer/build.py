@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import traceback
 
@@ -53,10 +54,17 @@ def _stage(run: RunDir, name: str, fn, spinner: bool = True) -> str | None:
 
 
 def analysis(run: RunDir, rules=()) -> None:
-    """The analysis stage: the decoded tables in, its tables and summary.json out."""
-    from ..analyzers.summary import INPUTS, analyze
+    """The analysis stage: the decoded tables in, its tables and summary.json out. What the
+    samples say is worked out in a child beside the messages' side, and read back from its tables."""
+    from ..analyzers.summary import INPUTS, SAMPLED, analyze, sampled
     from ..dashboards.terminal import print_summary
-    result = analyze({name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta(), list(rules))
+    tables, meta = {name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta()
+
+    def side() -> None:
+        for name, df in sampled(tables, meta, list(rules)).items():
+            run.write_table(name, df)
+    with beside(side) as joined:
+        result = analyze(tables, meta, list(rules), side=lambda: joined() or {name: run.table(name) for name in SAMPLED})
     for name, df in result.tables.items():
         run.write_table(name, df)
     summary = result.summary | {"run": str(run.path)}
@@ -70,8 +78,11 @@ def _json(v):
 
 
 def _html(run: RunDir) -> None:
-    from ..dashboards.html_report import write_html
-    write_html(run)
+    """report.html, half of its figures drawn in a child."""
+    from ..dashboards.html_report import FIGURES, figure_sections, write_html
+    with beside(lambda: figure_sections(run, range(1, len(FIGURES), 2))) as odd:
+        even = figure_sections(run, range(0, len(FIGURES), 2))
+    write_html(run, even + odd())
 
 
 def report(run: RunDir, rules=(), html: bool = False) -> bool:
@@ -130,7 +141,9 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
 
 
 def _trace_child(run: RunDir, gate: Gate) -> dict:
-    """The trace stage, its seconds without the wait for the analysis."""
+    """The trace stage, its seconds without the wait for the analysis. At a lower priority: nothing
+    waits for it but the end, while the analysis and the page wait on each other."""
+    os.nice(10)
     out = _in_child(run, "trace", lambda r: _trace(r, gate.wait))
     out["seconds"]["trace"] = round(out["seconds"]["trace"] - gate.waited, 3)
     return out

@@ -20,14 +20,14 @@ class ChildFailed(Exception):
 @contextlib.contextmanager
 def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
     """Run fn() in a forked child while the with-body runs here. Yields join(): fn's result
-    (JSON-able), or ChildFailed. Leaving the body waits for the child; leaving it by an
-    exception (a signal) first sends the child SIGTERM."""
+    (JSON-able), or ChildFailed; called in the body, it waits for the child. Leaving the body
+    waits for the child; leaving it by an exception (a signal) first sends the child SIGTERM."""
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
     try:
         pid = os.fork()
-    except OSError:  # no fork now (memory, a process limit): fn runs here, once the body is done
+    except OSError:  # no fork now (memory, a process limit): fn runs here, when joined
         os.close(r)
         os.close(w)
         yield lambda: _in_place(fn)
@@ -35,9 +35,20 @@ def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
     if pid == 0:
         _child(fn, r, w)
     os.close(w)
-    outcome = {}
+    reader, outcome = os.fdopen(r), {}
+
+    def wait():
+        if not outcome:
+            report = reader.read()  # a signal may interrupt it: asked again (leaving the body), it reads on
+            reader.close()
+            os.waitpid(pid, 0)
+            with contextlib.suppress(ValueError):  # cut short: as if nothing came
+                outcome.update(json.loads(report))
+            if not outcome:
+                outcome["error"] = "its process ended without a word"
 
     def join():
+        wait()
         if "error" in outcome:
             e = ChildFailed(outcome["error"])
             e.add_note(outcome.get("traceback", ""))  # printed with the parent's, after what it says
@@ -46,13 +57,11 @@ def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
     try:
         yield join
     except BaseException:
-        os.kill(pid, signal.SIGTERM)
+        if not outcome:
+            os.kill(pid, signal.SIGTERM)
         raise
     finally:
-        with os.fdopen(r) as f:
-            report = f.read()
-        os.waitpid(pid, 0)
-        outcome.update(json.loads(report) if report else {"error": "its process ended without a word"})
+        wait()
 
 
 def _in_place(fn):

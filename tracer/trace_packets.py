@@ -46,11 +46,13 @@ class Tracks:
 
 class Writer:
     """Packets as bytes (proto_wire): track descriptors as tracks are first needed, then every event
-    in time order. Each name, frame and stack is interned once, in the first packet."""
+    in time order. Each frame and stack is interned once (a name once per call of names()), all in
+    the first packet."""
 
     def __init__(self, f):
         self.f, self.chunks, self.first = f, [], True
         self.new = []  # interned data not yet written
+        self.named = 0  # event names interned so far
 
     def descriptor(self, d: pb.TrackDescriptor) -> None:
         flags = W.T.flags + W.varint(pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED) if self.first else b""
@@ -65,9 +67,10 @@ class Writer:
     def names(self, names: pd.Series) -> np.ndarray:
         """Each event name's iid; all interned at once."""
         codes, uniques = pd.factorize(names)
-        iids = np.arange(1, len(uniques) + 1)
+        iids = np.arange(self.named + 1, self.named + len(uniques) + 1)  # names of an earlier call keep theirs
         self._intern(W.T.in_event_names, [W.T.iid, W.varints(iids), *_string(W.T.name, uniques)])
-        return codes + 1
+        self.named += len(uniques)
+        return codes + 1 + self.named - len(uniques)
 
     def stacks(self, stacks: pd.Series, frames: pd.DataFrame) -> dict:
         """stack_id -> callstack iid, for stacks of frame ids (root first) of frames (label, path);
@@ -154,10 +157,18 @@ NEEDS_STATE = W.T.flags + W.varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE)
 CHUNK = 1 << 18  # events encoded at once: bounds the index arrays of a large run
 
 
-def emit(w: Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame, stacks: dict) -> None:
-    """Every event packet encoded in bulk, per kind, then written in time order; at equal times
-    ends, then counters and samples, then begins, so adjacent slices do not cross. Slices are
-    named by iid (Writer.names), samples' stacks by stacks (Writer.stacks)."""
+def emit(w: Writer, *encoded: list) -> None:
+    """Events encoded (by encode(), in one go or in parts) written in time order; at equal times
+    ends, then counters and samples, then begins, so adjacent slices do not cross."""
+    bufs, lengths, ts, rank = (sum((list(e[i]) for e in encoded), []) for i in range(4))
+    length = np.concatenate(lengths) if ts else np.zeros(0, np.int64)
+    order = np.lexsort((np.concatenate(rank), np.concatenate(ts))) if ts else length
+    w.events(np.concatenate(bufs) if ts else np.zeros(0, np.uint8), np.cumsum(length) - length, length, order)
+
+
+def encode(slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.DataFrame, stacks: dict) -> list:
+    """Every event packet encoded in bulk, per kind: [buffers, their lengths, times, ranks at equal
+    times]. Slices are named by iid (Writer.names), samples' stacks by stacks (Writer.stacks)."""
     kinds = [  # (events, time column, rank at equal times, payload field, its parts, uses interned data)
         (slices, "start", 2, W.T.track_event, lambda d: [
             W.T.ev_type + W.varint(BEGIN) + W.T.ev_track, W.varints(d.track.to_numpy("int64")), W.T.ev_name,
@@ -177,9 +188,7 @@ def emit(w: Writer, slices: pd.DataFrame, counters: pd.DataFrame, samples: pd.Da
             t = d[time].to_numpy("int64")
             buf, length = W.flat(packet_parts(t, key, payload(d), interned))
             bufs.append(buf), lengths.append(length), ts.append(t), rank.append(np.full(len(t), order))
-    length = np.concatenate(lengths) if ts else np.zeros(0, np.int64)
-    order = np.lexsort((np.concatenate(rank), np.concatenate(ts))) if ts else length
-    w.events(np.concatenate(bufs) if ts else np.zeros(0, np.uint8), np.cumsum(length) - length, length, order)
+    return [bufs, lengths, ts, rank]
 
 
 def packet_parts(ts: np.ndarray, key: bytes, payload: list, interned: bool = False) -> list:

@@ -20,16 +20,16 @@ import numpy as np
 import pandas as pd
 
 from ..probes.rundir import RunDir, open_whole
-from .trace_packets import Tracks, Writer, emit, event_tail
+from .trace_packets import Tracks, Writer, emit, encode, event_tail
 RATE_BIN_NS = 100_000_000
 MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns", "t_last_ns",
                    "op", "key", "n_keys", "msg_bytes", "batch_size"]  # not the long stimulus ids
 
 
 def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
-    """The trace of a run directory. What reads only the decoded tables is built first; `analysed()`
-    returns once the analysis has written its tables (finalize builds the first part beside the
-    analysis); then what reads them (threads, critical path, tasks in flight)."""
+    """The trace of a run directory. What reads only the decoded tables is built and encoded first;
+    `analysed()` returns once the analysis has written its tables (finalize builds the first part
+    beside the analysis); then what reads them (threads, critical path, tasks in flight)."""
     procs, msgs, tasks = run.table("processes"), run.table("messages", columns=MESSAGE_COLUMNS), run.table("attempts")
     with open_whole(run.trace) as f:
         w = Writer(f)
@@ -39,21 +39,25 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process", "thread_name"])
         threads = _Threads(samples, run.table("thread_names", missing_ok=True), tracks, proc_track)
         flows = _task_flows(tasks, msgs)
-        decoded = [_message_slices(msgs, tracks, proc_track, flows),
-                   _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
-                   _gil_slices(run.table("gil_waits"), threads),
-                   _offcpu_slices(run.table("offcpu"), threads)]
-        counters = [_message_rate(msgs, tracks), _proc_counters(run.table("proc"), tracks, proc_track)]
+        decoded = _named(w, [_message_slices(msgs, tracks, proc_track, flows),  # none on an analysed one's track
+                             _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
+                             _gil_slices(run.table("gil_waits"), threads), _offcpu_slices(run.table("offcpu"), threads)])
+        counters = pd.concat([_message_rate(msgs, tracks), _proc_counters(run.table("proc"), tracks, proc_track)],
+                             ignore_index=True)
         samples, stacks, frames = _cpu_samples(run, samples, threads)
-        stacks = w.stacks(stacks, frames)
+        decoded = encode(decoded, counters, samples, w.stacks(stacks, frames))
         analysed()
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         ran_on = run.table("attempt_threads", missing_ok=True).set_index("attempt").tid.reindex(range(len(tasks)))
-        slices = pd.concat([_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids, flows),
-                            *decoded, _path_slices(run, tracks)], ignore_index=True)
-        counters = pd.concat([_in_flight(run, tracks, proc_track), *counters], ignore_index=True)
-        slices = slices.assign(name=w.names(slices.name))  # iids: cheaper to sort than strings
-        emit(w, _no_overlap(slices), counters, samples, stacks)
+        slices = _named(w, [_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids,
+                                            flows), _path_slices(run, tracks)])
+        emit(w, decoded, encode(slices, _in_flight(run, tracks, proc_track), samples.iloc[:0], {}))
+
+
+def _named(w: Writer, slices: list[pd.DataFrame]) -> pd.DataFrame:
+    """Slices of their own tracks, nested, named by iid (cheaper to sort than strings)."""
+    slices = _no_overlap(pd.concat(slices, ignore_index=True))
+    return slices.assign(name=w.names(slices.name))
 
 
 def _slices(track, start, end, name, flow_out=None, flow_in=None, args: dict | None = None) -> pd.DataFrame:

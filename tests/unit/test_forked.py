@@ -19,6 +19,16 @@ def test_the_childs_result_comes_back_and_both_sides_ran_at_once():
     assert time.monotonic() - start < 0.95  # the two half-second sleeps overlapped
 
 
+def test_join_in_the_body_waits_for_the_child():
+    def child():
+        time.sleep(0.3)
+        return "done"
+    with beside(child) as joined:
+        assert joined() == "done"
+        assert joined() == "done"  # once answered, asked again
+    assert joined() == "done"
+
+
 def test_an_error_in_the_child_is_raised_by_join_with_the_childs_traceback():
     def child():
         raise OSError(28, "No space left on device")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.tracer import proto_wire as W
-from daskprobe.tracer.trace_packets import BEGIN, COUNTER, END, Writer, emit
+from daskprobe.tracer.trace_packets import BEGIN, COUNTER, END, Writer, emit, encode
 from daskprobe.tracer.trace_writer import _no_overlap, _slices
 
 
@@ -28,7 +28,7 @@ def test_varints_in_bulk_are_the_varints_one_by_one(values):
 def test_counter_packets_in_bulk_parse_as_the_counters_they_encode(events):
     counters = pd.DataFrame(events, columns=["ts", "track", "value"])
     f = io.BytesIO()
-    emit(Writer(f), _slices([], [], [], []).assign(name=0), counters, SAMPLES.iloc[:0], {})
+    emit(Writer(f), encode(_slices([], [], [], []).assign(name=0), counters, SAMPLES.iloc[:0], {}))
     packets = pb.Trace.FromString(f.getvalue()).packet
     got = sorted((p.timestamp, p.track_event.type, p.track_event.track_uuid, p.trusted_packet_sequence_id,
                   p.track_event.double_counter_value) for p in packets)
@@ -49,7 +49,7 @@ def test_the_writers_packets_parse_with_their_interned_data_flows_and_arguments(
     counters = pd.DataFrame({"ts": [15], "track": [1], "value": [3.5]})
     frames = pd.DataFrame({"label": ["main", "f", "g"], "path": ["a.py", "a.py", "b.py"]})
     stacks = w.stacks(pd.Series({5: [0, 1], 7: [], 6: [0, 2]}), frames)  # sharing their root frame; one empty
-    emit(w, _no_overlap(slices.assign(name=w.names(slices.name))), counters, SAMPLES, stacks)
+    emit(w, encode(_no_overlap(slices.assign(name=w.names(slices.name))), counters, SAMPLES, stacks))
     p = pb.Trace.FromString(f.getvalue()).packet
     assert p[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED and p[0].track_descriptor.name == "t"
     interned = p[0].interned_data  # everything, once, before any event uses it

@@ -1,0 +1,38 @@
+"""tracer/build.py: the analysis stage works out the samples' side in a child, beside the rest."""
+
+import json
+
+import pandas as pd
+
+from daskprobe.analyzers.summary import INPUTS, analyze
+from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.schema import TABLES
+from daskprobe.tracer.build import _json, analysis
+from scenario import META, Scenario, two_task_chain
+
+
+def test_the_stage_split_over_two_processes_says_what_one_process_says(tmp_path):
+    s = two_task_chain(Scenario())
+    s.state("scheduler", "gil", 37, 39)
+    s.state("scheduler", "runnable", 40, 41)
+    s.state("scheduler", "blocked", 42, 45)
+    s.state("scheduler", "blocked", 5, 25, tid=101)
+    s.sample("scheduler", 16, "SchedulerState.decide_worker_non_rootish")
+    s.sample("scheduler", 20, "Comm.read", file="distributed/comm/tcp.py", tid=101, name="Dask-Offload_0")
+    s.sample("worker-0", 30, "inc", file="my_flow.py", tid=201, name="ThreadPoolExecutor-0_0")
+    run, one = RunDir(tmp_path / "two"), RunDir(tmp_path / "one")
+    for r in (run, one):
+        r.path.mkdir()
+        r.write_file("run.json", json.dumps(META))
+        for name, df in s.tables().items():
+            r.write_table(name, df.reindex(columns=TABLES[name].names))
+    expected = analyze({name: one.table(name) for name in INPUTS}, META)
+    for name, df in expected.tables.items():
+        one.write_table(name, df)
+    analysis(run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary.pop("run") == str(run.path)
+    assert summary == json.loads(json.dumps(expected.summary, default=_json))
+    assert summary["critical_path_s"]["gil_contention"] > 0 and len(run.table("cpu_samples")) == 3  # the side's part
+    for name in expected.tables:
+        pd.testing.assert_frame_equal(run.table(name), one.table(name))
