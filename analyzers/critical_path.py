@@ -47,11 +47,12 @@ class _Lookup:
     """Sorted times per group, for 'the latest event of this group before t'."""
 
     def __init__(self, df: pd.DataFrame, group: list[str], time: str, value: str = "key"):
-        self.index = {}
-        for g, part in df.dropna(subset=[time, *group]).groupby(group):
-            part = part.sort_values(time)
-            self.index[g if len(group) > 1 else g[0]] = (part[time].to_numpy("float64").tolist(),
-                                                         part[value].tolist())
+        rows = {}  # a pass over the rows, not a frame per group (thousands of groups: tasks)
+        d = df.dropna(subset=[time, *group])
+        groups = zip(*(d[g].tolist() for g in group)) if len(group) > 1 else d[group[0]].tolist()
+        for g, t, v in zip(groups, d[time].to_numpy("float64").tolist(), d[value].tolist()):
+            rows.setdefault(g, []).append((t, v))
+        self.index = {g: _by_time(r) for g, r in rows.items()}
 
     def latest(self, group, before: float, after: float = -np.inf, exclude=None):
         # bisect on lists: a scalar lookup per walk step, where numpy's call overhead dominates
@@ -62,6 +63,12 @@ class _Lookup:
                 return values[i], times[i]
             i -= 1
         return None, None
+
+
+def _by_time(rows: list[tuple]) -> tuple[list, list]:
+    """(times, values) in time order; equal times in the order pandas' sort_values gives them."""
+    order = np.argsort(np.array([t for t, _ in rows]), kind="quicksort") if len(rows) > 1 else [0]
+    return [rows[i][0] for i in order], [rows[i][1] for i in order]
 
 
 class _Rows:

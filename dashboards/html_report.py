@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,9 +62,9 @@ def _page(run: RunDir) -> Page:
     return Page(run, json.loads((run / "summary.json").read_text()), category)
 
 
-def figure_sections(run: RunDir, which: range | None = None) -> list[list]:
-    """[position in FIGURES, title, section] of the figures (those at `which`) that have data: the
-    page's figures can be drawn in parts, by several processes."""
+def figure_sections(run: RunDir, which: Iterable[int] | None = None) -> list[list]:
+    """[position in FIGURES, title, section] of the figures (those at the positions `which` gives)
+    that have data: the page's figures can be drawn in parts, by several processes."""
     page = _page(run)
     if "error" in page.summary:
         return []

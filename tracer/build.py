@@ -10,7 +10,7 @@ import time
 import traceback
 
 from ..probes.rundir import RunDir
-from .forked import ChildFailed, Gate, beside
+from .forked import ChildFailed, Gate, Queue, beside
 from .session import Interrupted, record, say
 
 
@@ -78,11 +78,15 @@ def _json(v):
 
 
 def _html(run: RunDir) -> None:
-    """report.html, half of its figures drawn in a child."""
+    """report.html, its figures drawn by this process and a child, each taking the next one left."""
     from ..dashboards.html_report import FIGURES, figure_sections, write_html
-    with beside(lambda: figure_sections(run, range(1, len(FIGURES), 2))) as odd:
-        even = figure_sections(run, range(0, len(FIGURES), 2))
-    write_html(run, even + odd())
+    queue = Queue(len(FIGURES))
+    try:
+        with beside(lambda: figure_sections(run, queue)) as theirs:
+            mine = figure_sections(run, queue)
+        write_html(run, mine + theirs())
+    finally:
+        queue.close()
 
 
 def report(run: RunDir, rules=(), html: bool = False) -> bool:

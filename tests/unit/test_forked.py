@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from daskprobe.tracer.forked import ChildFailed, Gate, beside
+from daskprobe.tracer.forked import ChildFailed, Gate, Queue, beside
 
 
 def test_the_childs_result_comes_back_and_both_sides_ran_at_once():
@@ -101,3 +101,18 @@ def test_without_fork_a_gate_is_open_when_the_piece_runs(monkeypatch):
     with beside(lambda: gate.wait() or "ran") as joined:
         gate.open()
     assert joined() == "ran"
+
+
+def test_a_queue_gives_each_item_to_one_process_and_the_slow_one_takes_fewer():
+    queue = Queue(40)
+    def take(pause):
+        got = []
+        for item in queue:
+            got.append(item)
+            time.sleep(pause)
+        return got
+    with beside(lambda: take(0.05)) as theirs:
+        mine = take(0.005)
+    queue.close()
+    assert sorted(mine + theirs()) == list(range(40))
+    assert len(mine) > len(theirs())  # ten times faster per item: it took more of them
