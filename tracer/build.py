@@ -145,10 +145,16 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
 
 
 def _trace_child(run: RunDir, gate: Gate) -> dict:
-    """The trace stage, its seconds without the wait for the analysis. At a lower priority: nothing
-    waits for it but the end, while the analysis and the page wait on each other."""
+    """The trace stage, its seconds without the wait for the analysis. At a lower priority until the
+    analysis is done (the page waits on it; nothing waits on the trace but the end), then, where it
+    may (as root), at the priority of the rest: what it has left is often the last thing done."""
     os.nice(10)
-    out = _in_child(run, "trace", lambda r: _trace(r, gate.wait))
+
+    def analysed():
+        gate.wait()
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    out = _in_child(run, "trace", lambda r: _trace(r, analysed))
     out["seconds"]["trace"] = round(out["seconds"]["trace"] - gate.waited, 3)
     return out
 
