@@ -306,7 +306,8 @@ with Client() as c:
         assert json.loads((run / "run.json").read_text())["partial"] is True  # a whole file, and says so
         filler.unlink()
         b = daskprobe("build", str(run.path))
-        assert b.returncode == 0, b.stderr[-3000:]
+        failed = [line for line in b.stderr.splitlines() if "stage failed" in line]  # each cause, not only the last
+        assert b.returncode == 0, "\n".join(failed) + "\n" + b.stderr[-2000:]
         assert (run.table("messages").op == "compute-task").sum() >= 50
     finally:
         subprocess.run(["umount", "-l", str(disk)])
