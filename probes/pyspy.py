@@ -4,6 +4,7 @@ sample stamped with CLOCK_MONOTONIC by the sampler."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
@@ -76,14 +77,14 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     frames, samples, stacks = [], [], {}
     for text in capture_lines(path):
         f = text.split("\t")
-        if f[0] == "F" and len(f) == _F:
-            _, frame_id, function, filename, line = f
-            frames.append((int(frame_id), function, filename, int(line)))
-        elif f[0] == "S" and len(f) in (_S - 1, _S):
-            _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident = f if len(f) == _S else f + ["0"]
-            stack = stacks.setdefault(frame_ids, len(stacks))
-            samples.append((int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", stack,
-                            int(ident)))
+        with contextlib.suppress(ValueError):  # a line cut short by a kill or a full disk (a number cut off)
+            if f[0] == "F" and len(f) == _F:
+                _, frame_id, function, filename, line = f
+                frames.append((int(frame_id), function, filename, int(line)))
+            elif f[0] == "S" and len(f) in (_S - 1, _S):
+                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident = f if len(f) == _S else f + ["0"]
+                row, ident = (int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1"), int(ident)
+                samples.append((*row, stacks.setdefault(frame_ids, len(stacks)), ident))  # parsed: then its stack
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "ident"])
     # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above
     # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.

@@ -8,7 +8,7 @@ import time
 import msgpack
 import pytest
 
-from daskprobe.probes import ebpf_tables, procfs
+from daskprobe.probes import ebpf_tables, procfs, pyspy
 from daskprobe.probes.proxy_capture import CaptureWriter, read_capture
 from daskprobe.probes.rundir import RunDir
 from daskprobe.tracer import tables
@@ -111,3 +111,9 @@ def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
     small = tmp_path / "ebpf_small.tsv"
     small.write_text("gil\t5\t6\t100\t2\noffcpu\t5\t6\t")
     assert ebpf_tables.read_small(small).total_ns.tolist() == [100]
+    whole = "F\t0\tspin\t/app/flow.py\t12\nS\t1000\t42\t43\t1\t0\tMainThread\t0\t7\n"
+    for torn in ("S\t2000\t42\t43\t1\t0\tMainThread\t0\t", "F\t1\tmain\t/app/flow.py\t"):  # cut after a tab
+        sampled = tmp_path / "pyspy.tsv"
+        sampled.write_text(whole + torn)
+        samples, _, frames = pyspy.read_samples(sampled)
+        assert samples.t_ns.tolist() == [1000] and frames.frame_id.tolist() == [0]
