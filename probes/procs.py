@@ -41,8 +41,8 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
 
 
 # Processes whose work is done but whose exit takes a while (the eBPF agent's kernel detaching
-# its probes, a Dask process's interpreter tearing down), each with when it was told to stop: the
-# run goes on meanwhile, and reaps them before it ends.
+# its probes, a Dask process's atexit handlers and non-daemon threads after it logged its end),
+# each with when it was told to stop: the run goes on meanwhile, and reaps them before it ends.
 EXITING: dict[subprocess.Popen, float] = {}
 
 

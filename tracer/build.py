@@ -60,11 +60,15 @@ def analysis(run: RunDir, rules=()) -> None:
     from ..dashboards.terminal import print_summary
     tables, meta = {name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta()
 
-    def side() -> None:
+    def side() -> None:  # in the child
         for name, df in sampled(tables, meta, list(rules)).items():
             run.write_table(name, df)
+
+    def written(joined) -> dict:  # here, once the attribution needs them
+        joined()  # raises what failed in the child
+        return {name: run.table(name) for name in SAMPLED}
     with beside(side) as joined:
-        result = analyze(tables, meta, list(rules), side=lambda: joined() or {name: run.table(name) for name in SAMPLED})
+        result = analyze(tables, meta, list(rules), side=lambda: written(joined))
     for name, df in result.tables.items():
         run.write_table(name, df)
     summary = result.summary | {"run": str(run.path)}
