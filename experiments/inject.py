@@ -8,6 +8,9 @@ for the attribution benchmark and its tests.
     DASKPROBE_INJECT=gil-c:0.03       a scheduler thread holding the GIL in C calls
                                       of 30 ms (usleep through ctypes.PyDLL), so it
                                       adds GIL waits without taking a CPU
+    DASKPROBE_INJECT_LOG=path         for `decisions`: one line per slowed choice, the wall
+                                      seconds its spin took (CPU time on a loaded machine or
+                                      a VM with steal time takes longer than its CPU seconds)
 
 Loaded by path, so it needs nothing but distributed.
 """
@@ -29,15 +32,23 @@ def _slower(name: str, seconds: float):
     def slower(self, *args, **kwargs):
         # busy in pure Python, inside the worker choice, for `seconds` of this thread's CPU: a wall-clock
         # spin on a loaded machine would be partly waiting for a CPU, which is cpu_starvation
+        start = time.perf_counter()
         end = time.thread_time() + seconds
         while time.thread_time() < end:
             pass
+        _log(time.perf_counter() - start)
         return original(self, *args, **kwargs)
 
     # named as an override of the method is, down to its code object (what a sampler reads)
     slower.__code__ = slower.__code__.replace(co_name=name, co_qualname=f"SchedulerState.{name}")
     slower.__name__, slower.__qualname__ = name, f"SchedulerState.{name}"
     return slower
+
+
+def _log(wall: float):
+    if path := os.environ.get("DASKPROBE_INJECT_LOG"):
+        with open(path, "a") as f:
+            f.write(f"{wall:.6f}\n")
 
 
 def _spin():

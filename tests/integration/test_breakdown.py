@@ -60,12 +60,17 @@ def test_wire_delay_goes_to_network_and_an_unperturbed_loopback_has_none(tmp_pat
 
 def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
     base = summary(tmp_path, "base", "chain", "--probes", "proxy,pyspy,offcpu,gil")
+    spins = tmp_path / "spins"
     pert = summary(tmp_path, "slow", "chain", "--probes", "proxy,pyspy,offcpu,gil", *preload(),
-                   env={"DASKPROBE_INJECT": "decisions:0.02"})
+                   env={"DASKPROBE_INJECT": "decisions:0.02", "DASKPROBE_INJECT_LOG": str(spins)})
     decisions, more = added(base, pert, "scheduler_decisions")
     injected = 2 * 40 * 0.02  # two chains of 40 tasks, one worker choice each, 20 ms of CPU in each
     assert more > 0.8 * injected, (base["session_s"], pert["session_s"])
-    holds(decisions, 0.75, more, injected, pert)
+    # 20 ms of CPU may take longer on a busy host (CI once put 2.13 s here for 1.6 s of CPU): the
+    # ceiling is the wall time the spins took, as the injection measured it
+    walls = [float(line) for line in spins.read_text().split()]
+    assert len(walls) >= 80, len(walls)
+    holds(decisions, 0.75, more, injected, pert, most=1.3 * sum(walls) / injected)
     assert "scheduler-decisions" in finding_ids(pert), pert["findings"]
 
 
