@@ -17,6 +17,7 @@ each finalize stage (run.json's finalize_seconds). Writes results.csv in --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -25,9 +26,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
+
+from .repeats import run_all, show
 
 # the command: a workload between two readings of the clock daskprobe's exit is read on
 CHILD = ("import json, runpy, sys, time\n"
@@ -54,26 +54,20 @@ def one(graph: str, out: Path) -> dict:
             "latency_s": exited - ended, "command_exit_s": ended - clock[1], **{f"{k}_s": v for k, v in meta.get("finalize_seconds", {}).items()}}
 
 
+def _repeat(graph: str, r: int, out: Path) -> dict:
+    return one(graph, out / f"{graph}-r{r}-{time.strftime('%H%M%S')}") | {"repeat": r}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--graphs", default="merge-1K,tree-12,merge-10K")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", default="runs/finalize-latency")
     args = p.parse_args(argv)
-    out, rows = Path(args.out), []
-    out.mkdir(parents=True, exist_ok=True)
-    graphs = args.graphs.split(",")
-    with Progress(console=Console(stderr=True)) as progress:
-        bar = progress.add_task("runs", total=len(graphs) * args.repeat)
-        for r in range(args.repeat):  # repeats interleaved: a slow spell of the machine hits every graph
-            for g in graphs:
-                progress.update(bar, description=f"r{r} {g}")
-                rows.append(one(g, out / f"{g}-r{r}-{time.strftime('%H%M%S')}") | {"repeat": r})
-                progress.advance(bar)
-    runs = pd.DataFrame(rows)
-    runs.to_csv(out / "runs.csv", index=False)
-    summary = summarize(runs)
-    summary.to_csv(out / "results.csv", index=False)
+    out, graphs = Path(args.out), args.graphs.split(",")
+    # repeats interleaved: a slow spell of the machine hits every graph
+    plan = [(f"r{r} {g}", functools.partial(_repeat, g, r, out)) for r in range(args.repeat) for g in graphs]
+    summary = run_all(out, plan, summarize)
     _print(summary)
     return 0
 
@@ -92,16 +86,10 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _print(df: pd.DataFrame) -> None:
-    """One row per graph; the stages' medians on a second table (a terminal is narrow)."""
+    """One row per graph; the stages' medians on a second table."""
     head = ["graph", "tasks", "runs", "command_s", "latency_s", "latency_min_s", "latency_max_s", "budget_s", "met"]
-    for title, cols in (("from the command's end to a complete run directory, s (median; budget 2 s + 5% of the "
-                         "command)", head), ("finalize stages, s (median)", ["graph", *df.columns.difference(head)])):
-        t = Table(title=title)
-        for col in cols:
-            t.add_column(col.removesuffix("_s"))
-        for r in df[cols].itertuples(index=False):
-            t.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r))
-        Console().print(t)
+    show(df, [("from the command's end to a complete run directory, s (median; budget 2 s + 5% of the command)", head),
+              ("finalize stages, s (median)", ["graph", *df.columns.difference(head)])])
 
 
 if __name__ == "__main__":

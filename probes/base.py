@@ -7,10 +7,12 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .rundir import RunDir
+
+if TYPE_CHECKING:  # imported by the readers: starting a run needs no pandas
+    import pandas as pd
 
 
 CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
@@ -83,6 +85,7 @@ def tsv_rows(path: Path, columns: dict[str, str]) -> pd.DataFrame:
     """The rows of a tab-separated capture with exactly these columns, typed: a line
     torn by a kill or a full disk (too few fields, or a number cut short) is dropped,
     never the file."""
+    import pandas as pd
     rows = [r for r in (line.split("\t") for line in capture_lines(path)) if len(r) == len(columns)]
     df = pd.DataFrame(rows, columns=list(columns))
     ints = [c for c, kind in columns.items() if kind == "int64"]

@@ -64,7 +64,8 @@ class Ebpf(Probe):
         cmd += ["--gil"] * ("gil" in self.kinds) + ["--offcpu"] * ("offcpu" in self.kinds)
         if "tcp" in self.kinds:
             cmd += ["--tcp", ",".join(map(str, sorted(ports)))]
-        self.proc = spawn(cmd, run.log("ebpf"), nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        cmd += ["--nice", str(HELPER_NICE)]  # once its programs are compiled and loaded
+        self.proc = spawn(cmd, run.log("ebpf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.log = run.log("ebpf")
 
     def ready(self) -> None:

@@ -15,11 +15,13 @@ import os
 import threading
 import time
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .base import CLUSTER_ROLES, Probe, tsv_rows
 from .rundir import RunDir, open_append
+
+if TYPE_CHECKING:  # the readers' tables come from tsv_rows
+    import pandas as pd
 
 CAPTURE = "proc.tsv"
 THREADS = "threads.tsv"

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .base import CLUSTER_ROLES, HELPER_NICE, Probe, capture_lines, is_root, native_binary
 from .procs import spawn, stop
 from .rundir import RunDir
+
+if TYPE_CHECKING:  # imported by read_samples: starting a run needs no pandas
+    import pandas as pd
 
 CAPTURE = "pyspy.tsv"
 # The capture's one definition: each line is its kind's letter, then these fields, tab-separated.
@@ -74,6 +76,7 @@ class PySpy(Probe):
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
     `S` lines without the thread's Python identifier (captures before it) get ident 0."""
+    import pandas as pd
     frames, samples, stacks = [], [], {}
     for text in capture_lines(path):
         f = text.split("\t")

@@ -16,12 +16,10 @@ import re
 import stat
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from . import schema
+if TYPE_CHECKING:  # imported where tables are read and written: starting a run needs neither (0.7 s)
+    import pandas as pd
 
 
 class RunDir:
@@ -82,6 +80,10 @@ class RunDir:
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Write table `name`, checked against and cast to its schema (probes/schema.py):
         a table or column that does not fit it is a SchemaError, and nothing is written."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from . import schema
         df = schema.conform(name, df)
         path = self.path / "tables" / f"{name}.parquet"
         path.parent.mkdir(exist_ok=True)
@@ -96,6 +98,9 @@ class RunDir:
     def table(self, name: str, missing_ok: bool = False, columns: list[str] | None = None) -> pd.DataFrame:
         """A table (or some of its columns); with missing_ok, one this run directory lacks (decoded by
         an older daskprobe) is empty."""
+        import pandas as pd
+
+        from . import schema
         path = self.path / "tables" / f"{name}.parquet"
         if missing_ok and not path.exists():
             return schema.arrow_schema(name).empty_table().to_pandas()[columns or slice(None)]

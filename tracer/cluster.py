@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -21,9 +22,16 @@ NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
 # 0.2 s of CPU per process, while the run is being finalized. Any interpreter runs it (-c, not a file
-# of ours); the current directory stays importable, as under -m.
+# of ours); the current directory stays importable, as under -m. With --gated first, it imports the
+# module's top package, then waits for a line (or the end) on stdin before it runs the module: a
+# worker imports distributed (most of its start) while the scheduler starts, and connects once the
+# scheduler listens.
 EXIT_AFTER_MAIN = (
-    "import atexit, os, runpy, sys, threading\n"
+    "import atexit, importlib, os, runpy, sys, threading\n"
+    "if sys.argv[1] == '--gated':\n"
+    "    del sys.argv[1]\n"
+    "    importlib.import_module(sys.argv[1].partition('.')[0])\n"
+    "    sys.stdin.readline()\n"
     "try:\n"
     "    runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
     "    code = 0\n"
@@ -148,17 +156,29 @@ class Cluster:
         return {int(a.split(":")[1]) for m in self.members for a in (m.listen, m.contact)}
 
     def start(self) -> None:
-        """Start what layout() planned: proxy, scheduler, workers."""
+        """Start what layout() planned: proxy, scheduler, workers. The workers import what they
+        need meanwhile, and wait for ready() to let them connect."""
         if self.spec.proxy:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
             self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
         self._start_scheduler()
-        for w in [m for m in self.members if m.role == "worker"]:
+        for w in self.workers:
             self._start_worker(w)
-        for w in [m for m in self.members if m.role == "worker"]:
+
+    def ready(self) -> None:
+        """Wait for the scheduler to listen, let the workers go on, wait for them to register."""
+        s = self.scheduler
+        self._wait(s, lambda: _listening(int(s.listen.split(":")[1])))
+        for w in self.workers:
+            _ungate(w.proc)
+        for w in self.workers:
             self._wait(w, lambda w=w: "Registered to" in log_tail(self.run.log(w.name), 10**6))
             if self.spec.nanny:
                 self._find_nanny_child(w)
+
+    @property
+    def workers(self) -> list[Member]:
+        return [m for m in self.members if m.role == "worker"]
 
     def _start_scheduler(self) -> None:
         s = self.scheduler
@@ -171,10 +191,9 @@ class Cluster:
                          *_preloads(experiments().SCHEDULERS[self.spec.scheduler].preload_files())]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
         s.pid = s.proc.pid
-        self._wait(s, lambda: _listening(int(port)))
 
     def _start_worker(self, w: Member) -> None:
-        w.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "distributed.cli.dask_worker",
+        w.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "--gated", "distributed.cli.dask_worker",
                      f"tcp://{self.scheduler.contact}", "--name", w.name,
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
                      "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
@@ -189,7 +208,7 @@ class Cluster:
             env = dict(env, DASKPROBE_NANNY_CONTACT=f"tcp://{nanny.contact}")
         else:
             w.command.append("--no-nanny")
-        w.proc = spawn(w.command, self.run.log(w.name), env=env)
+        w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE)
         w.pid = w.proc.pid
 
     def _find_nanny_child(self, w: Member) -> None:
@@ -218,8 +237,7 @@ class Cluster:
         has done all it does once it logs its end; its atexit handlers may still run, which the
         run does not wait for (it reaps them before it ends). Sockets it still holds then, the
         proxy records as closed when it stops. Those that had to be killed."""
-        workers = [m for m in self.members[1:] if m.proc and m.role == "worker"]
-        killed = stop([m.proc for m in workers], grace, done=self._logged("End worker"))
+        killed = stop([m.proc for m in self.workers if m.proc], grace, done=self._logged("End worker"))
         killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
                        done=self._logged("End scheduler"))
         return killed + (stop_proxy(self.proxy, grace) if self.proxy else [])
@@ -239,6 +257,13 @@ class Cluster:
             rows.append({"name": "proxy", "role": "proxy", "pid": self.proxy.pid,
                          "listen": None, "contact": None, "command": self.proxy.args})
         return rows
+
+
+def _ungate(proc: subprocess.Popen) -> None:
+    """Let a --gated process go on (one that died meanwhile is reported by the wait that follows)."""
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
 
 
 def _preloads(files: list[Path]) -> list[str]:

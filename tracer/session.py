@@ -157,8 +157,9 @@ def _check_client_python(command: list[str], cluster: dict) -> None:
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
         signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None) -> int:
     """Run the command against a cluster behind the probes; the user's exit code. `warm_up` runs
-    once the cluster is up, while the probes get ready (the eBPF agent compiles for a second or
-    so): what it loads then is not loaded while the run finalizes, nor while the command runs."""
+    while the cluster's processes start and the probes get ready (the eBPF agent compiles for a
+    second or so): what it loads then is not loaded while the run finalizes, nor while the command
+    runs."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
@@ -168,22 +169,27 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "server_cmd": spec.server_cmd, "python": spec.python})
     code, client, started, cluster = 1, None, [], None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
+        cluster = Cluster(spec, run)
+        phases = [("layout", time.perf_counter())]
+        cluster.layout()
+        _start_probes(probes, run, cluster.ports(), started)  # first: the eBPF agent compiles for a while
+        phases.append(("probes", time.perf_counter()))
+        signals.check()
         versions = {"daskprobe": _own_version(), "host": platform.platform(),
                     "cluster": interpreter_versions(spec.python)}
         run.update_meta(versions=versions)
         _check_client_python(command, versions["cluster"])
-        cluster = Cluster(spec, run)
-        phases = [("layout", time.perf_counter())]
-        cluster.layout()
-        _start_probes(probes, run, cluster.ports(), started)
-        phases.append(("probes", time.perf_counter()))
+        phases.append(("versions", time.perf_counter()))
         signals.check()
         cluster.start()
-        phases.append(("cluster", time.perf_counter()))
+        phases.append(("cluster started", time.perf_counter()))
         signals.check()
         if warm_up:  # here, not in a thread: a signal inside an import must not leave another thread its lock
             warm_up()
             phases.append(("warm-up", time.perf_counter()))
+        signals.check()
+        cluster.ready()
+        phases.append(("cluster ready", time.perf_counter()))
         _ready(started, run)
         phases.append(("probes ready", time.perf_counter()))
         signals.check()

@@ -227,7 +227,7 @@ def test_a_signal_during_probe_startup_stops_everything(tmp_path):
 
 
 def test_a_signal_before_the_cluster_starts_is_recorded(tmp_path):
-    # while daskprobe asks the cluster's interpreter for its versions, before anything is started
+    # early on (while the probes start or daskprobe asks the cluster's interpreter for its versions)
     p, run, marker, go = start(tmp_path, "--workers", "1")
     wait_for(lambda: (run / "run.json").exists(), what="the run directory")
     p.send_signal(signal.SIGTERM)

@@ -58,7 +58,9 @@ def test_connections_and_processes(pinned_run):
     # during teardown) cannot be traced to a pid: its socket has left /proc/net/tcp by then.
     lived = (c.closed_ns.fillna(2**62) - c.opened_ns) > 500_000_000  # null: open until the end
     assert (c.peer_pid[lived] > 0).all(), "every connecting process that stayed was found"
-    assert lived.sum() >= 4, "both workers' connections to the scheduler stayed"
+    assert lived.sum() >= 2, "both workers' streams to the scheduler stayed"
+    # their RPC connections too may last under 0.5 s: a run starts fast and this one is short
+    assert ((c.peer_role == "worker") & (c.upstream_role == "scheduler")).sum() >= 4, "traced to the workers"
     assert c[c.peer_role != "client"].peer_pid.isin(cluster_pids).all()
     pairs = set(zip(c.peer_role, c.upstream_role))
     assert {("client", "scheduler"), ("worker", "scheduler"), ("scheduler", "worker"),

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 from daskprobe.tracer.cluster import EXIT_AFTER_MAIN
 
@@ -46,3 +47,24 @@ def test_an_exit_with_a_message_says_it_and_exits_1(tmp_path):
     p = run(tmp_path, "'bad option'")
     assert p.returncode == 1 and "bad option" in p.stderr
     assert run(tmp_path, "None").returncode == 0
+
+
+def test_gated_it_imports_the_package_first_and_runs_the_module_after_a_line_on_stdin(tmp_path):
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("open('imported.txt', 'w').write('yes')\n")
+    (pkg / "cli.py").write_text("import sys\nopen('ran.txt', 'w').write(' '.join(sys.argv[1:]))\n")
+    p = subprocess.Popen([sys.executable, "-c", EXIT_AFTER_MAIN, "--gated", "fakepkg.cli", "--port", "1"],
+                         cwd=tmp_path, stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "imported.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert (tmp_path / "imported.txt").exists() and not (tmp_path / "ran.txt").exists()
+        p.stdin.write(b"\n")
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+    assert (tmp_path / "ran.txt").read_text() == "--port 1"
