@@ -9,11 +9,12 @@ import shlex
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..probes.proxy import Route, start_proxy, stop_proxy
-from ..probes.procs import log_tail, spawn, stop
+from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
 from .registry import experiments
 
@@ -281,8 +282,9 @@ def _children(ppid: int) -> list[tuple[int, str]]:
     return out
 
 
-def interpreter_versions(python: str) -> dict:
-    """Versions of the interpreter that runs the cluster (may differ from ours)."""
+def ask_versions(python: str) -> Callable[[], dict]:
+    """Ask an interpreter (the cluster's, the command's: they may differ from ours) for its version
+    and its packages'; the call returned waits for the answer. Asked early, answered meanwhile."""
     code = ("import json, sys, platform, importlib.metadata\n"
             "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
             "for m in ('dask', 'distributed', 'tornado', 'msgpack'):\n"
@@ -290,7 +292,15 @@ def interpreter_versions(python: str) -> dict:
             "    except Exception: out[m] = None\n"
             "print(json.dumps(out))")
     try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-        return json.loads(out.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-        return {"error": f"{python}: {e}"}
+        proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, preexec_fn=our_child)
+    except OSError as e:
+        return lambda: {"error": f"{python}: {e}"}
+
+    def answer() -> dict:
+        try:
+            return json.loads(proc.communicate(timeout=60)[0])
+        except (ValueError, subprocess.TimeoutExpired) as e:
+            proc.kill()
+            return {"error": f"{python}: {e}"}
+    return answer

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..probes.base import Probe, ended_early
-from .cluster import Cluster, ClusterSpec, StartError, interpreter_versions
+from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
 from .registry import experiments
@@ -140,13 +140,15 @@ def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen |
     return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
 
 
-def _check_client_python(command: list[str], cluster: dict) -> None:
+def _client_python(command: list[str]) -> str | None:
+    """The command's interpreter, if it is a Python."""
+    exe = shutil.which(command[0])
+    return exe if exe and re.fullmatch(r"python[\d.]*", Path(exe).name) else None
+
+
+def _check_client_python(command: list[str], mine: dict, cluster: dict) -> None:
     """Warn when the command's interpreter cannot talk to the cluster: no distributed, or another
     version than the scheduler's (Dask refuses or misbehaves across versions)."""
-    exe = shutil.which(command[0])
-    if not exe or not re.fullmatch(r"python[\d.]*", Path(exe).name):
-        return
-    mine = interpreter_versions(exe)
     if not mine.get("distributed"):
         say(f"warning: {command[0]} has no distributed: your command cannot connect a Client to the cluster")
     elif cluster.get("distributed") and mine["distributed"] != cluster["distributed"]:
@@ -157,8 +159,8 @@ def _check_client_python(command: list[str], cluster: dict) -> None:
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
         signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None) -> int:
     """Run the command against a cluster behind the probes; the user's exit code. `warm_up` runs
-    while the cluster's processes start and the probes get ready (the eBPF agent compiles for a
-    second or so): what it loads then is not loaded while the run finalizes, nor while the command
+    while the cluster's processes start and the probes get ready (the eBPF agent compiles for
+    most of a second): what it loads then is not loaded while the run finalizes, nor while the command
     runs."""
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
@@ -169,17 +171,15 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "server_cmd": spec.server_cmd, "python": spec.python})
     code, client, started, cluster = 1, None, [], None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
+        versions = {"daskprobe": _own_version(), "host": platform.platform()}
+        run.update_meta(versions=versions)
+        cluster_versions, client_python = ask_versions(spec.python), _client_python(command)
+        client_versions = client_python and ask_versions(client_python)
         cluster = Cluster(spec, run)
         phases = [("layout", time.perf_counter())]
         cluster.layout()
         _start_probes(probes, run, cluster.ports(), started)  # first: the eBPF agent compiles for a while
         phases.append(("probes", time.perf_counter()))
-        signals.check()
-        versions = {"daskprobe": _own_version(), "host": platform.platform(),
-                    "cluster": interpreter_versions(spec.python)}
-        run.update_meta(versions=versions)
-        _check_client_python(command, versions["cluster"])
-        phases.append(("versions", time.perf_counter()))
         signals.check()
         cluster.start()
         phases.append(("cluster started", time.perf_counter()))
@@ -188,6 +188,11 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
             warm_up()
             phases.append(("warm-up", time.perf_counter()))
         signals.check()
+        versions["cluster"] = cluster_versions()
+        run.update_meta(versions=versions)
+        if client_versions:
+            _check_client_python(command, client_versions(), versions["cluster"])
+        phases.append(("versions", time.perf_counter()))
         cluster.ready()
         phases.append(("cluster ready", time.perf_counter()))
         _ready(started, run)
