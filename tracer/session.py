@@ -171,6 +171,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "server_cmd": spec.server_cmd, "python": spec.python})
     code, client, started, cluster = 1, None, [], None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
+        say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
         cluster_versions, client_python = ask_versions(spec.python), _client_python(command)
