@@ -3,8 +3,9 @@
     /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil] [--offcpu] [--tcp PORT,...] [--nice N]
 
 Reads "PID python|native NAME" lines on stdin: processes (tgids) to watch,
-added at any time; GIL waits are probed in the python ones. Prints "ready"
-once the BPF programs are loaded (compiled at its own priority, then at --nice), and "done" once its captures are complete
+added at any time; GIL waits are probed in the python ones. Compiles at the
+priority it was started with, then runs at --nice. Prints "ready" once the
+BPF programs are loaded, and "done" once its captures are complete
 after SIGTERM (the kernel's detaching of the probes, as it exits, takes longer
 than everything else it does at the end). Every POLL_S it drains the ring buffer (BPF
 never wakes it: a wake-up per event would cost more than the event) and

@@ -110,7 +110,8 @@ def _trace(run: RunDir, analysed=lambda: None) -> None:
 
 def warm_up() -> None:
     """Import what the stages use and load plotly's figure kinds (about 0.5-0.8 s) while something
-    else waits: `run` does it while the cluster starts and the probes get ready. Best effort: a stage imports what it needs."""
+    else waits: `run` does it while the cluster starts and the probes get ready. Best effort: a
+    stage imports what it needs."""
     with contextlib.suppress(Exception):
         from . import tables, trace_writer  # noqa: F401
         from ..analyzers import summary  # noqa: F401
