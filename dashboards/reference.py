@@ -64,6 +64,10 @@ def ebpf_events() -> str:
     for name, (number, columns, notes) in ebpf_format.KINDS.items():
         fields = ", ".join(f"`{field}`: {column}" for field, column in columns.items())
         lines.append(f"| {number} | `{name}` | {fields} | {notes} |")
+    Ustack = ebpf_format.Ustack
+    lines += ["", f"`struct ustack`, {ebpf_format.USTACK_SIZE} bytes: `e` struct event at 0, "
+              + ", ".join(f"`{name}` {kind} at {getattr(Ustack, name).offset}" for name, kind in ebpf_format.USTACK_FIELDS)
+              + f", `stack` u8[{ebpf_format.USTACK_BYTES}] at {Ustack.stack.offset}."]
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,14 @@ def kind_problem(kind: str) -> str | None:
     return None
 
 
+def _runs_python(pid: int) -> bool:
+    """Its executable is a Python interpreter (a --server-cmd scheduler such as RSDS is not)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return True  # gone already: nothing will be sampled either way
+
+
 class Ebpf(Probe):
     def __init__(self, kinds: list[str], cpu_hz: int = 99):
         self.kinds, self.cpu_hz = list(kinds), cpu_hz
@@ -74,8 +82,12 @@ class Ebpf(Probe):
             raise RuntimeError(f"the eBPF agent did not start: see {self.log}")
 
     def watch(self, proc: dict) -> None:
-        kind = "native" if proc["role"] == "proxy" else "python"  # a --server-cmd scheduler says so itself
-        self.proc.stdin.write(f"{proc['pid']} {kind} {proc['name']}\n".encode())
+        self.watch_as(proc["pid"], "python" if _runs_python(proc["pid"]) else "native", proc["name"])
+
+    def watch_as(self, pid: int, kind: str, name: str) -> None:
+        """kind python: GIL waits probed, user stacks walked by frame pointers in BPF;
+        native: user stacks copied, to unwind from .eh_frame after the run."""
+        self.proc.stdin.write(f"{pid} {kind} {name}\n".encode())
         self.proc.stdin.flush()
 
     def stop(self, grace: float = 5.0) -> None:

@@ -13,7 +13,12 @@ appends to DIR:
     ebpf_events.bin  struct event records (ebpf_format.py: its fields, and the kinds
                      GIL wait, off-CPU and TCP segment), as BPF wrote them; symbolizing
                      is the only per-event work done here, and only CPU samples need it
-    ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined)
+    ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined;
+                     user_frames @N: the Nth record of ebpf_ustacks.bin, unwound after the run)
+    ebpf_ustacks.bin struct ustack records (ebpf_format.py): CPU samples of the native processes,
+                     with their user registers and the top of their user stack, as BPF copied them
+    ebpf_maps.tsv    t_ns pid start end offset path   (their executable mappings, hex, when they change)
+    ebpf_programs.tsv  name runs run_time_ns        (each BPF program's cost, if the kernel counts it)
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
                      pid -1: the whole agent, e.g. events lost to a full ring buffer)
@@ -38,13 +43,11 @@ import ebpf_format  # a sibling: sys.path[0] is this script's folder
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 POLL_S = 0.1
+EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*)")  # start end offset path
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 
 PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
-// only ever a pointer here: its header, through asm-generic's, pulls in the kernel's linux/ptrace.h
-// and sched headers, which took 2.1 of the 2.8 s of compiling this program
-struct bpf_perf_event_data;
 """ + ebpf_format.C_DECLARATIONS + r"""
 struct agg { u64 ns; u64 n; };
 
@@ -69,10 +72,47 @@ static inline void add_small(u32 kind, u32 tgid, u32 tid, u64 ns) {
 
 #ifdef WITH_CPU
 BPF_STACK_TRACE(stacks, 16384);
-int on_cpu_sample(struct bpf_perf_event_data *ctx) {
+BPF_HASH(unwound, u32, u8, 4096);  // native processes: their user stacks are copied, to unwind after the run
+struct task_struct;
+
+// The user stack's top and the registers to unwind it from: those of the sample when it
+// hit user code, else those saved on entering the kernel (a system call, a fault).
+static inline int copy_user_stack(struct pt_regs *ctx, struct ustack *s) {
+    u64 ip = ctx->ip, sp = ctx->sp, bp = ctx->bp;
+    if ((ctx->cs & 3) != 3) {
+        struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+        if (bpf_probe_read_kernel(&ip, 8, &user->ip) || bpf_probe_read_kernel(&sp, 8, &user->sp)
+            || bpf_probe_read_kernel(&bp, 8, &user->bp)) return -1;
+    }
+    s->ip = ip; s->sp = sp; s->bp = bp;
+    u64 n = 0;
+    // in pieces: a whole-size read fails outright where the stack ends less than USTACK_BYTES above sp
+    #pragma unroll
+    for (int i = 0; i < USTACK_BYTES / USTACK_CHUNK; i++) {
+        if (bpf_probe_read_user(s->stack + i * USTACK_CHUNK, USTACK_CHUNK, (void *)(sp + i * USTACK_CHUNK)))
+            break;
+        n += USTACK_CHUNK;
+    }
+    s->size = n;
+    return 0;
+}
+
+static inline int unwound_sample(struct pt_regs *ctx, u32 tgid, u32 tid) {
+    struct ustack *s = events.ringbuf_reserve(sizeof(struct ustack));
+    if (!s) { lost.increment(0); return 0; }
+    s->e.kind = EVENT_USTACK; s->e.pid = tgid; s->e.tid = tid; s->e.cpu = bpf_get_smp_processor_id();
+    s->e.t0 = bpf_ktime_get_ns(); s->e.t1 = 0; s->e.t2 = 0; s->e.v1 = 0;
+    s->e.v2 = stacks.get_stackid(ctx, 0);
+    if (copy_user_stack(ctx, s)) { s->ip = 0; s->sp = 0; s->bp = 0; s->size = 0; }
+    events.ringbuf_submit(s, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which starts with the regs
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     if (!watched.lookup(&tgid)) return 0;
+    if (unwound.lookup(&tgid)) return unwound_sample(ctx, tgid, (u32)id);
     struct event e = {};
     e.kind = EVENT_CPU; e.pid = tgid; e.tid = (u32)id; e.cpu = bpf_get_smp_processor_id();
     e.t0 = bpf_ktime_get_ns();
@@ -193,6 +233,7 @@ def take_gil_symbol(path: str) -> str | None:
 class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.gil_libs = args, {}, {}, {}
+        self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
@@ -216,6 +257,8 @@ class Agent:
 
     def watch(self, pid: int, name: str, python: bool) -> None:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
+            self.b["unwound"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         status = self.out("ebpf_status.tsv")
         status.write(f"A\t{pid}\twatching {name}\n")
         if self.args.gil and python:
@@ -261,18 +304,40 @@ class Agent:
 
     def drain(self) -> None:
         records = self.ring.records()
-        rest = [r for r in records if r[0] != ebpf_format.CPU]  # kind leads, little-endian
+        rest = [r for r in records if r[0] not in (ebpf_format.CPU, ebpf_format.USTACK)]  # kind leads
         if rest:
             self.out("ebpf_events.bin", "ab").write(b"".join(rest))
         if len(rest) < len(records):  # CPU samples: the only records decoded here, to symbolize them
-            cpu = self.out("ebpf_cpu.tsv")
+            cpu, unwound = self.out("ebpf_cpu.tsv"), set()
             for raw in records:
                 if raw[0] == ebpf_format.CPU:
                     e = ebpf_format.Event.from_buffer_copy(raw)
-                    user, kernel = self.frames(e.v1, e.pid), self.frames(e.v2, -1)
-                    cpu.write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{kernel}\n")
+                    user = self.frames(e.v1, e.pid)
+                elif raw[0] == ebpf_format.USTACK:
+                    e = ebpf_format.Event.from_buffer_copy(raw[:ebpf_format.SIZE])
+                    self.out("ebpf_ustacks.bin", "ab").write(raw)
+                    user, self.ustacks = f"@{self.ustacks}", self.ustacks + 1
+                    unwound.add(e.pid)
+                else:
+                    continue
+                cpu.write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{self.frames(e.v2, -1)}\n")
+            for pid in unwound:
+                self.snapshot_maps(pid)
         for f in self.files.values():
             f.flush()
+
+    def snapshot_maps(self, pid: int) -> None:
+        """The process's executable file mappings, written when they differ from the last ones
+        written: the unwinder finds a sample's modules in the first snapshot taken after it."""
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found = [EXEC_MAPPING.match(line) for line in f]
+        except OSError:
+            return  # it has exited: its earlier snapshot stands
+        rows = [m.groups() for m in found if m]
+        if rows != self.maps.get(pid):
+            self.maps[pid], t = rows, time.monotonic_ns()
+            self.out("ebpf_maps.tsv").writelines(f"{t}\t{pid}\t" + "\t".join(r) + "\n" for r in rows)
 
     def finish(self) -> None:
         self.drain()
@@ -283,10 +348,20 @@ class Agent:
             tgid = tgid_of.get(ctypes.c_uint32(tid))
             kind = ebpf_format.NAMES[k.value >> 32]
             out.write(f"{kind}\t{tgid.value if tgid else -1}\t{tid}\t{v.ns}\t{v.n}\n")
+        self.program_costs()
         lost = self.b["lost"][ctypes.c_int(0)].value
         if lost:
             self.out("ebpf_status.tsv").write(f"E\t-1\t{lost} events lost: the ring buffer was full\n")
         self.drain()
+
+    def program_costs(self) -> None:
+        """Each BPF program's runs and time in them, which the kernel counts only while
+        sysctl kernel.bpf_stats_enabled is 1 (the unwinding benchmark turns it on)."""
+        for name, fn in self.b.funcs.items():
+            with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+                info = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            if int(info.get("run_cnt", 0)):
+                self.out("ebpf_programs.tsv").write(f"{name.decode()}\t{info['run_cnt']}\t{info['run_time_ns']}\n")
 
 
 class RingReader:

@@ -25,12 +25,26 @@ KINDS = {
     "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"},
             "a segment received (tcp:tcp_probe); ports: (local << 16) + remote; data_len: 16 bits; "
             "skb_len: the skb's full length (net:netif_receive_skb), 0 if unseen"),
+    "ustack": (5, {"pid": "pid", "tid": "tid", "cpu": "cpu", "t0": "t_ns", "v2": "kernel_stack"},
+               "a CPU sample of a native process, its user stack to be unwound after the run: the head of "
+               "a struct ustack (USTACK_FIELDS), written whole to ebpf_ustacks.bin"),
 }
 NAMES = {number: kind for kind, (number, _, _) in KINDS.items()}
-CPU = KINDS["cpu"][0]
+CPU, USTACK = KINDS["cpu"][0], KINDS["ustack"][0]
+
+# After the struct event of a ustack record: the user registers at the sample (the three that
+# unwinding from .eh_frame starts from) and the top of the user stack, copied from sp up in
+# USTACK_CHUNK pieces until one cannot be read; size: the bytes copied. perf copies 8 KiB by default;
+# a tokio server's poll chain can run deeper.
+USTACK_BYTES, USTACK_CHUNK = 16384, 512
+USTACK_FIELDS = (("ip", "u64"), ("sp", "u64"), ("bp", "u64"), ("size", "u64"))
 
 Event = type("Event", (ctypes.Structure,), {"_fields_": [(name, TYPES[t][0]) for name, t in FIELDS]})
 SIZE = ctypes.sizeof(Event)
+Ustack = type("Ustack", (ctypes.Structure,), {"_fields_": [("e", Event)]
+                                             + [(name, TYPES[t][0]) for name, t in USTACK_FIELDS]
+                                             + [("stack", ctypes.c_uint8 * USTACK_BYTES)]})
+USTACK_SIZE = ctypes.sizeof(Ustack)
 
 
 def _c_declarations() -> str:
@@ -44,6 +58,13 @@ def _c_declarations() -> str:
     lines += [f"_Static_assert(__builtin_offsetof(struct event, {name}) == {field.offset} "
               f'&& sizeof(((struct event *)0)->{name}) == {field.size}, "event.{name}");'
               for name, field in ((name, getattr(Event, name)) for name, _ in FIELDS)]
+    fields = " ".join(f"{t} {name};" for name, t in USTACK_FIELDS)
+    lines.append(f"#define USTACK_BYTES {USTACK_BYTES}\n#define USTACK_CHUNK {USTACK_CHUNK}")
+    lines.append(f"struct ustack {{ struct event e; {fields} u8 stack[USTACK_BYTES]; }};")
+    lines.append(f'_Static_assert(sizeof(struct ustack) == {USTACK_SIZE}, "struct ustack: see ebpf_format.py");')
+    lines += [f"_Static_assert(__builtin_offsetof(struct ustack, {name}) == {field.offset} "
+              f'&& sizeof(((struct ustack *)0)->{name}) == {field.size}, "ustack.{name}");'
+              for name, field in ((name, getattr(Ustack, name)) for name in [n for n, _ in USTACK_FIELDS] + ["stack"])]
     return "\n".join(lines) + "\n"
 
 
@@ -53,3 +74,9 @@ C_DECLARATIONS = _c_declarations()
 def numpy_dtype():
     import numpy as np
     return np.dtype([(name, TYPES[t][1]) for name, t in FIELDS], align=True)
+
+
+def ustack_offsets() -> dict[str, int]:
+    """Where the unwinder (daskprobe-unwind) finds each field in a ustack record."""
+    head = {name: getattr(Event, name).offset for name in ("pid", "tid", "t0")}
+    return head | {name: getattr(Ustack, name).offset for name in [n for n, _ in USTACK_FIELDS] + ["stack"]}

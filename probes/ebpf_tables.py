@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import ebpf_format
-from .base import tsv_rows
+from .base import native_binary, tsv_rows
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
-EVENTS = "ebpf_events.bin"
+EVENTS, USTACKS, MAPS = "ebpf_events.bin", "ebpf_ustacks.bin", "ebpf_maps.tsv"
 EVENT = ebpf_format.numpy_dtype()
+
+
+def unwind(captures: Path) -> dict[str, str]:
+    """Each "@N" -> the frames of the Nth copied user stack, unwound and symbolized by daskprobe-unwind.
+    A stack it could not unwind stays a "[not unwound: why]" frame rather than failing the run."""
+    binary = native_binary("daskprobe-unwind")
+    if not (captures / USTACKS).exists():
+        return {}
+    if binary is None:
+        return _not_unwound(captures, "daskprobe-unwind is not built (run ./setup.sh)")
+    offsets = ",".join(f"{k}={v}" for k, v in ebpf_format.ustack_offsets().items())
+    done = subprocess.run([binary, "--stacks", str(captures / USTACKS), "--maps", str(captures / MAPS),
+                           "--record", str(ebpf_format.USTACK_SIZE), "--offsets", offsets],
+                          capture_output=True, text=True, errors="replace")
+    if done.returncode != 0:
+        return _not_unwound(captures, f"daskprobe-unwind failed: {done.stderr.strip()[-200:]}")
+    return {f"@{n}": frames for n, frames in (line.split("\t", 1) for line in done.stdout.splitlines())}
+
+
+def _not_unwound(captures: Path, why: str) -> dict[str, str]:
+    count = (captures / USTACKS).stat().st_size // ebpf_format.USTACK_SIZE
+    return {f"@{n}": f"[not unwound: {why}]" for n in range(count)}
 
 
 def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -22,6 +45,9 @@ def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame
     frames, stacks, samples = {}, {}, []
     rows = tsv_rows(path, {"t": "int64", "pid": "int64", "tid": "int64", "cpu": "int64", "user": "str",
                            "kernel": "str"})
+    if rows.user.str.startswith("@").any():
+        unwound = unwind(path.parent)
+        rows["user"] = rows.user.map(lambda u: unwound.get(u, "[lost]") if u.startswith("@") else u)
     for t, pid, tid, cpu, user, kernel in rows.itertuples(index=False):
         ids = []
         for kind, part in (("kernel", kernel), ("native", user)):

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from helpers import probe_session, write_flow
+from daskprobe.experiments.unwind_cost import CHAIN, build_chain, chain_share
 from daskprobe.probes import ebpf_tables
 from daskprobe.probes.ebpf import Ebpf
 
@@ -92,6 +93,50 @@ def test_native_program_hot_functions_are_found(tmp_path):
     assert 1.5 <= alpha / max(beta, 1) <= 6, names
     module = frames[frames.function == "hot_alpha"].filename.iloc[0]
     assert module.endswith("hot"), module
+
+
+# A call chain in a native program built without frame pointers (as stock release builds are),
+# in C and in Rust: its stacks can only be walked from the unwind tables (.eh_frame). The leaf
+# runs a few milliseconds a call, so nearly every sample lands in it, under the whole chain.
+CHAIN_RS = r"""
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+#[inline(never)] fn chain_leaf(mut x: f64) -> f64 { for _ in 0..2_000_000 { x = black_box(x * 1.0000001 + 1e-9); } x }
+#[inline(never)] fn chain_middle(x: f64) -> f64 { let pad = black_box([1u8; 200]); chain_leaf(x) * 0.5 + pad[7] as f64 }
+#[inline(never)] fn chain_outer(x: f64) -> f64 { black_box(chain_middle(x) + 2.0) * 0.5 }
+fn main() {
+    std::io::stdin().read_line(&mut String::new()).unwrap();
+    let (mut x, end) = (1.0, Instant::now() + Duration::from_millis(1500));
+    while Instant::now() < end { x = chain_outer(x); }
+    println!("{x}");
+}
+"""
+
+
+def _chain_in_samples(tmp_path, exe, chain):
+    with probe_session(tmp_path, Ebpf(["cpu"], cpu_hz=199)) as s:
+        target = started([str(exe)])
+        s.watch(target.pid, exe.name, "scheduler")
+        target.communicate("\n", timeout=30)
+    samples, stacks, frames = ebpf_tables.read_cpu(s.run / "captures" / "ebpf_cpu.tsv", 0, 0)
+    return chain_share(samples, stacks, frames, target.pid, chain)
+
+
+def test_native_stacks_without_frame_pointers_c(tmp_path):
+    exe = build_chain(tmp_path)
+    for f in CHAIN:  # none of them sets up a frame pointer
+        code = subprocess.run(["objdump", "-d", f"--disassemble={f}", str(exe)], capture_output=True, text=True).stdout
+        assert f"<{f}>:" in code and "%rsp,%rbp" not in code, code
+    n, share = _chain_in_samples(tmp_path, exe, CHAIN)
+    assert n >= 50 and share >= 0.9, (n, share)
+
+
+def test_native_stacks_without_frame_pointers_rust(tmp_path):
+    src, exe = tmp_path / "chain.rs", tmp_path / "chain"
+    src.write_text(CHAIN_RS)
+    subprocess.run(["rustc", "-O", "-C", "force-frame-pointers=no", "-o", str(exe), str(src)], check=True)
+    n, share = _chain_in_samples(tmp_path, exe, [f"chain::{f}" for f in CHAIN])
+    assert n >= 50 and share >= 0.9, (n, share)
 
 
 SLEEPER = """

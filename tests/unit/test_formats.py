@@ -128,7 +128,7 @@ def test_read_samples_reads_back_what_the_sampler_wrote():
 
 C_EVENT = """
 #include <stdint.h>
-typedef uint32_t u32; typedef uint64_t u64; typedef int64_t s64;
+typedef uint8_t u8; typedef uint32_t u32; typedef uint64_t u64; typedef int64_t s64;
 %s
 """
 
@@ -149,7 +149,8 @@ def test_the_event_struct_ctypes_class_and_numpy_dtype_have_one_layout(tmp_path)
     # its asserts: the C compiler places struct event's fields where ctypes does, at ctypes' sizes
     p = compiles(ebpf_format.C_DECLARATIONS, tmp_path)
     assert p.returncode == 0, p.stderr
-    for field, changed in (("u32 kind;", "u64 kind;"), ("u64 t0;", "u32 t0;")):  # the rest moved; t0 narrower
+    for field, changed in (("u32 kind;", "u64 kind;"), ("u64 t0;", "u32 t0;"),  # the rest moved; t0 narrower
+                           ("u64 sp;", "u32 sp;")):  # struct ustack's fields after it moved
         assert compiles(ebpf_format.C_DECLARATIONS.replace(field, changed), tmp_path).returncode != 0, changed
 
 

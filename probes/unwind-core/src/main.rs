@@ -1,0 +1,155 @@
+//! daskprobe-unwind: the native processes' CPU samples that the eBPF agent copied with the
+//! top of their user stack (ebpf_ustacks.bin), unwound from their modules' .eh_frame (as
+//! `perf --call-graph dwarf` does, after the run) and symbolized.
+//!
+//!     daskprobe-unwind --stacks FILE --maps FILE --record BYTES --offsets pid=4,t0=16,ip=56,...
+//!
+//! The record layout comes from its one definition, probes/ebpf_format.py. Prints one line per
+//! record: N, a tab, its frames leaf first as "function [module]", ';'-joined, as the agent
+//! writes the stacks it symbolizes itself.
+
+mod maps;
+mod module;
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{Module, Unwinder};
+
+use maps::{Mapping, Snapshots};
+use module::Elf;
+
+const MAX_FRAMES: usize = 128;
+
+struct Args {
+    stacks: PathBuf,
+    maps: PathBuf,
+    record: usize,
+    offsets: HashMap<String, usize>,
+}
+
+fn need<T>(o: Option<T>, what: &str) -> Result<T, String> {
+    o.ok_or(format!("missing --{what}"))
+}
+
+fn args() -> Result<Args, String> {
+    let (mut stacks, mut maps, mut record, mut offsets) = (None, None, None::<usize>, HashMap::new());
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--stacks" => stacks = Some(PathBuf::from(value)),
+            "--maps" => maps = Some(PathBuf::from(value)),
+            "--record" => record = value.parse().ok(),
+            "--offsets" => {
+                for kv in value.split(',') {
+                    let (k, v) = kv.split_once('=').ok_or(format!("bad offset {kv}"))?;
+                    offsets.insert(k.to_string(), v.parse().map_err(|_| format!("bad offset {kv}"))?);
+                }
+            }
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    for field in ["pid", "t0", "ip", "sp", "bp", "size", "stack"] {
+        need(offsets.get(field), &format!("offsets {field}=N"))?;
+    }
+    Ok(Args { stacks: need(stacks, "stacks")?, maps: need(maps, "maps")?, record: need(record, "record")?, offsets })
+}
+
+/// A process's modules at one snapshot: framehop's unwinder, and for symbols each
+/// mapped range with its load bias and file.
+struct Process {
+    unwinder: UnwinderX86_64<Vec<u8>>,
+    ranges: Vec<(std::ops::Range<u64>, u64, Rc<Elf>, String)>,
+}
+
+impl Process {
+    fn new(mappings: &[Mapping], elves: &mut HashMap<String, Option<Rc<Elf>>>) -> Process {
+        let mut p = Process { unwinder: UnwinderX86_64::new(), ranges: Vec::new() };
+        let mut by_path: Vec<(&str, Vec<&Mapping>)> = Vec::new();
+        for m in mappings {
+            match by_path.iter_mut().find(|(path, _)| *path == m.path) {
+                Some((_, ms)) => ms.push(m),
+                None => by_path.push((&m.path, vec![m])),
+            }
+        }
+        for (path, ms) in by_path {
+            let Some(elf) = elves.entry(path.to_string()).or_insert_with(|| Elf::open(path).map(Rc::new)).clone()
+            else { continue };
+            let Some(bias) = elf.bias(ms[0]) else { continue };
+            let range = ms.iter().map(|m| m.start).min().unwrap()..ms.iter().map(|m| m.end).max().unwrap();
+            let name = path.rsplit('/').next().unwrap_or(path).trim_end_matches(" (deleted)").to_string();
+            p.unwinder.add_module(Module::new(name.clone(), range.clone(), bias, elf.sections()));
+            p.ranges.push((range, bias, elf, name));
+        }
+        p
+    }
+
+    fn symbolize(&self, avma: u64) -> String {
+        let name = |s: &str| s.replace(';', ":").replace('\t', " ");
+        match self.ranges.iter().find(|(r, ..)| r.contains(&avma)) {
+            Some((_, bias, elf, module)) => match elf.symbol(avma.wrapping_sub(*bias)) {
+                Some(f) => format!("{} [{}]", name(f), name(module)),
+                None => format!("[unknown] [{}]", name(module)),
+            },
+            None => "[unknown]".to_string(),
+        }
+    }
+
+    /// Leaf first. Unwinding stops where the copied stack ends or the rules give out:
+    /// the frames found until then are kept.
+    fn frames(&self, cache: &mut CacheX86_64, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Vec<String> {
+        let mut read = |addr: u64| {
+            let at = addr.checked_sub(sp).ok_or(())? as usize;
+            let bytes = stack.get(at..at + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
+        };
+        let mut it = self.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), cache, &mut read);
+        let mut out = Vec::new();
+        while let Ok(Some(frame)) = it.next() {
+            out.push(self.symbolize(frame.address_for_lookup()));
+            if out.len() == MAX_FRAMES {
+                break;
+            }
+        }
+        out
+    }
+}
+
+fn field(rec: &[u8], at: usize, width: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b[..width].copy_from_slice(&rec[at..at + width]);
+    u64::from_le_bytes(b)
+}
+
+fn main() {
+    let a = args().unwrap_or_else(|e| {
+        eprintln!("daskprobe-unwind: {e}");
+        std::process::exit(2)
+    });
+    let snapshots = Snapshots::read(&a.maps).expect("reading the maps");
+    let mut input = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(&a.stacks).expect("the stacks"));
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let (mut elves, mut processes, mut cache) = (HashMap::new(), HashMap::new(), CacheX86_64::new());
+    let o = |k: &str| a.offsets[k];
+    let mut rec = vec![0u8; a.record];
+    let mut n = 0usize;
+    while input.read_exact(&mut rec).is_ok() {  // a record torn by a kill ends the file
+        let (pid, t) = (field(&rec, o("pid"), 4) as u32, field(&rec, o("t0"), 8));
+        let (ip, sp, bp) = (field(&rec, o("ip"), 8), field(&rec, o("sp"), 8), field(&rec, o("bp"), 8));
+        let size = (field(&rec, o("size"), 8) as usize).min(a.record - o("stack"));
+        let frames = match snapshots.at(pid, t) {
+            Some(_) if ip == 0 => vec!["[lost]".to_string()],  // BPF could not read the user registers
+            Some((i, mappings)) => processes
+                .entry((pid, i))
+                .or_insert_with(|| Process::new(mappings, &mut elves))
+                .frames(&mut cache, ip, sp, bp, &rec[o("stack")..o("stack") + size]),
+            None => vec!["[no mappings]".to_string()],  // it exited before the agent read them
+        };
+        writeln!(out, "{n}\t{}", frames.join(";")).expect("writing");
+        n += 1;
+    }
+}
