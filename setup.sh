@@ -34,7 +34,7 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
 
 cargo build -q --release --manifest-path probes/Cargo.toml
-for bin in daskprobe-proxy daskprobe-sampler daskprobe-unwind; do
+for bin in daskprobe-proxy daskprobe-tap daskprobe-sampler daskprobe-unwind; do
   install -m 755 "probes/target/release/$bin" ".venv/bin/$bin"
 done
 

@@ -1,4 +1,5 @@
-"""Start the native forwarding proxy (probes/proxy-core) in front of cluster processes."""
+"""Start the native forwarding proxy (probes/proxy-core) in front of cluster processes, or its
+packet tap (daskprobe-tap, same crate), which records the same capture from the wire, proxy-less."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ class Route:
     label: str
 
 
-def proxy_binary() -> str:
-    path = native_binary("daskprobe-proxy")
+def proxy_binary(name: str = "daskprobe-proxy") -> str:
+    path = native_binary(name)
     if path is None:
-        raise FileNotFoundError("daskprobe-proxy is not built: run ./setup.sh (it builds probes/proxy-core with cargo)")
+        raise FileNotFoundError(f"{name} is not built: run ./setup.sh (it builds probes/proxy-core with cargo)")
     return path
 
 
@@ -33,11 +34,24 @@ def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0
     cmd = [proxy_binary(), "--capture", str(capture), "--delay-us", str(delay_us)]
     for r in routes:
         cmd += ["--route", f"{r.listen},{r.upstream},{r.label}"]
+    return _started(cmd, log)
+
+
+def start_tap(capture: Path, ports: dict[int, str], log: Path) -> subprocess.Popen:
+    """Start the packet tap on the listening ports (port -> the label of what listens there);
+    returns once it captures. It needs root or CAP_NET_RAW. stop_proxy stops it too."""
+    cmd = [proxy_binary("daskprobe-tap"), "--capture", str(capture)]
+    for port, label in ports.items():
+        cmd += ["--port", f"{port}={label}"]
+    return _started(cmd, log)
+
+
+def _started(cmd: list[str], log: Path) -> subprocess.Popen:
     proc = spawn(cmd, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # it runs until its stdin ends
     line = proc.stdout.readline().strip()
     if line != b"ready":
         proc.kill()
-        raise RuntimeError(f"proxy failed to start: {log.read_text()[-2000:]}")
+        raise RuntimeError(f"{Path(cmd[0]).name} failed to start: {log.read_text()[-2000:]}")
     return proc
 
 

@@ -1,5 +1,6 @@
-"""The proxy's capture file (captures/proxy.bin): its one definition (RECORDS),
-its reader, and a writer for synthetic runs and tests.
+"""The proxy's capture file (captures/proxy.bin), which the packet tap writes too
+(captures/tap.bin): its one definition (RECORDS), its reader, and a writer for
+synthetic runs and tests.
 
 Records are `u32 length | u8 kind | body`, little-endian, the length counting
 the kind byte. A run killed mid-write leaves a torn last record: it is counted
@@ -18,7 +19,7 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST = 1, 2, 3, 4, 5, 6
+OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST, SKIP = 1, 2, 3, 4, 5, 6, 7
 # Each kind's body, field by field. u8, u32, i32, u64: fixed widths; str: u16 byte length, then
 # UTF-8; T[n]: n of T, n an earlier field; frame: u32 frame index, u32 length, that many bytes.
 # The proxy writes them (probes/proxy-core/src/record.rs), the reader and CaptureWriter below are
@@ -32,6 +33,7 @@ RECORDS = {
     CLOSE: ("close", "conn:u32 direction:u8 closed_ns:u64 bytes:u64"),
     MALFORMED: ("malformed", "conn:u32 direction:u8 t_ns:u64 offset:u64 reason:str"),
     LOST: ("lost", "t_ns:u64 label:str reason:str"),
+    SKIP: ("skip", "conn:u32 direction:u8 t_ns:u64 offset:u64 bytes:u64"),
 }
 FRAMINGS = {1: "current", 2: "legacy"}
 
@@ -54,6 +56,7 @@ class Capture:
     connections: pd.DataFrame
     malformed: pd.DataFrame
     lost: pd.DataFrame  # connections dropped before they were served (a peer's reset, no fd left); older captures have none
+    skipped: pd.DataFrame  # the tap's: where it found a direction joined mid-stream in step, and the bytes before unread
     torn_bytes: int = 0
     data: bytes = b""
     path: Path | None = None  # the file: parallel decoders read it themselves
@@ -104,7 +107,7 @@ def frames_at(data: bytes, at: int) -> dict[int, bytes]:
 
 def read_capture(path: Path) -> Capture:
     data = path.read_bytes() if path.exists() else b""
-    msgs, conns, bad, lost = [], {}, [], []
+    msgs, conns, bad, lost, skipped = [], {}, [], [], []
     pos, size = 0, len(data)
     # The hot loop: millions of records in a large run, so one unpack per field group.
     while pos + 5 <= size:
@@ -131,6 +134,8 @@ def read_capture(path: Path) -> Capture:
             bad.append(_decode(MALFORMED, data, body, pos))
         elif kind == LOST:
             lost.append(_decode(LOST, data, body, pos))
+        elif kind == SKIP:
+            skipped.append(_decode(SKIP, data, body, pos))
     messages = pd.DataFrame(msgs, columns=MESSAGE_COLUMNS)
     # Each direction has its own thread, so records arrive in thread order: a
     # quick reply can be written before its request. Order by first byte.
@@ -142,6 +147,7 @@ def read_capture(path: Path) -> Capture:
         connections=pd.DataFrame(list(conns.values())),
         malformed=pd.DataFrame(bad, columns=_names(MALFORMED)),
         lost=pd.DataFrame(lost, columns=_names(LOST)),
+        skipped=pd.DataFrame(skipped, columns=_names(SKIP)),
         torn_bytes=size - pos,
         data=data,
         path=path,

@@ -34,8 +34,10 @@ fn is_power_of_ten(n: u64) -> bool {
     p == n
 }
 
-/// To stderr (logs/proxy.log), ignoring errors: eprintln! would panic when
-/// that disk is full, which is when there is most to say.
+/// To stderr (logs/proxy.log, logs/tap.log), under the program's name, ignoring errors:
+/// eprintln! would panic when that disk is full, which is when there is most to say.
 pub fn log(args: fmt::Arguments) {
-    let _ = writeln!(std::io::stderr(), "daskprobe-proxy: {args}");
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let name = argv0.rsplit('/').next().unwrap_or("daskprobe");
+    let _ = writeln!(std::io::stderr(), "{name}: {args}");
 }

@@ -66,8 +66,52 @@ fn is_msgpack_map(byte: u8) -> bool {
     (0x81..=0x8f).contains(&byte) || byte == 0xde || byte == 0xdf
 }
 
+/// A message found by resynchronizing has at most this many frames: Dask's own have a few, and a
+/// small bound makes a false start in the middle of a payload all the more unlikely.
+pub const RESYNC_MAX_FRAMES: u64 = 4096;
+
+/// Whether `b` starts a current-framing message, for a stream joined mid-way: a frame count of
+/// 1..=RESYNC_MAX_FRAMES, plausible lengths, a leading length that is one of the frame boundaries,
+/// and a first frame that starts like msgpack (a map or an array: a message or a batch of them).
+/// None: more bytes are needed to tell.
+pub fn plausible_start(b: &[u8]) -> Option<bool> {
+    if b.len() < 16 {
+        return None;
+    }
+    let (nosplit, n) = (u64_at(b, 0), u64_at(b, 1));
+    if !(1..=RESYNC_MAX_FRAMES).contains(&n) || nosplit < 8 + 8 * n {
+        return Some(false);
+    }
+    let prelude = 16 + 8 * n as usize;
+    if b.len() < prelude + 1 {
+        return None;
+    }
+    let mut sum = 8 + 8 * n;
+    let mut boundary = sum == nosplit;
+    for i in 0..n as usize {
+        let len = u64_at(b, 2 + i);
+        if len > MAX_FRAME_LEN || (i == 0 && len == 0) {
+            return Some(false);
+        }
+        sum += len;
+        boundary |= sum == nosplit;
+    }
+    let first = b[prelude];
+    Some(boundary && (is_msgpack_map(first) || (0x90..=0x9f).contains(&first) || first == 0xdc || first == 0xdd))
+}
+
 impl Parser {
     pub fn new() -> Self {
+        Parser::at_offset(0)
+    }
+
+    /// A parser whose first byte fed is at `offset` of its stream, in current framing: one that
+    /// takes over where a stream joined mid-way was found in step.
+    pub fn resynced_at(offset: u64) -> Self {
+        Parser { framing: FRAMING_CURRENT, ..Parser::at_offset(offset) }
+    }
+
+    fn at_offset(offset: u64) -> Self {
         Parser {
             framing: 0,
             phase: Phase::Prelude,
@@ -80,8 +124,8 @@ impl Parser {
             kept_bytes: 0,
             truncated: false,
             t_first: 0,
-            offset: 0,
-            start: 0,
+            offset,
+            start: offset,
         }
     }
 

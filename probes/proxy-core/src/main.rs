@@ -12,15 +12,10 @@
 //! disk) ends a route: such failures are logged by kind, and connections
 //! dropped for them are recorded as lost.
 
-mod capture;
-mod failures;
-mod peer;
-mod record;
-
-use capture::Capture;
 use daskprobe_clock::now_ns;
-use daskprobe_proxy::framing;
-use failures::Failures;
+use daskprobe_proxy::capture::Capture;
+use daskprobe_proxy::failures::Failures;
+use daskprobe_proxy::{framing, peer, record};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! daskprobe/probes/proxy_capture.py: the test below writes every kind into a
 //! file that tests/unit/test_formats.py reads back with that definition.
 
-use daskprobe_proxy::framing::{Event, Message};
+use crate::framing::{Event, Message};
 
 pub const OPEN: u8 = 1;
 pub const PEER: u8 = 2;
@@ -11,6 +11,7 @@ pub const MESSAGE: u8 = 3;
 pub const CLOSE: u8 = 4;
 pub const MALFORMED: u8 = 5;
 pub const LOST: u8 = 6;
+pub const SKIP: u8 = 7;
 
 struct Rec(Vec<u8>);
 
@@ -58,6 +59,12 @@ pub fn peer(conn: u32, pid: i32) -> Vec<u8> {
 /// was left, the upstream refused): it has no id and no other record.
 pub fn lost(t: u64, label: &str, reason: &str) -> Vec<u8> {
     Rec::new(LOST).u64(t).str(label).str(reason).done()
+}
+
+/// The tap joined a direction mid-stream, or lost its place in it, and found it in step again at
+/// stream offset `offset`: `bytes` before it went unread.
+pub fn skip(conn: u32, dir: u8, t: u64, offset: u64, bytes: u64) -> Vec<u8> {
+    Rec::new(SKIP).u32(conn).u8(dir).u64(t).u64(offset).u64(bytes).done()
 }
 
 pub fn close(conn: u32, dir: u8, t: u64, bytes: u64) -> Vec<u8> {
@@ -133,6 +140,7 @@ mod tests {
             close(7, 1, 0x4122_3344_5566_7789, 3),
             close(0xfedc_ba98, 0, 0x4122_3344_5566_7790, 0),
             lost(0x5122_3344_5566_7788, "scheduler", "accept: Too many open files (os error 24)"),
+            skip(7, 1, 0x6122_3344_5566_7788, 0x0708_090a_0b0c, 0x0102_0304_0506),
         ]
         .concat()
     }

@@ -1,0 +1,95 @@
+//! daskprobe-tap: records Dask message framing from packets, with no proxy in the way: for
+//! connections that were open before recording started, or that do not pass through a proxy.
+//!
+//! usage: daskprobe-tap --capture FILE --port PORT=LABEL [--port ...]
+//!
+//! Captures the TCP segments to and from the listed ports (every interface; on loopback each
+//! packet once) through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
+//! stream back together, parses it with the proxy's framing parser and writes the proxy's
+//! capture records: a connection's open record names the listening side as both listener and
+//! upstream. Prints "ready" once capturing, and stops when its stdin ends: each direction still
+//! open is recorded as closed then, and the packets the kernel dropped are logged.
+
+mod packets;
+mod streams;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::thread;
+
+use daskprobe_clock::now_ns;
+use daskprobe_proxy::capture::Capture;
+use daskprobe_proxy::failures::{log, Failures};
+
+const POLL_MS: i32 = 100;
+
+fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
+    let (mut capture, mut ports) = (None, HashMap::new());
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--capture" => capture = Some(v),
+            "--port" => {
+                let (port, label) = v.split_once('=').unwrap_or((&v, ""));
+                ports.insert(port.parse().map_err(|e| format!("--port {v}: {e}"))?, label.to_string());
+            }
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    if ports.is_empty() {
+        return Err("no --port to watch".into());
+    }
+    Ok((capture.ok_or("--capture FILE is required")?, ports))
+}
+
+fn main() {
+    let (path, ports) = parse_args().unwrap_or_else(|e| {
+        log(format_args!("{e}"));
+        std::process::exit(2)
+    });
+    let mut tap = packets::Tap::open(&ports.keys().copied().collect::<Vec<_>>()).unwrap_or_else(|e| {
+        log(format_args!("cannot open a packet socket ({e}): it needs root or CAP_NET_RAW"));
+        std::process::exit(1)
+    });
+    let capture = Capture::open(&path).unwrap_or_else(|e| {
+        log(format_args!("cannot open {path}: {e}"));
+        std::process::exit(1)
+    });
+    let (tx, rx) = channel();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stopping = stopping.clone();
+        thread::spawn(move || capture.run(rx, &stopping))
+    };
+    let stdin_open = Arc::new(AtomicBool::new(true));
+    {
+        let stdin_open = stdin_open.clone();
+        thread::spawn(move || {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            stdin_open.store(false, Ordering::Relaxed);
+        });
+    }
+    let mut streams = streams::Streams::new(ports, tx);
+    let failures = Failures::default();
+    println!("ready");
+    while stdin_open.load(Ordering::Relaxed) {
+        match tap.next(POLL_MS) {
+            Ok(Some((t, seg))) => streams.segment(t, &seg),
+            Ok(None) => {}
+            Err(e) => failures.note(&format!("reading packets: {e}")),
+        }
+    }
+    streams.finish(now_ns());
+    let drops = tap.drops();
+    if drops > 0 {
+        log(format_args!("the kernel dropped {drops} packets for want of room: their streams were resynchronized"));
+    }
+    drop(streams); // the last sender: the writer writes what is queued and returns
+    stopping.store(true, Ordering::Relaxed);
+    writer.thread().unpark();
+    let _ = writer.join();
+}

@@ -1,0 +1,217 @@
+//! TCP streams put back together from their segments, each direction fed to the proxy's
+//! framing parser, and the proxy's capture records made of them. A direction first seen
+//! mid-stream (the tap started after it opened, or segments were lost) is scanned for the
+//! next message boundary, and a skip record says how many bytes went unread.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::mpsc::Sender;
+
+use daskprobe_proxy::framing::{plausible_start, Event, Parser};
+use daskprobe_proxy::{peer, record};
+
+use crate::packets::Segment;
+
+/// Out-of-order bytes held while waiting for a missing segment; past this, it is taken as lost.
+const MAX_PENDING: usize = 8 << 20;
+
+enum Sync {
+    InStep(Parser),
+    /// Bytes since the stream was joined or lost its place, not yet found to start a message;
+    /// `from`: their stream offset.
+    Seeking { buf: Vec<u8>, from: u64 },
+}
+
+struct Direction {
+    next: Option<(u32, u64)>, // the next sequence number expected, and its stream offset
+    pending: BTreeMap<u64, (Vec<u8>, u64)>, // stream offset -> bytes, their time
+    pending_bytes: usize,
+    sync: Sync,
+    bytes: u64, // seen, read or skipped
+    done: bool,
+}
+
+impl Direction {
+    fn new() -> Self {
+        Direction { next: None, pending: BTreeMap::new(), pending_bytes: 0,
+                    sync: Sync::Seeking { buf: Vec::new(), from: 0 }, bytes: 0, done: false }
+    }
+}
+
+struct Conn {
+    id: u32,
+    dirs: [Direction; 2], // 0: client -> server (the listening side), 1: back
+}
+
+pub struct Streams {
+    labels: HashMap<u16, String>, // the watched ports: what listens there
+    conns: HashMap<(SocketAddr, SocketAddr), Conn>,
+    next_id: u32,
+    out: Sender<Vec<u8>>,
+}
+
+impl Streams {
+    pub fn new(labels: HashMap<u16, String>, out: Sender<Vec<u8>>) -> Self {
+        Streams { labels, conns: HashMap::new(), next_id: 1, out }
+    }
+
+    pub fn segment(&mut self, t: u64, s: &Segment) {
+        // the listening side: the one a SYN goes to, else the one on a watched port
+        let to_server = if s.syn { !s.ack } else { self.labels.contains_key(&s.dst.port()) };
+        let (client, server, dir) = if to_server { (s.src, s.dst, 0) } else { (s.dst, s.src, 1) };
+        if !self.conns.contains_key(&(client, server)) {
+            if s.rst || (!s.syn && s.payload.is_empty()) {
+                return; // a bare ACK or the end of a connection gone or never seen: nothing to record
+            }
+            self.open(t, client, server);
+        }
+        let conn = self.conns.get_mut(&(client, server)).unwrap();
+        let (id, out) = (conn.id, &self.out);
+        let d = &mut conn.dirs[dir];
+        if s.rst {
+            for (k, d) in conn.dirs.iter_mut().enumerate() {
+                close(out, id, k as u8, d, t);
+            }
+        } else {
+            take(out, id, dir as u8, d, t, s);
+        }
+        if conn.dirs.iter().all(|d| d.done) {
+            self.conns.remove(&(client, server));
+        }
+    }
+
+    fn open(&mut self, t: u64, client: SocketAddr, server: SocketAddr) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let label = self.labels.get(&server.port()).cloned().unwrap_or_default();
+        let (c, srv) = (client.to_string(), server.to_string());
+        let _ = self.out.send(record::open(id, t, &label, &srv, &c, &srv, ""));
+        let _ = self.out.send(record::peer(id, peer::pid_of(&client, &server).unwrap_or(-1)));
+        self.conns.insert((client, server), Conn { id, dirs: [Direction::new(), Direction::new()] });
+    }
+
+    /// Every direction still open is recorded as closed now, with what it carried.
+    pub fn finish(&mut self, t: u64) {
+        for conn in self.conns.values_mut() {
+            for (k, d) in conn.dirs.iter_mut().enumerate() {
+                close(&self.out, conn.id, k as u8, d, t);
+            }
+        }
+        self.conns.clear();
+    }
+}
+
+fn take(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, s: &Segment) {
+    if d.done {
+        return;
+    }
+    if s.syn {
+        d.next = Some((s.seq.wrapping_add(1), 0));
+        d.sync = Sync::InStep(Parser::new()); // from its first byte: in step
+    }
+    let (next_seq, next_at) = *d.next.get_or_insert((s.seq, 0));
+    let at = next_at as i64 + s.seq.wrapping_sub(next_seq) as i32 as i64;
+    let data_end = at + s.payload.len() as i64;
+    if data_end > next_at as i64 {
+        let skip = (next_at as i64 - at).max(0) as usize; // a retransmission overlapping what was read
+        if at <= next_at as i64 {
+            deliver(out, id, dir, d, t, &s.payload[skip..]);
+            drain_pending(out, id, dir, d);
+        } else if d.pending.insert(at as u64, (s.payload.to_vec(), t)).is_none() {
+            d.pending_bytes += s.payload.len();
+            if d.pending_bytes > MAX_PENDING {
+                lose_gap(out, id, dir, d);
+            }
+        }
+    }
+    if s.fin {
+        drain_pending(out, id, dir, d);
+        close(out, id, dir, d, t);
+    }
+}
+
+fn drain_pending(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction) {
+    while let Some(entry) = d.pending.first_entry() {
+        let (at, next_at) = (*entry.key(), d.next.unwrap().1);
+        if at > next_at {
+            return;
+        }
+        let (bytes, t) = entry.remove();
+        d.pending_bytes -= bytes.len();
+        let skip = (next_at - at) as usize;
+        if skip < bytes.len() {
+            deliver(out, id, dir, d, t, &bytes[skip..]);
+        }
+    }
+}
+
+/// The missing bytes will not come (the tap's buffer overflowed, say): go on from the first
+/// held segment, and find the next message boundary from there.
+fn lose_gap(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction) {
+    let (&first, _) = d.pending.first_key_value().unwrap();
+    let (seq, at) = d.next.unwrap();
+    let gap = first - at;
+    d.next = Some((seq.wrapping_add(gap as u32), first));
+    d.bytes += gap;
+    let from = match &d.sync {
+        Sync::Seeking { from, .. } => *from, // still unread since then
+        Sync::InStep(_) => at,
+    };
+    d.sync = Sync::Seeking { buf: Vec::new(), from };
+    drain_pending(out, id, dir, d);
+}
+
+fn deliver(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, data: &[u8]) {
+    let (seq, at) = d.next.unwrap();
+    d.next = Some((seq.wrapping_add(data.len() as u32), at + data.len() as u64));
+    d.bytes += data.len() as u64;
+    let mut events = Vec::new();
+    match &mut d.sync {
+        Sync::InStep(p) => p.feed(data, t, t, &mut events),
+        Sync::Seeking { buf, from } => {
+            buf.extend_from_slice(data);
+            if let Some((found, p)) = seek(buf, at + data.len() as u64, t, &mut events) {
+                let _ = out.send(record::skip(id, dir, t, found, found - *from));
+                d.sync = Sync::InStep(p);
+            }
+        }
+    }
+    for ev in events {
+        let _ = out.send(record::event(id, dir, ev));
+    }
+}
+
+/// The first message start in buf (whose last byte is at stream offset `end`): its offset and
+/// a parser that has read from there. Bytes ruled out are dropped from buf.
+fn seek(buf: &mut Vec<u8>, end: u64, t: u64, events: &mut Vec<Event>) -> Option<(u64, Parser)> {
+    let base = end - buf.len() as u64;
+    let mut i = 0;
+    while i < buf.len() {
+        match plausible_start(&buf[i..]) {
+            Some(true) => {
+                let at = base + i as u64;
+                let mut p = Parser::resynced_at(at);
+                p.feed(&buf[i..], t, t, events);
+                buf.clear();
+                return Some((at, p));
+            }
+            Some(false) => i += 1,
+            None => break,
+        }
+    }
+    buf.drain(..i);
+    None
+}
+
+fn close(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64) {
+    if d.done {
+        return;
+    }
+    d.done = true;
+    if let Sync::InStep(p) = &mut d.sync {
+        if let Some(ev) = p.finish(t) {
+            let _ = out.send(record::event(id, dir, ev));
+        }
+    }
+    let _ = out.send(record::close(id, dir, t, d.bytes));
+}

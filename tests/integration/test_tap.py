@@ -1,0 +1,152 @@
+"""The packet tap against what was sent: Dask messages written by distributed's own comm over
+loopback, and a connection that was open before the tap started, joined in the middle of a
+message. Ground truth: the messages and bytes the sender wrote."""
+
+import asyncio
+import operator
+import os
+import socket
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from distributed.comm import CommClosedError, connect, listen
+from distributed.comm.tcp import _add_frames_header
+from distributed.protocol import dumps, to_serialize
+
+from daskprobe.probes.proxy import start_tap, stop_proxy
+from daskprobe.probes.proxy_capture import read_capture
+from daskprobe.tracer.wire import decode_frame0, key_str
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a packet socket needs root (or CAP_NET_RAW)")
+
+SIZES = [0, 10, 70_000, 3_000_000, 5, 200_000]
+
+
+def ops(cap, direction: int) -> list[str]:
+    """The op of each message of a direction, from its frame 0 as the tap kept it."""
+    m = cap.messages[cap.messages.direction == direction].sort_values("t_first_ns")
+    heads = [msgpack.unpackb(cap.frames(at)[0], raw=False, strict_map_key=False) for at in m["at"]]
+    return [h.get("op") for h in heads if isinstance(h, dict) and "op" in h]
+
+
+def test_the_tap_reads_every_message_distributed_writes(tmp_path):
+    msgs = [{"op": f"m{i}", "data": to_serialize(np.random.bytes(size)) if i % 2 else os.urandom(size)}
+            for i, size in enumerate(SIZES * 4)]
+    capture = tmp_path / "tap.bin"
+
+    async def main():
+        async def echo(comm):
+            try:
+                while True:
+                    msg = await comm.read()
+                    await comm.write({"op": "ack-" + msg["op"]})
+            except CommClosedError:
+                pass
+
+        listener = listen("tcp://127.0.0.1:0", echo)
+        await listener.start()
+        port = int(listener.listen_address.rsplit(":", 1)[1])
+        tap = start_tap(capture, {port: "server"}, tmp_path / "tap.log")
+        try:
+            comm = await connect(listener.contact_address)
+            for m in msgs:
+                await comm.write(m)
+                await comm.read()
+            await comm.close()
+            await asyncio.sleep(0.3)  # the last segments reach the tap
+        finally:
+            stop_proxy(tap)
+            listener.stop()
+
+    asyncio.run(main())
+    cap = read_capture(capture)
+    assert ops(cap, 0) == [m["op"] for m in msgs]
+    assert ops(cap, 1) == ["ack-" + m["op"] for m in msgs]
+    conn = cap.connections.iloc[0]
+    assert len(cap.connections) == 1 and conn.label == "server" and conn.peer_pid == os.getpid()
+    # every byte of the stream belongs to a message: the sum of their sizes is what was carried
+    assert cap.messages[cap.messages.direction == 0].msg_bytes.sum() == conn.bytes_to_upstream
+    assert cap.malformed.empty and cap.skipped.empty  # seen from its SYN: in step from the first byte
+
+
+def dask_bytes(op: str, size: int) -> bytes:
+    """One message as distributed's TCP comm puts it on the wire."""
+    frames, _, _ = _add_frames_header(dumps({"op": op, "data": to_serialize(np.random.bytes(size))}))
+    return b"".join(bytes(f) for f in frames)
+
+
+def test_a_connection_joined_mid_message_resynchronizes(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    received = []
+
+    def drain():
+        conn, _ = server.accept()
+        while chunk := conn.recv(1 << 20):
+            received.append(len(chunk))
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    client = socket.create_connection(("127.0.0.1", port))
+    before = [dask_bytes(f"before-{i}", 50_000) for i in range(5)]
+    cut = dask_bytes("cut", 2_000_000)
+    after = [dask_bytes(f"after-{i}", size) for i, size in enumerate(SIZES * 3)]
+    head = b"".join(before) + cut[:300_000]
+    client.sendall(head)
+    while sum(received) < len(head):  # all of it past the wire before the tap starts
+        time.sleep(0.01)
+    tap = start_tap(tmp_path / "tap.bin", {port: "worker-0"}, tmp_path / "tap.log")
+    try:
+        client.sendall(cut[300_000:] + b"".join(after))
+        client.close()
+        reader.join(30)
+        time.sleep(0.3)
+    finally:
+        stop_proxy(tap)
+        server.close()
+    cap = read_capture(tmp_path / "tap.bin")
+    assert ops(cap, 0) == [f"after-{i}" for i in range(len(SIZES) * 3)]
+    # it resynchronized exactly where the cut message ended: the bytes it saw of it went unread
+    skip = cap.skipped.iloc[0]
+    assert len(cap.skipped) == 1 and skip.bytes == skip.offset == len(cut) - 300_000
+    assert cap.malformed.empty
+
+
+def keys_by_op(cap) -> dict[str, set[str]]:
+    """op -> the keys of every op carrying one, batches expanded."""
+    out = {}
+    for at in cap.messages["at"]:
+        frames = cap.frames(at)
+        msg = decode_frame0(frames[0]) if 0 in frames else None
+        for op in msg if isinstance(msg, (list, tuple)) else [msg]:
+            if isinstance(op, dict) and "key" in op:
+                out.setdefault(op.get("op"), set()).add(key_str(op["key"]))
+    return out
+
+
+def test_a_running_cluster_tapped_midway_shows_every_task_after(tmp_path):
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.gather(client.map(operator.add, range(200), range(200), key=[f"before-{i}" for i in range(200)]))
+        ports = {int(addr.rsplit(":", 1)[1]): "worker" for addr in cluster.scheduler_info["workers"]}
+        ports[int(cluster.scheduler_address.rsplit(":", 1)[1])] = "scheduler"
+        tap = start_tap(tmp_path / "tap.bin", ports, tmp_path / "tap.log")
+        try:
+            after = [f"after-{i}" for i in range(300)]
+            client.gather(client.map(operator.add, range(300), range(300), key=after))
+            time.sleep(0.3)
+        finally:
+            stop_proxy(tap)
+    cap = read_capture(tmp_path / "tap.bin")
+    keys = keys_by_op(cap)
+    # every task run after the tap started: sent to a worker, and reported done by it
+    assert set(after) <= keys["compute-task"] and set(after) <= keys["task-finished"]
+    assert not any(k.startswith("before-") for k in keys["compute-task"] | keys["task-finished"])
+    # the connections open before it started were joined mid-stream: each direction that spoke says so
+    spoke = cap.messages.groupby(["conn", "direction"]).size().index
+    joined = set(zip(cap.skipped.conn, cap.skipped.direction))
+    assert joined and joined <= set(spoke) and cap.malformed.empty
