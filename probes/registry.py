@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from .base import Probe
+from .base import Probe, is_root
 from .ebpf import KINDS as EBPF_KINDS, Ebpf
 from .procfs import ProcFS
 from .pyspy import PySpy
 
 DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
+    "tap": "every protocol message, from the wire (packet capture on the cluster's ports, root), no proxy in "
+           "the way: instead of proxy",
     "pyspy": "Python stacks of every process (our CPython 3.10–3.13 reader, py-spy for others), --sample-rate per second",
     "proc": "CPU% and RSS of every process from /proc, 10 per second",
     "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",
@@ -17,10 +19,12 @@ DESCRIPTIONS = {
     "tcp": "TCP segments received on the cluster's connections (eBPF, tcp:tcp_probe)",
 }
 NAMES = tuple(DESCRIPTIONS)
+ALL = tuple(n for n in NAMES if n != "tap")  # 'all': the tap records what the proxy does, one of them at a time
+WIRE = ("proxy", "tap")  # part of the cluster, not probe objects: they record the messages
 
 
 def make(names: list[str], sample_rate: float = 100.0, native: bool = False, cpu_hz: int = 99) -> list[Probe]:
-    """Probe objects for the chosen names (the proxy is part of the cluster, not listed here);
+    """Probe objects for the chosen names (the proxy and the tap are part of the cluster, not listed here);
     the eBPF kinds share one agent."""
     factories = {"pyspy": lambda: PySpy(sample_rate, native), "proc": ProcFS}
     probes = [factories[n]() for n in names if n in factories]
@@ -33,10 +37,10 @@ def doctor() -> list[tuple[str, str | None, str]]:
     from .proxy import proxy_binary
     rows = []
     for name, what in DESCRIPTIONS.items():
-        if name == "proxy":
+        if name in WIRE:
             try:
-                proxy_binary()
-                problem = None
+                proxy_binary(f"daskprobe-{name}")
+                problem = None if name == "proxy" or is_root() else "the tap needs root (a packet socket)"
             except FileNotFoundError as e:
                 problem = str(e)
         else:

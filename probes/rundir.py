@@ -52,6 +52,15 @@ class RunDir:
         return self.path / "captures" / "proxy.bin"
 
     @property
+    def tap_capture(self) -> Path:
+        return self.path / "captures" / "tap.bin"
+
+    @property
+    def messages_capture(self) -> Path:
+        """The run's messages: the proxy's capture, or the tap's (the same format) in a proxy-less run."""
+        return self.tap_capture if self.tap_capture.exists() and not self.proxy_capture.exists() else self.proxy_capture
+
+    @property
     def trace(self) -> Path:
         return self.path / "trace.pftrace"
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..probes.proxy import Route, start_proxy, stop_proxy
+from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
 from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
 from .registry import experiments
@@ -57,6 +57,7 @@ class ClusterSpec:
     server_cmd: str | None = None
     config: dict[str, str] = field(default_factory=dict)
     proxy: bool = True
+    tap: bool = False  # record the messages from the wire instead (root)
     proxy_delay_us: int = 0
     start_timeout: float = 60.0
     scheduler: str = "ws"
@@ -70,6 +71,8 @@ class ClusterSpec:
         if self.server_cmd and self.scheduler != "ws":
             raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
                              "with --server-cmd, choose the policy in the server's own command instead")
+        if self.proxy and self.tap:
+            raise ValueError("proxy and tap both record the messages: choose one")
         self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
 
@@ -132,7 +135,7 @@ class Cluster:
         # Dask's scratch space (the nanny copies preloads there) private to the run, not /tmp
         self.env = dask_env(spec.config) | {"DASK_TEMPORARY_DIRECTORY": str(run.scratch)}
         self.members: list[Member] = []
-        self.proxy: subprocess.Popen | None = None
+        self.recorder: subprocess.Popen | None = None  # the proxy or the tap: what records the messages
 
     @property
     def scheduler(self) -> Member:
@@ -161,7 +164,10 @@ class Cluster:
         need meanwhile, and wait for ready() to let them connect."""
         if self.spec.proxy:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
-            self.proxy = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
+            self.recorder = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
+        elif self.spec.tap:
+            ports = {int(m.listen.rsplit(":", 1)[1]): m.name for m in self.members}
+            self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
         self._start_scheduler()
         for w in self.workers:
             self._start_worker(w)
@@ -234,14 +240,14 @@ class Cluster:
         return f"tcp://{self.scheduler.contact}"
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
-        """Workers first, then the scheduler, the proxy last so it sees them go. A Dask process
+        """Workers first, then the scheduler, the proxy (or tap) last so it sees them go. A Dask process
         has done all it does once it logs its end; its atexit handlers may still run, which the
         run does not wait for (it reaps them before it ends). Sockets it still holds then, the
         proxy records as closed when it stops. Those that had to be killed."""
         killed = stop([m.proc for m in self.workers if m.proc], grace, done=self._logged("End worker"))
         killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
                        done=self._logged("End scheduler"))
-        return killed + (stop_proxy(self.proxy, grace) if self.proxy else [])
+        return killed + (stop_proxy(self.recorder, grace) if self.recorder else [])
 
     def _logged(self, end: str):
         """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is
@@ -254,9 +260,10 @@ class Cluster:
         rows = [{"name": m.name, "role": m.role, "pid": m.pid,
                  "listen": m.listen, "contact": m.contact, "command": m.command}
                 for m in self.members]
-        if self.proxy:
-            rows.append({"name": "proxy", "role": "proxy", "pid": self.proxy.pid,
-                         "listen": None, "contact": None, "command": self.proxy.args})
+        if self.recorder:
+            name, role = ("proxy", "proxy") if self.spec.proxy else ("tap", "probe")  # the tap is off the data path
+            rows.append({"name": name, "role": role, "pid": self.recorder.pid,
+                         "listen": None, "contact": None, "command": self.recorder.args})
         return rows
 
 

@@ -243,8 +243,9 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     """Stop everything, each step whatever the others did: no orphans, whatever failed.
     True if a probe (or the proxy's capture) stopped before the end: the run is partial."""
     died = {p.name: why for p in started if (why := p.died())}  # before stopping: then all have ended
-    if cluster and (why := ended_early(cluster.proxy)):
-        died["proxy"] = why
+    recorder = "tap" if cluster and cluster.spec.tap else "proxy"
+    if cluster and (why := ended_early(cluster.recorder)):
+        died[recorder] = why
     killed = []
     steps = [("the command", lambda: _reap(client, signals.grace))]
     steps += [("the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
@@ -260,8 +261,8 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     record(run, teardown_s=seconds)
     note_killed(run, killed, f"did not stop within {signals.grace:g} s of SIGTERM (a task still running?)")
     errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
-    if cluster and (stopped := _proxy_capture_stopped(run)):
-        errors["proxy"] = stopped
+    if cluster and (stopped := _capture_stopped(run, recorder)):
+        errors[recorder] = stopped
     if cluster:
         record(run, processes=_processes(cluster, started, client, command))
     record(run, probe_errors=errors)
@@ -271,10 +272,11 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     return bool(errors)
 
 
-def _proxy_capture_stopped(run: RunDir) -> str | None:
-    """The proxy forwards on when its capture cannot be written; its log says why it stopped capturing."""
+def _capture_stopped(run: RunDir, recorder: str) -> str | None:
+    """The proxy forwards on (and the tap reads on) when its capture cannot be written; its log says
+    why it stopped capturing."""
     try:
-        log = run.log("proxy").read_text(errors="replace")
+        log = run.log(recorder).read_text(errors="replace")
     except OSError:
         return None
     return next((ln.strip() for ln in log.splitlines() if "capture stopped" in ln), None)

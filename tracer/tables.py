@@ -21,7 +21,7 @@ from .messages import messages_table
 
 def build(run: RunDir) -> dict:
     meta = run.meta()
-    cap = read_capture(run.proxy_capture)
+    cap = read_capture(run.messages_capture)
     procs = processes_table(meta)
     run.write_table("processes", procs)
     conns = connections_table(cap, procs)

@@ -138,6 +138,8 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
     missing = daskprobe("run", "--out", str(out), "--", sys.executable, str(tmp_path / "nothere.py"))
     assert missing.returncode != 0 and "nothere.py: no such file" in missing.stderr
     assert time.monotonic() - started < 30 and not out.exists(), "a cluster was started for a missing script"
+    both = daskprobe("run", "--probes", "proxy,tap", "--out", str(out), "--", sys.executable, "-c", "pass")
+    assert both.returncode != 0 and "choose one" in both.stderr and not out.exists()
 
 
 def test_an_interpreter_without_distributed_is_warned_about(tmp_path):

@@ -17,6 +17,7 @@ from distributed.comm import CommClosedError, connect, listen
 from distributed.comm.tcp import _add_frames_header
 from distributed.protocol import dumps, to_serialize
 
+from helpers import PINNED_FLOW, run_flow
 from daskprobe.probes.proxy import start_tap, stop_proxy
 from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.tracer.wire import decode_frame0, key_str
@@ -150,3 +151,21 @@ def test_a_running_cluster_tapped_midway_shows_every_task_after(tmp_path):
     spoke = cap.messages.groupby(["conn", "direction"]).size().index
     joined = set(zip(cap.skipped.conn, cap.skipped.direction))
     assert joined and joined <= set(spoke) and cap.malformed.empty
+
+
+def test_run_with_the_tap_instead_of_the_proxy(tmp_path):
+    """The same workload and checks as test_run's under the proxy: the tables do not depend on
+    which recorder saw the messages."""
+    n = 40
+    run, _ = run_flow(tmp_path, PINNED_FLOW.format(n=n), "--workers", "2", "--probes", "tap,proc")
+    assert run.tap_capture.exists() and not run.proxy_capture.exists()
+    m = run.table("messages")
+    to_worker, to_sched = m[(m.src_role == "scheduler") & (m.dst_role == "worker")], m[m.dst_role == "scheduler"]
+    assert (to_worker.op == "compute-task").sum() == n + 1
+    assert ((to_sched.src_role == "worker") & (to_sched.op == "task-finished")).sum() == n + 1
+    told = m[(m.src_role == "scheduler") & (m.dst_role == "client") & (m.op == "key-in-memory")]
+    assert told.key.nunique() == n + 1
+    assert ((m.src_role == "worker") & (m.dst_role == "worker") & (m.op == "get_data")).any()
+    procs = run.table("processes").set_index("name")
+    assert procs.role["tap"] == "probe" and "proxy" not in procs.index
+    assert len(run.table("attempts")) == n + 1 and (run.path / "report.html").exists()

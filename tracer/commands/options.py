@@ -45,7 +45,8 @@ def cluster(p: argparse.ArgumentParser, threads: int | None = None) -> None:
 
 def probes(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--probes", default=default,
-                   help="comma-separated probes: proxy, pyspy, proc, cpu, gil, offcpu, tcp; 'all' (every probe; "
+                   help="comma-separated probes: proxy (or tap), pyspy, proc, cpu, gil, offcpu, tcp; 'all' (every "
+                        "probe but tap; "
                         "those this machine cannot run are skipped and recorded) or 'none' for an untraced "
                         f"baseline (default {default})")
 
@@ -60,15 +61,17 @@ def rules(p: argparse.ArgumentParser) -> None:
 
 
 def parse_probes(text: str) -> list[str]:
-    from ...probes.registry import NAMES
+    from ...probes.registry import ALL, NAMES, WIRE
     if text == "all":
-        return list(NAMES)
+        return list(ALL)
     if text == "none":
         return []
     chosen = comma_list(text)
     unknown = sorted(set(chosen) - set(NAMES))
     if unknown:
         raise SystemExit(f"daskprobe: unknown probe(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    if set(WIRE) <= set(chosen):
+        raise SystemExit("daskprobe: proxy and tap both record the messages: choose one")
     return chosen
 
 

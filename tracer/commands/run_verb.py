@@ -73,11 +73,15 @@ def _reap(run_dir, grace: float) -> None:
 
 
 def _spec(args, probes: list[str]):
+    from ...probes.base import is_root
     from ..cluster import ClusterSpec
+    if "tap" in probes and not is_root():
+        raise SystemExit("daskprobe: the tap reads packets, which needs root (or CAP_NET_RAW): run as root, "
+                         "or record through the proxy (--probes proxy,...)")
     try:
         return ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
                            server_cmd=args.server_cmd, config=options.parse_config(args.config),
-                           proxy="proxy" in probes, proxy_delay_us=round(args.delay_ms * 1000),
+                           proxy="proxy" in probes, tap="tap" in probes, proxy_delay_us=round(args.delay_ms * 1000),
                            start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker)
     except ValueError as e:
         raise SystemExit(f"daskprobe: {e}")
