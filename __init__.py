@@ -9,3 +9,5 @@ each importing only from those before it:
     tracer       cluster, session, decoding into tables, the trace, the CLI
     experiments  the paper's variants and benchmarks (reached by name)
 """
+
+from .tracer.record import record  # noqa: E402,F401  (stdlib only: `import daskprobe` stays cheap)

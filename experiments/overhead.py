@@ -76,7 +76,10 @@ def session_cpu(run: Path) -> dict:
     work): its cumulative /proc readings interpolated at the window's ends. Measuring processes
     (daskprobe, proxy, probes) each as `session_cpu_s[name]`, the cluster's (scheduler, workers,
     nannies, client) summed, and the measuring share of the cluster's."""
-    start, end = json.loads((run / "summary.json").read_text())["session_window_ns"]
+    window = json.loads((run / "summary.json").read_text()).get("session_window_ns")
+    if not window:  # no messages recorded (no proxy or tap): no session to measure within
+        return {}
+    start, end = window
     proc = pd.read_parquet(run / "tables" / "proc.parquet").dropna(subset=["process"]).sort_values("t_ns")
     roles = pd.read_parquet(run / "tables" / "processes.parquet").set_index("name").role
     used = {name: float(np.diff(np.interp([start, end], g.t_ns, g.cpu_s))[0]) for name, g in proc.groupby("process")}

@@ -223,9 +223,69 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)
+    return _ended(run, signals, code, stopped_early)
+
+
+def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
+           probes: list[Probe], signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99) -> int:
+    """Record a cluster that is already running (an Attached) while a command runs against it, for
+    `duration` seconds, or until interrupted; the command's exit code (0 without one). Nothing of
+    the cluster is started or stopped."""
+    address = cluster.client_address()
+    run.update_meta(partial=True, command=command, attached=address, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    clock_anchor=clock_anchor(), config={}, probes=probe_names, skipped={},
+                    sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
+                    versions={"daskprobe": _own_version(), "host": platform.platform()})
+    code, client, started = 1, None, []
+    try:
+        say(f"attaching to {address} ...")
+        cluster.layout()
+        threads = {w.get("nthreads") for w in cluster.worker_info}
+        run.update_meta(cluster={"attached": address, "workers": len(cluster.workers), "nanny": None,
+                                 "threads": threads.pop() if len(threads) == 1 else None, "server_cmd": None})
+        if away := cluster.elsewhere():
+            say(f"not on this host: {', '.join(away)}: only their messages are recorded")
+        _start_probes(probes, run, cluster.ports(), started)
+        cluster.start()
+        _ready(started, run)
+        run.update_meta(probes_ready_ns=time.monotonic_ns())
+        _watch(started, _processes(cluster, started))
+        run.update_meta(processes=_processes(cluster, started), scheduler_address=address)
+        say(f"recording a scheduler and {len(cluster.workers)} worker(s)"
+            + (" while the command runs" if command else f" for {duration:g} s" if duration else "; Ctrl-C ends it"))
+        if command:
+            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=address)
+            client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+            _watch(started, [_client_row(client, command)])
+            run.update_meta(processes=_processes(cluster, started, client, command))
+            code = _wait(client, signals)
+        else:
+            code = _sleep(duration, signals)
+        record(run, command_ended_ns=time.monotonic_ns())
+    except (OSError, RuntimeError) as e:
+        say(f"cannot attach to {address}: {e}")
+    except Interrupted as e:
+        code = 0 if not command and e.signum == signal.SIGINT else 128 + e.signum  # Ctrl-C: the way to end
+        record(run, command_ended_ns=time.monotonic_ns())
+    finally:
+        signals.unwinding = False
+        stopped_early = _teardown(run, signals, client, cluster, started, command)
+    return _ended(run, signals, code, stopped_early)
+
+
+def _ended(run: RunDir, signals: Signals, code: int, stopped_early: bool) -> int:
+    """The session's end in run.json, once everything has stopped; signals unwind again (finalizing)."""
     record(run, exit_code=code, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), partial=signals.hurry or stopped_early)
     signals.unwinding = True
     return code
+
+
+def _sleep(duration: float | None, signals: Signals) -> int:
+    end = time.monotonic() + duration if duration else float("inf")
+    while time.monotonic() < end:
+        time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+        signals.check()
+    return 0
 
 
 def _wait(client: subprocess.Popen, signals: Signals) -> int:

@@ -15,7 +15,8 @@ import sys
 
 from ..registry import experiments
 
-VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "build", "report", "explain", "open", "compare", "doctor")}
+VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "attach", "build", "report", "explain", "open", "compare",
+                                                         "doctor")}
 
 
 def verbs() -> dict[str, str]:

@@ -318,3 +318,30 @@ impl Parser {
         0
     }
 }
+
+#[cfg(test)]
+mod resync_tests {
+    use super::plausible_start;
+
+    /// A current-framing message as distributed writes it: frame 0 a msgpack map, then a payload.
+    fn message(payload: usize) -> Vec<u8> {
+        let frame0 = b"\x81\xa2op\xa4ping".to_vec();
+        let lens = [frame0.len() as u64, payload as u64];
+        let mut m = (8 + 8 * 2 + lens[0]).to_le_bytes().to_vec();
+        m.extend_from_slice(&2u64.to_le_bytes());
+        lens.iter().for_each(|l| m.extend_from_slice(&l.to_le_bytes()));
+        m.extend_from_slice(&frame0);
+        m.extend(std::iter::repeat(0x7b).take(payload));
+        m
+    }
+
+    #[test]
+    fn finds_a_message_start_and_no_other_offset_in_it() {
+        let m = message(1000);
+        assert_eq!(plausible_start(&m), Some(true));
+        assert_eq!(plausible_start(&m[..20]), None, "16 bytes and not all lengths: more are needed");
+        for at in 1..m.len() {
+            assert_ne!(plausible_start(&m[at..]), Some(true), "a false start at {at}");
+        }
+    }
+}

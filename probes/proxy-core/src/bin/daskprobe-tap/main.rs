@@ -24,7 +24,7 @@ use daskprobe_clock::now_ns;
 use daskprobe_proxy::capture::Capture;
 use daskprobe_proxy::failures::{log, Failures};
 
-const POLL_MS: i32 = 100;
+const POLL_MS: i32 = 40; // how soon the end of stdin is seen
 
 fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
     let (mut capture, mut ports) = (None, HashMap::new());
@@ -76,11 +76,17 @@ fn main() {
     let mut streams = streams::Streams::new(ports, tx);
     let failures = Failures::default();
     println!("ready");
-    while stdin_open.load(Ordering::Relaxed) {
+    // Once told to stop, the kernel still holds the packets of its last block until it retires it
+    // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
+    let mut stop_at = None;
+    while stop_at.map_or(true, |at| now_ns() < at) {
         match tap.next(POLL_MS) {
             Ok(Some((t, seg))) => streams.segment(t, &seg),
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
+        }
+        if stop_at.is_none() && !stdin_open.load(Ordering::Relaxed) {
+            stop_at = Some(now_ns() + 3 * packets::RETIRE_MS as u64 * 1_000_000);
         }
     }
     streams.finish(now_ns());

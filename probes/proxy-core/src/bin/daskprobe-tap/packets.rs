@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 const SNAP: u32 = 1 << 18; // more than loopback's 64 KiB packets
 const BLOCK: u32 = 1 << 20;
 const BLOCKS: u32 = 64; // 64 MiB: a burst while the tap is off a CPU waits here instead of being dropped
-const RETIRE_MS: u32 = 20;
+pub const RETIRE_MS: u32 = 20;
 
 pub struct Segment<'a> {
     pub src: SocketAddr,
@@ -47,8 +47,9 @@ fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
 }
 
 /// Accepts a TCP segment (IPv4 unfragmented, or IPv6 without extension headers) whose source
-/// or destination port is watched; drops every other packet in the kernel, uncopied.
-fn filter(ports: &[u16]) -> Vec<libc::sock_filter> {
+/// or destination port is watched; drops every other packet in the kernel, uncopied, and on
+/// loopback (ifindex `lo`) the copy of each packet on its way out.
+fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
     use libc::{BPF_ABS, BPF_B, BPF_H, BPF_IND, BPF_JA, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_LDX, BPF_MSH,
                BPF_RET, BPF_RSH, BPF_ALU};
     let (ld_b, ld_h, ld_ind) = ((BPF_LD | BPF_B | BPF_ABS) as u16, (BPF_LD | BPF_H | BPF_ABS) as u16,
@@ -72,10 +73,13 @@ fn filter(ports: &[u16]) -> Vec<libc::sock_filter> {
     v6.extend(ports_then(vec![op(ld_h, 0, 0, 40)]));
     v6.extend(ports_then(vec![op(ld_h, 0, 0, 42)]));
     v6.push(op(ret, 0, 0, 0));
+    let ancillary = |what: i32| op((BPF_LD | libc::BPF_W | BPF_ABS) as u16, 0, 0, (libc::SKF_AD_OFF + what) as u32);
+    let mut prog = vec![ancillary(libc::SKF_AD_IFINDEX), op(jeq, 0, 3, lo as u32), ancillary(libc::SKF_AD_PKTTYPE),
+                        op(jeq, 0, 1, libc::PACKET_OUTGOING as u32), op(ret, 0, 0, 0)];
     // the IP version, then a long jump (ja's offset is 32 bits) to its block
-    let mut prog = vec![op(ld_b, 0, 0, 0), op((BPF_ALU | BPF_RSH | BPF_K) as u16, 0, 0, 4),
-                        op(jeq, 0, 1, 4), op(ja, 0, 0, 3), op(jeq, 0, 1, 6), op(ja, 0, 0, 1 + v4.len() as u32),
-                        op(ret, 0, 0, 0)];
+    prog.extend([op(ld_b, 0, 0, 0), op((BPF_ALU | BPF_RSH | BPF_K) as u16, 0, 0, 4),
+                 op(jeq, 0, 1, 4), op(ja, 0, 0, 3), op(jeq, 0, 1, 6), op(ja, 0, 0, 1 + v4.len() as u32),
+                 op(ret, 0, 0, 0)]);
     prog.extend(v4);
     prog.extend(v6);
     prog
@@ -85,7 +89,8 @@ impl Tap {
     pub fn open(ports: &[u16]) -> io::Result<Tap> {
         let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
         let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })?;
-        let prog = filter(ports);
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
+        let prog = filter(ports, lo);
         let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
         setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)?;
         setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))?;
@@ -101,7 +106,6 @@ impl Tap {
         if ring == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
         Ok(Tap { fd, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo })
     }
 
@@ -189,22 +193,26 @@ fn monotonic(real: libc::timespec) -> u64 {
     (real.tv_sec as i128 * 1_000_000_000 + real.tv_nsec as i128 - (now - mono)) as u64
 }
 
+/// None for anything but a whole TCP header over IPv4 or IPv6: nothing a packet holds can panic here.
 fn parse(p: &[u8]) -> Option<Segment<'_>> {
     let (src_ip, dst_ip, tcp): (IpAddr, IpAddr, &[u8]) = match p.first()? >> 4 {
-        4 => {
+        4 if p.len() >= 20 => {
             let ihl = ((p[0] & 0xf) as usize) * 4;
             let total = (u16::from_be_bytes([p[2], p[3]]) as usize).min(p.len());
             let ip = |at: usize| IpAddr::V4(Ipv4Addr::new(p[at], p[at + 1], p[at + 2], p[at + 3]));
             (ip(12), ip(16), p.get(ihl..total)?)
         }
-        6 => {
+        6 if p.len() >= 40 => {
             let total = (40 + u16::from_be_bytes([p[4], p[5]]) as usize).min(p.len());
             let ip = |at: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&p[at..at + 16]).unwrap()));
             (ip(8), ip(24), p.get(40..total)?)
         }
         _ => return None,
     };
-    let off = ((*tcp.get(12)? >> 4) as usize) * 4;
+    if tcp.len() < 20 {
+        return None;
+    }
+    let off = ((tcp[12] >> 4) as usize) * 4;
     let flags = tcp[13];
     Some(Segment {
         src: SocketAddr::new(src_ip, u16::from_be_bytes([tcp[0], tcp[1]])),
@@ -216,4 +224,33 @@ fn parse(p: &[u8]) -> Option<Segment<'_>> {
         ack: flags & 16 != 0,
         payload: tcp.get(off..)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4 TCP segment from 127.0.0.1:40000 to 127.0.0.1:8786 carrying `payload`.
+    fn packet(flags: u8, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1];
+        p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&8786u16.to_be_bytes());
+        p.extend_from_slice(&0x0102_0304u32.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+        p.extend_from_slice(payload);
+        let len = (p.len() as u16).to_be_bytes();
+        p[2..4].copy_from_slice(&len);
+        p
+    }
+
+    #[test]
+    fn reads_a_segment_and_refuses_every_cut_of_it() {
+        let p = packet(0x18, b"hello");
+        let s = parse(&p).unwrap();
+        assert_eq!((s.src.port(), s.dst.port(), s.seq, s.payload), (40000, 8786, 0x0102_0304, &b"hello"[..]));
+        assert!(s.ack && !s.syn && !s.fin && !s.rst);
+        for cut in 0..40 {
+            assert!(parse(&p[..cut]).is_none(), "a packet cut at {cut} bytes");
+        }
+    }
 }

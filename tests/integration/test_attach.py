@@ -1,0 +1,93 @@
+"""`daskprobe attach` against a cluster that ran before it and goes on after it. Ground truth:
+the keys the scripts computed, and the pids the cluster's own processes report."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from helpers import daskprobe, write_flow
+from daskprobe.probes.rundir import RunDir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="attach reads packets: it needs root")
+
+STANDING = """
+import json, operator, os, sys
+from distributed import Client, LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \\
+            Client(cluster) as c:
+        c.gather(c.map(operator.add, range(100), range(100), key=[f"before-{i}" for i in range(100)]))
+        pids = sorted(c.run(os.getpid).values()) + [c.run_on_scheduler(os.getpid)]
+        print(json.dumps({"address": cluster.scheduler_address, "pids": pids}), flush=True)
+        sys.stdin.readline()  # attached, recorded, detached: it must still work
+        print(c.submit(operator.add, 1, 2, key="after-detach").result(), flush=True)
+"""
+
+SECOND = """
+import operator
+from distributed import Client
+with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
+    fs = c.map(operator.add, range(300), range(300), key=[f"after-{i}" for i in range(300)])
+    print(c.submit(sum, fs, key="after-sum").result())
+"""
+
+
+def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_path):
+    standing = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        truth = json.loads(standing.stdout.readline())
+        out = tmp_path / "run"
+        p = daskprobe("attach", truth["address"], "--out", str(out), "--no-trace", "--",
+                      sys.executable, str(write_flow(tmp_path / "second.py", SECOND)))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.strip() == str(sum(2 * i for i in range(300)))
+        keys = set(RunDir(out).table("attempts").key)
+        assert {f"after-{i}" for i in range(300)} | {"after-sum"} <= keys
+        assert not any(k.startswith("before-") for k in keys)
+        procs = RunDir(out).table("processes").set_index("name")
+        assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
+        standing.stdin.write("go on\n")
+        standing.stdin.flush()
+        assert standing.stdout.readline().strip() == "3", "the cluster no longer works after the recording"
+        assert standing.wait(60) == 0
+    finally:
+        standing.kill()
+
+
+def test_attach_to_something_that_is_not_a_scheduler_says_so(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        p = daskprobe("attach", f"tcp://127.0.0.1:{s.getsockname()[1]}", "--out", str(tmp_path / "run"),
+                      "--duration", "1", timeout=120)
+    assert p.returncode != 0 and "cannot attach to tcp://127.0.0.1:" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+IN_A_SCRIPT = """
+import operator, sys
+import daskprobe
+from distributed import Client, LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \\
+            Client(cluster) as c:
+        c.gather(c.map(operator.add, range(50), range(50), key=[f"before-{i}" for i in range(50)]))
+        with daskprobe.record(c, out=sys.argv[1], trace=False) as path:
+            c.gather(c.map(operator.add, range(200), range(200), key=[f"inside-{i}" for i in range(200)]))
+        c.gather(c.map(operator.add, range(50), range(50), key=[f"after-{i}" for i in range(50)]))
+        print("recorded into", path)
+"""
+
+
+def test_record_in_a_script_records_the_block_only(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(write_flow(tmp_path / "script.py", IN_A_SCRIPT)), str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and f"recorded into {out}" in p.stdout, p.stderr[-3000:]
+    keys = set(RunDir(out).table("attempts").key)
+    assert {f"inside-{i}" for i in range(200)} <= keys
+    assert not any(k.startswith(("before-", "after-")) for k in keys)
+    assert (out / "report.html").exists() and (out / "summary.json").exists()

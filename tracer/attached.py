@@ -1,0 +1,135 @@
+"""A running cluster daskprobe did not start (`daskprobe attach`): its members found from the
+scheduler's address, its messages recorded by the tap, its processes by the probes, and all of
+it left running at the end. Members on this host only: a member elsewhere is named, not measured."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..probes.proxy import start_tap, stop_proxy
+from ..probes.rundir import RunDir
+from .cluster import Member
+
+
+@dataclass
+class AttachSpec:
+    """What run.json's `cluster` says of an attached recording; read like a ClusterSpec's."""
+
+    address: str
+    proxy: bool = False
+    tap: bool = True
+    proxy_delay_us: int = 0
+
+
+def _hostport(address: str) -> tuple[str, int]:
+    host, port = address.split("://", 1)[-1].rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
+    """The scheduler's workers (address -> its identity entry), from its `identity` RPC:
+    nothing runs on the cluster for it."""
+    from distributed.core import rpc
+
+    async def ask():
+        async with rpc(address, timeout=timeout) as scheduler:
+            return await scheduler.identity()
+
+    try:  # bounded as a whole: a server that accepts and never answers would hold Dask's handshake forever
+        info = asyncio.run(asyncio.wait_for(ask(), timeout))
+    except asyncio.TimeoutError:
+        raise OSError(f"no answer within {timeout:g} s (is it a Dask scheduler?)") from None
+    if info.get("type") != "Scheduler":
+        raise RuntimeError(f"{address} is not a Dask scheduler (it says it is a {info.get('type')})")
+    return info.get("workers", {})
+
+
+def listener_pid(port: int) -> int | None:
+    """The local process listening on a TCP port: its socket's inode in /proc/net/tcp{,6},
+    then the process holding that inode. None for a member on another host."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def _cmdline(pid: int | None) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1] if pid else []
+    except OSError:
+        return []
+
+
+class Attached:
+    """The interface of Cluster that a session needs, for a cluster that was already running."""
+
+    def __init__(self, spec: AttachSpec, run: RunDir):
+        self.spec, self.run = spec, run
+        self.members: list[Member] = []
+        self.worker_info: list[dict] = []  # the scheduler's identity entry of each worker
+        self.recorder: subprocess.Popen | None = None
+        self.env = dict(os.environ)
+
+    def layout(self) -> None:
+        """The scheduler and its workers as they are now, each with its local pid if it has one."""
+        host, port = _hostport(self.spec.address)
+        workers = workers_of(self.spec.address)
+        self.worker_info = [workers[a] for a in sorted(workers)]
+        self.members = [self._member("scheduler", "scheduler", f"{host}:{port}")]
+        for i, addr in enumerate(sorted(workers)):
+            self.members.append(self._member(f"worker-{i}", "worker", "%s:%d" % _hostport(addr)))
+
+    @staticmethod
+    def _member(name: str, role: str, listen: str) -> Member:
+        pid = listener_pid(_hostport(listen)[1])
+        return Member(name, role, listen, listen, pid=pid, command=_cmdline(pid))
+
+    @property
+    def workers(self) -> list[Member]:
+        return [m for m in self.members if m.role == "worker"]
+
+    def elsewhere(self) -> list[str]:
+        """Members with no process on this host: their messages are recorded, nothing else."""
+        return [m.name for m in self.members if m.pid is None]
+
+    def ports(self) -> set[int]:
+        return {_hostport(m.listen)[1] for m in self.members}
+
+    def start(self) -> None:
+        ports = {_hostport(m.listen)[1]: m.name for m in self.members}
+        self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
+
+    def ready(self) -> None:
+        """Running already."""
+
+    def client_address(self) -> str:
+        return self.spec.address
+
+    def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
+        """Only the tap: the cluster is not ours, and goes on."""
+        return stop_proxy(self.recorder, grace) if self.recorder else []
+
+    def describe(self) -> list[dict]:
+        rows = [{"name": m.name, "role": m.role, "pid": m.pid, "listen": m.listen, "contact": m.contact,
+                 "command": m.command} for m in self.members]
+        if self.recorder:
+            rows.append({"name": "tap", "role": "probe", "pid": self.recorder.pid, "listen": None, "contact": None,
+                         "command": self.recorder.args})
+        return rows

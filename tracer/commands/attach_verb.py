@@ -1,0 +1,57 @@
+"""`daskprobe attach`: record a cluster that is already running, without restarting it, finalize."""
+
+from __future__ import annotations
+
+import re
+
+from . import options
+
+HELP = "record a running cluster (its members on this host), without restarting it"
+EXAMPLES = """examples:
+  daskprobe attach tcp://127.0.0.1:8786 -- python my_flow.py    # while a command runs against it
+  daskprobe attach tcp://127.0.0.1:8786 --duration 30            # 30 s of whatever it does
+  daskprobe attach tcp://127.0.0.1:8786                          # until Ctrl-C
+"""
+DEFAULT_PROBES = "tap,pyspy,proc,cpu,gil,offcpu,tcp"
+
+
+def add_arguments(p) -> None:
+    p.usage = "daskprobe attach ADDRESS [options] [-- COMMAND ...]"
+    p.add_argument("address", help="the scheduler's address, as clients connect to it (tcp://HOST:PORT)")
+    p.add_argument("--duration", type=options.positive_float,
+                   help="seconds to record when no command is given (default: until Ctrl-C)")
+    p.add_argument("--probes", default=DEFAULT_PROBES,
+                   help=f"comma-separated probes; the tap records the messages (root) (default {DEFAULT_PROBES})")
+    p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
+                   help="Python stack samples per second and process (default 100)")
+    p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    p.add_argument("--out", help="run directory (default runs/<time>-attach)")
+    p.add_argument("--no-trace", action="store_true", help="leave trace.pftrace out ('daskprobe build' writes it later)")
+
+
+def main(args, command: list[str]) -> int:
+    from ...probes import registry
+    from ...probes.base import is_root
+    from ...probes.rundir import RunDir
+    from ..attached import Attached, AttachSpec
+    from ..build import finalize
+    from ..session import Signals, attach, say
+
+    probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
+    if not re.fullmatch(r"tcp://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
+        raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT (tls:// "
+                         "cannot be read: its messages are encrypted)")
+    if not is_root():
+        raise SystemExit("daskprobe: attach reads the cluster's messages from the wire, which needs root")
+    if command:
+        options.check_command(command)
+    run_dir = options.new_run(RunDir, args.out, command or ["attach"])
+    with Signals() as signals:
+        cluster = Attached(AttachSpec(args.address), run_dir)
+        code = attach(cluster, command, args.duration, run_dir, ["tap", *probes],
+                      registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
+                      sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
+        if cluster.members:
+            finalize(run_dir, trace=not args.no_trace)
+    say(f"run directory: {run_dir.path}")
+    return code
