@@ -80,9 +80,13 @@ struct task_struct;
 static inline int copy_user_stack(struct pt_regs *ctx, struct ustack *s) {
     u64 ip = ctx->ip, sp = ctx->sp, bp = ctx->bp;
     if ((ctx->cs & 3) != 3) {
+#ifdef ENTRY_REGS  // needs BTF and bpf_task_pt_regs (5.15)
         struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
         if (bpf_probe_read_kernel(&ip, 8, &user->ip) || bpf_probe_read_kernel(&sp, 8, &user->sp)
             || bpf_probe_read_kernel(&bp, 8, &user->bp)) return -1;
+#else
+        return -1;
+#endif
     }
     s->ip = ip; s->sp = sp; s->bp = bp;
     u64 n = 0;
@@ -238,15 +242,25 @@ class Agent:
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
         cflags += ["-DWITH_TCP"] * bool(args.tcp)
-        self.b = BPF(text=PROGRAM, cflags=cflags)
-        if args.cpu:
-            self.b.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
-                                     fn_name="on_cpu_sample", sample_freq=args.cpu, cpu=-1)
+        try:
+            self.b = self.load(cflags + ["-DENTRY_REGS"] * bool(args.cpu))
+        except Exception as e:  # no BTF, or a kernel before 5.15: all but that part still runs
+            if not args.cpu:
+                raise
+            self.b = self.load(cflags)
+            self.out("ebpf_status.tsv").write(f"E\t-1\tnative samples taken in the kernel are not unwound: {e}\n")
         if args.tcp:
             for port in args.tcp:
                 self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
         events = self.b["events"]
         self.ring = RingReader(events.map_fd, events.max_entries)
+
+    def load(self, cflags: list[str]) -> BPF:
+        b = BPF(text=PROGRAM, cflags=cflags)
+        if self.args.cpu:
+            b.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                                fn_name="on_cpu_sample", sample_freq=self.args.cpu, cpu=-1)
+        return b
 
     def out(self, name: str, mode: str = "a"):
         if name not in self.files:
