@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -102,9 +103,23 @@ class StartError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A port free now, outside the kernel's range of ephemeral ports. The members bind theirs
+    seconds later (after their imports), and an ephemeral port handed back may meanwhile become
+    the local end of any outgoing connection on the machine: a worker then failed to start with
+    "Address already in use". Below that range only an explicit bind takes a port."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise StartError(f"no free port on {HOST} below {low} after 100 tries")
 
 
 def dask_env(config: dict[str, str]) -> dict[str, str]:
