@@ -273,11 +273,29 @@ class Agent:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
             self.b["unwound"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.args.offcpu:
+            self.seed_sleepers(pid)
         status = self.out("ebpf_status.tsv")
         status.write(f"A\t{pid}\twatching {name}\n")
         if self.args.gil and python:
             self.gil_waiting[pid] = (name, time.monotonic() + GIL_ATTACH_S)
             self.retry_gil()
+
+    def seed_sleepers(self, pid: int) -> None:
+        """Threads asleep since before they were watched (all of a cluster attached to) have no
+        switch-out for BPF to see, and would count as on a CPU until they wake: each sleeping one
+        is entered as off-CPU from now. Should it be running by the time the entry is made, its
+        next switch-out overwrites the entry, so no false interval comes of it."""
+        table, now = self.b["off_start"], time.monotonic_ns()
+        for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            key = ctypes.c_uint32(int(tid))
+            if state in "SDI" and table.get(key) is None:
+                table[key] = table.Leaf(now, 0, 1, pid)  # out, no wake-up seen, blocked, tgid
 
     def retry_gil(self) -> None:
         """A process watched right after exec has only its executable and the loader mapped: its
@@ -363,10 +381,20 @@ class Agent:
             kind = ebpf_format.NAMES[k.value >> 32]
             out.write(f"{kind}\t{tgid.value if tgid else -1}\t{tid}\t{v.ns}\t{v.n}\n")
         self.program_costs()
+        self.still_off()
         lost = self.b["lost"][ctypes.c_int(0)].value
         if lost:
             self.out("ebpf_status.tsv").write(f"E\t-1\t{lost} events lost: the ring buffer was full\n")
         self.drain()
+
+    def still_off(self) -> None:
+        """Threads off a CPU as recording ends: BPF emits an interval only when a thread comes
+        back, so theirs end now (a thread parked all along would otherwise count as running)."""
+        now, kind = time.monotonic_ns(), ebpf_format.KINDS["offcpu"][0]
+        ended = [ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=now, v1=o.state)
+                 for k, o in self.b["off_start"].items() if now - o.out >= OFFCPU_MIN_NS]
+        if ended:
+            self.out("ebpf_events.bin", "ab").write(b"".join(map(bytes, ended)))
 
     def program_costs(self) -> None:
         """Each BPF program's runs and time in them, which the kernel counts only while

@@ -21,7 +21,8 @@ KINDS = {
             "a wait in take_gil of at least GIL_MIN_NS; shorter ones are summed into ebpf_small.tsv"),
     "offcpu": (3, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns", "t2": "in_ns", "v1": "prev_state"},
                "off-CPU for at least OFFCPU_MIN_NS (shorter: ebpf_small.tsv); wakeup_ns 0: none seen; "
-               "prev_state 0: preempted"),
+               "prev_state 0: preempted; a thread asleep when watched is off from then, one still off at the "
+               "end until the end (written by the agent)"),
     "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"},
             "a segment received (tcp:tcp_probe); ports: (local << 16) + remote; data_len: 16 bits; "
             "skb_len: the skb's full length (net:netif_receive_skb), 0 if unseen"),

@@ -51,6 +51,10 @@ def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_p
         assert not any(k.startswith("before-") for k in keys)
         procs = RunDir(out).table("processes").set_index("name")
         assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
+        # its main thread sat in stdin.readline() from before the attach to after it: asleep all along
+        cpu = RunDir(out).table("cpu_samples")
+        main = cpu[(cpu.pid == truth["pids"][-1]) & (cpu.tid == truth["pids"][-1]) & (cpu.source == "pyspy")]
+        assert len(main) >= 20 and main.on_cpu.mean() < 0.05, main.on_cpu.mean()
         standing.stdin.write("go on\n")
         standing.stdin.flush()
         assert standing.stdout.readline().strip() == "3", "the cluster no longer works after the recording"
