@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..probes.proxy import start_tap, stop_proxy
 from ..probes.rundir import RunDir
-from .cluster import Member
+from .cluster import Member, describe
 
 
 @dataclass
@@ -98,8 +98,10 @@ class Attached:
 
     @staticmethod
     def _member(name: str, role: str, listen: str) -> Member:
-        pid = listener_pid(_hostport(listen)[1])
-        return Member(name, role, listen, listen, pid=pid, command=_cmdline(pid))
+        m = Member(name, role, listen, listen)
+        m.pid = listener_pid(m.port)
+        m.command = _cmdline(m.pid)
+        return m
 
     @property
     def workers(self) -> list[Member]:
@@ -110,10 +112,10 @@ class Attached:
         return [m.name for m in self.members if m.pid is None]
 
     def ports(self) -> set[int]:
-        return {_hostport(m.listen)[1] for m in self.members}
+        return {m.port for m in self.members}
 
     def start(self) -> None:
-        ports = {_hostport(m.listen)[1]: m.name for m in self.members}
+        ports = {m.port: m.name for m in self.members}
         self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
 
     def ready(self) -> None:
@@ -127,9 +129,4 @@ class Attached:
         return stop_proxy(self.recorder, grace) if self.recorder else []
 
     def describe(self) -> list[dict]:
-        rows = [{"name": m.name, "role": m.role, "pid": m.pid, "listen": m.listen, "contact": m.contact,
-                 "command": m.command} for m in self.members]
-        if self.recorder:
-            rows.append({"name": "tap", "role": "probe", "pid": self.recorder.pid, "listen": None, "contact": None,
-                         "command": self.recorder.args})
-        return rows
+        return describe(self.members, self.recorder, tap=True)

@@ -97,6 +97,11 @@ class Member:
     pid: int | None = None                # the process that is this member
     command: list[str] = field(default_factory=list)
 
+    @property
+    def port(self) -> int:
+        """The port it listens on (the tap's, the readiness checks')."""
+        return int(self.listen.rsplit(":", 1)[1])
+
 
 class StartError(RuntimeError):
     pass
@@ -181,7 +186,7 @@ class Cluster:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
             self.recorder = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
         elif self.spec.tap:
-            ports = {int(m.listen.rsplit(":", 1)[1]): m.name for m in self.members}
+            ports = {m.port: m.name for m in self.members}
             self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
         self._start_scheduler()
         for w in self.workers:
@@ -190,7 +195,7 @@ class Cluster:
     def ready(self) -> None:
         """Wait for the scheduler to listen, let the workers go on, wait for them to register."""
         s = self.scheduler
-        self._wait(s, lambda: _listening(int(s.listen.split(":")[1])))
+        self._wait(s, lambda: _listening(s.port))
         for w in self.workers:
             _ungate(w.proc)
         for w in self.workers:
@@ -225,7 +230,7 @@ class Cluster:
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
-            w.command += ["--nanny", "--nanny-port", nanny.listen.split(":")[1],
+            w.command += ["--nanny", "--nanny-port", str(nanny.port),
                           "--preload-nanny", str(NANNY_PRELOAD)]
             env = dict(env, DASKPROBE_NANNY_CONTACT=f"tcp://{nanny.contact}")
         else:
@@ -271,15 +276,19 @@ class Cluster:
         return lambda p: end in log_tail(logs[p.pid], 500)
 
     def describe(self) -> list[dict]:
-        """Processes as run.json and the processes table record them."""
-        rows = [{"name": m.name, "role": m.role, "pid": m.pid,
-                 "listen": m.listen, "contact": m.contact, "command": m.command}
-                for m in self.members]
-        if self.recorder:
-            name, role = ("proxy", "proxy") if self.spec.proxy else ("tap", "probe")  # the tap is off the data path
-            rows.append({"name": name, "role": role, "pid": self.recorder.pid,
-                         "listen": None, "contact": None, "command": self.recorder.args})
-        return rows
+        return describe(self.members, self.recorder, tap=self.spec.tap)
+
+
+def describe(members: list[Member], recorder: subprocess.Popen | None, tap: bool) -> list[dict]:
+    """Processes as run.json and the processes table record them: the members, then what records
+    their messages (the proxy, or the tap, which is off the data path: a probe)."""
+    rows = [{"name": m.name, "role": m.role, "pid": m.pid, "listen": m.listen, "contact": m.contact,
+             "command": m.command} for m in members]
+    if recorder:
+        name, role = ("tap", "probe") if tap else ("proxy", "proxy")
+        rows.append({"name": name, "role": role, "pid": recorder.pid, "listen": None, "contact": None,
+                     "command": recorder.args})
+    return rows
 
 
 def _ungate(proc: subprocess.Popen) -> None:
