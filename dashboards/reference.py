@@ -60,6 +60,9 @@ def ebpf_events() -> str:
     lines = [f"`struct event`, {ebpf_format.SIZE} bytes: "
              + ", ".join(f"`{name}` {kind} at {getattr(Event, name).offset}" for name, kind in ebpf_format.FIELDS)
              + ".", "",
+             f"An ebpf_events.bin record, {ebpf_format.RECORD_SIZE} bytes: the ring buffer's header "
+             f"(`ring_len` u32 at 0, always {ebpf_format.SIZE}; `ring_pgoff` u32 at 4, the kernel's), "
+             f"then the struct event at {ebpf_format.RING_HEADER}.", "",
              "| kind | event | fields | notes |", "| --- | --- | --- | --- |"]
     for name, (number, columns, notes) in ebpf_format.KINDS.items():
         fields = ", ".join(f"`{field}`: {column}" for field, column in columns.items())

@@ -7,12 +7,12 @@ added at any time; GIL waits are probed in the python ones. Compiles at the
 priority it was started with, then runs at --nice. Prints "ready" once the
 BPF programs are loaded, and "done" once its captures are complete
 after SIGTERM (the kernel's detaching of the probes, as it exits, takes longer
-than everything else it does at the end). Every POLL_S it drains the ring buffer (BPF
+than everything else it does at the end). Every POLL_S it drains the ring buffers (BPF
 never wakes it: a wake-up per event would cost more than the event) and
 appends to DIR:
-    ebpf_events.bin  struct event records (ebpf_format.py: its fields, and the kinds
-                     GIL wait, off-CPU and TCP segment), as BPF wrote them; symbolizing
-                     is the only per-event work done here, and only CPU samples need it
+    ebpf_events.bin  ring records, each a header and a struct event (ebpf_format.py: the framing,
+                     the fields, and the kinds GIL wait, off-CPU and TCP segment), as BPF wrote
+                     them, in bulk; symbolizing CPU samples is the only per-record work done here
     ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined;
                      user_frames @N: the Nth record of ebpf_ustacks.bin, unwound after the run)
     ebpf_ustacks.bin struct ustack records (ebpf_format.py): CPU samples of the native processes,
@@ -36,7 +36,8 @@ import struct
 import sys
 import time
 
-from bcc import BPF, PerfSWConfig, PerfType
+from bcc import BPF, PerfSWConfig, PerfType, SymbolCache
+from bcc.libbcc import bcc_symbol_option, lib
 
 import ebpf_format  # a sibling: sys.path[0] is this script's folder
 
@@ -51,8 +52,11 @@ PROGRAM = r"""
 """ + ebpf_format.C_DECLARATIONS + r"""
 struct agg { u64 ns; u64 n; };
 
-// 4 MiB holds 58K events; merge-10K emits about 5K a second, and the agent drains every 100 ms
+// Two rings: events, all one size, which the agent appends in bulk without looking at them
+// (4 MiB: 65K records; merge-10K emits about 5K a second, drained every 100 ms), and CPU samples,
+// which it symbolizes one by one (8 MiB: 500 copied native stacks)
 BPF_RINGBUF_OUTPUT(events, 1 << 10);
+BPF_RINGBUF_OUTPUT(samples, 1 << 11);
 BPF_ARRAY(lost, u64, 1);
 BPF_HASH(watched, u32, u8, 4096);
 BPF_HASH(small, u64, struct agg, 65536);  // key: kind << 32 | tid, and tid -> tgid below
@@ -102,13 +106,13 @@ static inline int copy_user_stack(struct pt_regs *ctx, struct ustack *s) {
 }
 
 static inline int unwound_sample(struct pt_regs *ctx, u32 tgid, u32 tid) {
-    struct ustack *s = events.ringbuf_reserve(sizeof(struct ustack));
+    struct ustack *s = samples.ringbuf_reserve(sizeof(struct ustack));
     if (!s) { lost.increment(0); return 0; }
     s->e.kind = EVENT_USTACK; s->e.pid = tgid; s->e.tid = tid; s->e.cpu = bpf_get_smp_processor_id();
     s->e.t0 = bpf_ktime_get_ns(); s->e.t1 = 0; s->e.t2 = 0; s->e.v1 = 0;
     s->e.v2 = stacks.get_stackid(ctx, 0);
     if (copy_user_stack(ctx, s)) { s->ip = 0; s->sp = 0; s->bp = 0; s->size = 0; }
-    events.ringbuf_submit(s, BPF_RB_NO_WAKEUP);
+    samples.ringbuf_submit(s, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
@@ -122,7 +126,7 @@ int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which
     e.t0 = bpf_ktime_get_ns();
     e.v1 = stacks.get_stackid(ctx, BPF_F_USER_STACK);
     e.v2 = stacks.get_stackid(ctx, 0);
-    emit(&e);
+    if (samples.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) != 0) lost.increment(0);
     return 0;
 }
 #endif
@@ -234,9 +238,19 @@ def take_gil_symbol(path: str) -> str | None:
     return found[0][0].decode() if found else None
 
 
+def eager_symbols(pid: int) -> None:
+    """By default bcc reads a symbol's name only when asked, from the module's file: at each lookup
+    it read libpython's whole string table again (385 KB, hundreds of times a second, most of this
+    agent's CPU). This process's symbol cache loads the names with the tables instead, once."""
+    everything = bcc_symbol_option(use_debug_file=1, check_debug_file_crc=1, lazy_symbolize=0, use_symbol_type=0xFFFF)
+    cache = SymbolCache.__new__(SymbolCache)
+    cache.cache = lib.bcc_symcache_new(pid, ctypes.byref(everything))
+    BPF._sym_caches[pid] = cache  # where BPF.sym looks a process's cache up
+
+
 class Agent:
     def __init__(self, args):
-        self.args, self.files, self.stacks_cache, self.gil_libs = args, {}, {}, {}
+        self.args, self.files, self.stacks_cache, self.symbols, self.gil_libs = args, {}, {}, {}, {}
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
@@ -252,8 +266,8 @@ class Agent:
         if args.tcp:
             for port in args.tcp:
                 self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
-        events = self.b["events"]
-        self.ring = RingReader(events.map_fd, events.max_entries)
+        self.events, self.samples = (RingReader(self.b[name].map_fd, self.b[name].max_entries)
+                                     for name in ("events", "samples"))
 
     def load(self, cflags: list[str]) -> BPF:
         b = BPF(text=PROGRAM, cflags=cflags)
@@ -271,6 +285,8 @@ class Agent:
 
     def watch(self, pid: int, name: str, python: bool) -> None:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.args.cpu:
+            eager_symbols(pid)
         if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
             self.b["unwound"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         if self.args.offcpu:
@@ -327,31 +343,32 @@ class Agent:
             return "[lost]" if stack_id != -14 else ""  # -EFAULT: no such stack (e.g. kernel-only)
         key = (pid, stack_id)
         if key not in self.stacks_cache:
-            names = []
-            for addr in self.b["stacks"].walk(stack_id):
-                sym = self.b.sym(addr, pid, show_module=True) if pid >= 0 else self.b.ksym(addr)
-                names.append(sym.decode("utf-8", "replace").replace(";", ":").replace("\t", " "))
-            self.stacks_cache[key] = ";".join(names)
+            self.stacks_cache[key] = ";".join(self.symbol(addr, pid) for addr in self.b["stacks"].walk(stack_id))
         return self.stacks_cache[key]
 
+    def symbol(self, addr: int, pid: int) -> str:
+        """Each address is looked up once per process: most of a Python process's stacks walked by
+        frame pointers end in addresses that are in no module, and bcc, at each miss, stats the
+        process's executable and rereads its maps (most of this agent's CPU, before)."""
+        key = (pid, addr)
+        if key not in self.symbols:
+            sym = self.b.sym(addr, pid, show_module=True) if pid >= 0 else self.b.ksym(addr)
+            self.symbols[key] = sym.decode("utf-8", "replace").replace(";", ":").replace("\t", " ")
+        return self.symbols[key]
+
     def drain(self) -> None:
-        records = self.ring.records()
-        rest = [r for r in records if r[0] not in (ebpf_format.CPU, ebpf_format.USTACK)]  # kind leads
-        if rest:
-            self.out("ebpf_events.bin", "ab").write(b"".join(rest))
-        if len(rest) < len(records):  # CPU samples: the only records decoded here, to symbolize them
+        self.events.take(ebpf_format.RECORD_SIZE, self.out("ebpf_events.bin", "ab"))
+        records = self.samples.records()
+        if records:  # CPU samples: the only records decoded here, to symbolize them
             cpu, unwound = self.out("ebpf_cpu.tsv"), set()
             for raw in records:
-                if raw[0] == ebpf_format.CPU:
-                    e = ebpf_format.Event.from_buffer_copy(raw)
-                    user = self.frames(e.v1, e.pid)
-                elif raw[0] == ebpf_format.USTACK:
-                    e = ebpf_format.Event.from_buffer_copy(raw[:ebpf_format.SIZE])
+                e = ebpf_format.Event.from_buffer_copy(raw[:ebpf_format.SIZE])
+                if e.kind == ebpf_format.USTACK:
                     self.out("ebpf_ustacks.bin", "ab").write(raw)
                     user, self.ustacks = f"@{self.ustacks}", self.ustacks + 1
                     unwound.add(e.pid)
                 else:
-                    continue
+                    user = self.frames(e.v1, e.pid)
                 cpu.write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{self.frames(e.v2, -1)}\n")
             for pid in unwound:
                 self.snapshot_maps(pid)
@@ -394,7 +411,7 @@ class Agent:
         ended = [ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=now, v1=o.state)
                  for k, o in self.b["off_start"].items() if now - o.out >= OFFCPU_MIN_NS]
         if ended:
-            self.out("ebpf_events.bin", "ab").write(b"".join(map(bytes, ended)))
+            self.out("ebpf_events.bin", "ab").write(b"".join(map(ebpf_format.record, ended)))
 
     def program_costs(self) -> None:
         """Each BPF program's runs and time in them, which the kernel counts only while
@@ -436,6 +453,24 @@ class RingReader:
             cons += (self.HEADER + length + 7) & ~7
         struct.pack_into("<Q", self.consumer, 0, cons)
         return out
+
+    def take(self, size: int, out) -> None:
+        """Writes to `out`, as one piece and headers included, every record committed since the
+        last call, in a ring whose records are all `size` bytes long: the headers are checked in
+        one comparison, and no Python object is made per record."""
+        cons, = struct.unpack_from("<Q", self.consumer, 0)
+        prod, = struct.unpack_from("<Q", self.data, 0)
+        n = (prod - cons) // size
+        if not n:
+            return
+        at = self.page + (cons & self.mask)
+        region = memoryview(self.data)[at:at + n * size]
+        lengths = region.cast("I")[::size // 4].tobytes()
+        committed = struct.pack("<I", size - self.HEADER)
+        if lengths != committed * n:  # one still being written, and those after it: the next drain's
+            n = next(i for i in range(n) if lengths[4 * i:4 * i + 4] != committed)
+        out.write(region[:n * size])
+        struct.pack_into("<Q", self.consumer, 0, cons + n * size)
 
 
 def main() -> int:

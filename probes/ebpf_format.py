@@ -1,12 +1,14 @@
-"""The eBPF agent's event record (ebpf_events.bin), defined once.
+"""The eBPF agent's event record and its ebpf_events.bin framing, defined once.
 
 FIELDS and KINDS give the C the BPF program is compiled with (C_DECLARATIONS),
-the agent's ctypes class (Event) and the readers' numpy dtype (numpy_dtype).
+the agent's ctypes class (Event) and the readers' numpy dtypes (numpy_dtype, and
+numpy_record_dtype for a record of ebpf_events.bin).
 Stdlib only: the agent, a script under Debian's python3, imports it as a
 sibling, and numpy is imported only by the readers' call.
 """
 
 import ctypes
+import struct
 
 # In order, each at its natural alignment, as C, BPF, ctypes and numpy (align=True) all place them.
 FIELDS = (("kind", "u32"), ("pid", "u32"), ("tid", "u32"), ("cpu", "u32"), ("t0", "u64"), ("t1", "u64"),
@@ -47,6 +49,18 @@ Ustack = type("Ustack", (ctypes.Structure,), {"_fields_": [("e", Event)]
                                              + [("stack", ctypes.c_uint8 * USTACK_BYTES)]})
 USTACK_SIZE = ctypes.sizeof(Ustack)
 
+# ebpf_events.bin holds the events ring buffer's records as the kernel lays them out, appended in
+# bulk so that the agent does no work per record: an 8-byte header (u32 length, its busy and discard
+# bits clear by then; u32 the kernel's own page offset, meaningless here), then the struct event.
+RING_HEADER = 8
+RECORD_SIZE = RING_HEADER + SIZE
+assert RECORD_SIZE % 8 == 0, "the kernel pads ring records to 8 bytes: none here, so they lie back to back"
+
+
+def record(event) -> bytes:
+    """An event as one ebpf_events.bin record, for those the agent makes itself."""
+    return struct.pack("<II", SIZE, 0) + bytes(event)
+
 
 def _c_declarations() -> str:
     """struct event, EVENT_<KIND> per kind, and asserts that the BPF compiler lays the
@@ -75,6 +89,12 @@ C_DECLARATIONS = _c_declarations()
 def numpy_dtype():
     import numpy as np
     return np.dtype([(name, TYPES[t][1]) for name, t in FIELDS], align=True)
+
+
+def numpy_record_dtype():
+    """An ebpf_events.bin record: the ring's header (ring_len, ring_pgoff), then `event`."""
+    import numpy as np
+    return np.dtype([("ring_len", "<u4"), ("ring_pgoff", "<u4"), ("event", numpy_dtype())])
 
 
 def ustack_offsets() -> dict[str, int]:

@@ -14,7 +14,7 @@ from .base import native_binary, tsv_rows
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS, USTACKS, MAPS = "ebpf_events.bin", "ebpf_ustacks.bin", "ebpf_maps.tsv"
-EVENT = ebpf_format.numpy_dtype()
+RECORD = ebpf_format.numpy_record_dtype()
 
 
 def unwind(captures: Path) -> dict[str, str]:
@@ -67,7 +67,8 @@ def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame
 def read_events(path: Path) -> pd.DataFrame:
     """The agent's binary events; a record torn by a kill is dropped."""
     raw = path.read_bytes() if path.exists() else b""
-    return pd.DataFrame(np.frombuffer(raw, EVENT, count=len(raw) // EVENT.itemsize))
+    records = np.frombuffer(raw, RECORD, count=len(raw) // RECORD.itemsize)
+    return pd.DataFrame(records["event"][records["ring_len"] == ebpf_format.SIZE])
 
 
 def _of_kind(events: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -6,11 +6,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 from helpers import probe_session, write_flow
 from daskprobe.experiments.unwind_cost import CHAIN, build_chain, chain_share
-from daskprobe.probes import ebpf_tables
+from daskprobe.probes import ebpf_format, ebpf_tables
 from daskprobe.probes.ebpf import Ebpf
 
 SPINNERS = """
@@ -171,10 +169,10 @@ def test_offcpu_blocked_and_runnable(tmp_path):
 
 
 def test_events_torn_by_a_kill_leave_the_whole_records(tmp_path):
-    records = np.zeros(3, ebpf_tables.EVENT)
-    records["kind"], records["pid"], records["t0"], records["t1"] = [2, 3, 2], 7, [10, 20, 30], [15, 26, 39]
+    events = [ebpf_format.Event(kind=kind, pid=7, t0=t0, t1=t1) for kind, t0, t1 in ((2, 10, 15), (3, 20, 26), (2, 30, 39))]
+    records = b"".join(map(ebpf_format.record, events))  # as the agent writes those it makes itself
     path = tmp_path / ebpf_tables.EVENTS
-    path.write_bytes(records.tobytes() + records[:1].tobytes()[:21])  # the agent killed mid-write
+    path.write_bytes(records + records[:21])  # the agent killed mid-write
     waits = ebpf_tables.read_gil(ebpf_tables.read_events(path))
     assert waits.wait_ns.tolist() == [5, 9]
     assert len(ebpf_tables.read_offcpu(ebpf_tables.read_events(path))) == 1

@@ -62,7 +62,8 @@ struct Code {
     filename: String,
     first_line: i32,
     table: Vec<u8>,
-    ids: HashMap<i32, u64>,
+    /// frame id by instruction offset: decoding the line table at each read was an eighth of the sampler's CPU
+    ids: HashMap<i64, u64>,
     idle_leaf: bool,
     /// 3.12+'s shim code (no file, or "<shim>"), which py-spy leaves out
     shim: bool,
@@ -241,8 +242,10 @@ impl Reader {
         for &(c, offset) in &self.s.stack {
             // a code object we could not read is skipped, as py-spy skips a frame whose names it cannot read
             let Some(code) = self.codes.get_mut(&c).filter(|code| !code.shim) else { continue };
-            let line = linetable::line(format, &code.table, code.first_line, offset);
-            let id = *code.ids.entry(line).or_insert_with(|| frames.id(out, &code.function, &code.filename, line));
+            let id = *code.ids.entry(offset).or_insert_with(|| {
+                let line = linetable::line(format, &code.table, code.first_line, offset);
+                frames.id(out, &code.function, &code.filename, line)
+            });
             idle_leaf.get_or_insert(code.idle_leaf);
             let comma = if ids.is_empty() { "" } else { "," };
             let _ = write!(ids, "{comma}{id}");
