@@ -194,11 +194,12 @@ def wire(tmp: Path, n_rtt: int, big: int, reps: int) -> dict:
     return res
 
 
-def summarize(df: pd.DataFrame, pair: tuple[str, str]) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, pair: tuple[str, str], by: str = "probes") -> pd.DataFrame:
     """Per graph: median makespans, and the median, range and a bootstrap 90% interval of the
-    per-pair ratios B/A (the interval says how far the median could move on this machine)."""
+    per-pair ratios B/A (the interval says how far the median could move on this machine);
+    A and B are values of the column `by`."""
     a, b = pair
-    wide = df.pivot_table(index=["graph", "rep"], columns="probes", values="makespan_s").reset_index()
+    wide = df.pivot_table(index=["graph", "rep"], columns=by, values="makespan_s").reset_index()
     wide["ratio"] = wide[b] / wide[a]
     table = wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
                                       ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
@@ -230,22 +231,22 @@ def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
     return long.groupby(["graph", "probes", "process"]).cpu_s.median().reset_index()
 
 
-def session_share(df: pd.DataFrame) -> pd.DataFrame:
+def session_share(df: pd.DataFrame, by: str = "probes") -> pd.DataFrame:
     """Per graph and setting, medians over runs: each measuring process's CPU while the session ran,
     the cluster's, and the measuring share of it (the budget: at most 2%)."""
     cols = [c for c in df.columns if c.startswith("session_cpu_s[")] + ["session_cluster_cpu_s", "measuring_share"]
     if "measuring_share" not in df:
         return pd.DataFrame()
-    out = df.dropna(subset=["measuring_share"]).groupby(["graph", "probes"])[cols].median().reset_index()
+    out = df.dropna(subset=["measuring_share"]).groupby(["graph", by])[cols].median().reset_index()
     return out.rename(columns=lambda c: c.replace("session_cpu_s[", "").rstrip("]") if c.startswith("session_cpu_s[")
                       else c)
 
 
-def steal(df: pd.DataFrame) -> pd.DataFrame:
+def steal(df: pd.DataFrame, by: str = "probes") -> pd.DataFrame:
     """Median and largest steal per run, per graph and setting (runs recorded before steal was: none)."""
     if "steal_s" not in df:
         return pd.DataFrame()
-    return df.dropna(subset=["steal_s"]).groupby(["graph", "probes"]).steal_s.agg(["median", "max"]).reset_index()
+    return df.dropna(subset=["steal_s"]).groupby(["graph", by]).steal_s.agg(["median", "max"]).reset_index()
 
 
 def print_table(title: str, df: pd.DataFrame) -> None:
