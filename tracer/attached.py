@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,18 @@ def listener_pid(port: int) -> int | None:
     return None
 
 
+def on_this_host(host: str) -> bool:
+    """The address is one of this host's (in this network namespace): only a local address can be
+    bound. A member elsewhere may listen on a port that a process here listens on too."""
+    try:
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
 def _cmdline(pid: int | None) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1] if pid else []
@@ -99,7 +112,7 @@ class Attached:
     @staticmethod
     def _member(name: str, role: str, listen: str) -> Member:
         m = Member(name, role, listen, listen)
-        m.pid = listener_pid(m.port)
+        m.pid = listener_pid(m.port) if on_this_host(_hostport(f"tcp://{listen}")[0]) else None
         m.command = _cmdline(m.pid)
         return m
 

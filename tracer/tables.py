@@ -102,13 +102,25 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     by_pid = procs.dropna(subset=["pid"]).set_index("pid")
     by_name = procs.set_index("name")
     known = c.peer_pid.isin(by_pid.index)
-    c["peer"] = np.where(known, c.peer_pid.map(by_pid.name), "client")
-    c["peer_role"] = np.where(known, c.peer_pid.map(by_pid.role), "client")
+    away = _member_elsewhere(c.peer_addr, procs)
+    c["peer"] = np.where(known, c.peer_pid.map(by_pid.name), away.fillna("client"))
+    c["peer_role"] = np.where(known, c.peer_pid.map(by_pid.role), away.map(by_name.role).fillna("client"))
     c["upstream_name"] = c.label
     c["upstream_role"] = c.label.map(by_name.role)
     bad = cap.malformed.groupby("conn").size()
     c["malformed"] = c.conn.map(bad).fillna(0).astype(int)
     return c.drop(columns="label")
+
+
+def _member_elsewhere(peer_addr: pd.Series, procs: pd.DataFrame) -> pd.Series:
+    """For each connecting address, the member on another host that it comes from: the one member
+    whose listening address has that host (an attached cluster's worker elsewhere has no pid here).
+    NaN where there is none, or several there: those count as clients."""
+    host = lambda addr: addr.str.rsplit(":", n=1).str[0].str.strip("[]")  # noqa: E731
+    away = procs[procs.pid.isna() & procs.listen.notna()]
+    hosts = host(away.listen.astype(str))
+    alone = hosts.drop_duplicates(keep=False)
+    return host(peer_addr.astype(str)).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy()))
 
 
 def task_tables(ev: dict, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:

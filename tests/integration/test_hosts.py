@@ -1,0 +1,143 @@
+"""Several hosts on one machine: network namespaces joined by a bridge, the scheduler on one, a
+worker on each of two others, those two each on a CLOCK_MONOTONIC of its own (time namespaces).
+`daskprobe attach` on the scheduler's host records what that host sees. Ground truth: the keys
+the scripts computed, the scheduler's pid, and the workers' addresses the scheduler reports."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import write_flow
+from daskprobe.probes.rundir import RunDir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and attach need root")
+
+DASK = str(Path(sys.executable).with_name("dask"))
+SUBNET = "10.77.0"
+OFFSETS = {"b": 5_000, "c": 9_000}  # seconds each worker host's monotonic clock is ahead
+
+BEFORE = """
+import json, operator, os, sys
+from distributed import Client
+with Client() as c:  # DASK_SCHEDULER_ADDRESS
+    c.wait_for_workers(2, timeout=60)
+    c.gather(c.map(operator.add, range(100), range(100), key=[f"before-{i}" for i in range(100)]))
+    print(json.dumps(sorted(c.scheduler_info()["workers"])))
+"""
+
+DURING = """
+import operator
+from distributed import Client
+with Client() as c:
+    xs = c.map(operator.add, range(400), range(400), key=[f"after-{i}" for i in range(400)])
+    ys = c.map(lambda x: [x] * 2_000, xs, key=[f"list-{i}" for i in range(400)])  # moved between hosts
+    print(c.submit(lambda *a: sum(map(len, a)), *ys, key="after-sum").result())
+"""
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def hosts():
+    """{host: netns name}: 'a' holds a bridge at SUBNET.1, 'b' and 'c' are SUBNET.2 and .3 on it."""
+    prefix = f"dp{os.getpid() % 100_000}"
+    names = {h: f"{prefix}{h}" for h in "abc"}
+    try:
+        for ns in names.values():
+            ip("netns", "add", ns)
+        a = names["a"]
+        ip("-n", a, "link", "set", "lo", "up")
+        ip("-n", a, "link", "add", "br0", "type", "bridge")
+        ip("-n", a, "addr", "add", f"{SUBNET}.1/24", "dev", "br0")
+        ip("-n", a, "link", "set", "br0", "up")
+        for i, h in enumerate("bc", start=2):
+            veth = f"{prefix}v{h}"
+            ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", names[h])
+            ip("link", "set", veth, "netns", a)
+            ip("-n", a, "link", "set", veth, "master", "br0")
+            ip("-n", a, "link", "set", veth, "up")
+            ip("-n", names[h], "addr", "add", f"{SUBNET}.{i}/24", "dev", "eth0")
+            ip("-n", names[h], "link", "set", "eth0", "up")
+            ip("-n", names[h], "link", "set", "lo", "up")
+        subprocess.run(["unshare", "--fork", "--time", "--monotonic", "1", "true"], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        _remove(names)
+        pytest.skip(f"no network or time namespaces here: {getattr(e, 'stderr', '') or e}")
+    try:
+        yield names
+    finally:
+        _remove(names)
+
+
+def _remove(names: dict) -> None:
+    for ns in names.values():
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def in_host(ns: str, *cmd: str, offset: int = 0) -> list[str]:
+    clock = ["unshare", "--fork", "--time", "--monotonic", str(offset)] if offset else []
+    return ["ip", "netns", "exec", ns, *clock, *cmd]
+
+
+def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_other_hosts(hosts, tmp_path):
+    port = 20_000 + os.getpid() % 10_000
+    address = f"tcp://{SUBNET}.1:{port}"
+    env = dict(os.environ, DASK_SCHEDULER_ADDRESS=address, DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION="inf")
+    log = open(tmp_path / "cluster.log", "w")
+    scheduler = subprocess.Popen(in_host(hosts["a"], DASK, "scheduler", "--host", f"{SUBNET}.1", "--port", str(port),
+                                         "--no-dashboard"), stdout=log, stderr=log, env=env)
+    workers = [subprocess.Popen(in_host(hosts[h], DASK, "worker", address, "--host", f"{SUBNET}.{i}", "--nthreads",
+                                        "1", "--no-dashboard", *(["--no-nanny"] * (h == "b")), offset=OFFSETS[h]),
+                                stdout=log, stderr=log, env=env)
+               for i, h in enumerate("bc", start=2)]
+    try:
+        before = subprocess.run(in_host(hosts["a"], sys.executable, str(write_flow(tmp_path / "before.py", BEFORE))),
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert before.returncode == 0, before.stderr[-3000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+        worker_addresses = json.loads(before.stdout)
+        assert [a.split("://")[1].rsplit(":", 1)[0] for a in worker_addresses] == [f"{SUBNET}.2", f"{SUBNET}.3"]
+
+        out = tmp_path / "run"
+        # into the scheduler host's network only: `ip netns exec` would mount a /sys without tracefs
+        p = subprocess.run(["nsenter", f"--net=/run/netns/{hosts['a']}", sys.executable, "-m", "daskprobe.tracer.cli",
+                            "attach", address, "--out", str(out), "--no-trace", "--",
+                            sys.executable, str(write_flow(tmp_path / "during.py", DURING))],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.strip() == str(400 * 2_000)
+        run = RunDir(out)
+        assert not json.loads((out / "run.json").read_text()).get("skipped"), "every probe runs in a network namespace"
+
+        keys = set(run.table("attempts").key)
+        expected = {f"after-{i}" for i in range(400)} | {f"list-{i}" for i in range(400)} | {"after-sum"}
+        assert expected <= keys, sorted(expected - keys)[:10]
+        assert not any(k.startswith("before-") for k in keys)
+
+        procs = run.table("processes").set_index("name")
+        assert procs.pid["scheduler"] == scheduler.pid
+        remote = procs[procs.role == "worker"]
+        assert len(remote) == 2 and remote.pid.isna().all(), "the workers are on other hosts: no pid of this one's"
+        msgs = run.table("messages")
+        for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
+            assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
+            assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w
+        finished = msgs[msgs.op == "task-finished"].key
+        assert expected <= set(finished), "a task-finished on the bridge was missed"
+
+        again = subprocess.run(in_host(hosts["a"], sys.executable, str(tmp_path / "during.py")),
+                               capture_output=True, text=True, env=env, timeout=120)
+        assert again.returncode == 0 and again.stdout.strip() == str(400 * 2_000), "the cluster after the recording"
+    finally:
+        for proc in [*workers, scheduler]:
+            proc.terminate()
+        for proc in [*workers, scheduler]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
