@@ -8,12 +8,16 @@ import asyncio
 import os
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..probes.proxy import start_tap, stop_proxy
 from ..probes.rundir import RunDir
 from .cluster import Member, describe
+
+
+FOLLOW_S = 2.0  # how often the scheduler is asked for workers that joined
 
 
 @dataclass
@@ -44,6 +48,12 @@ def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
         info = asyncio.run(asyncio.wait_for(ask(), timeout))
     except asyncio.TimeoutError:
         raise OSError(f"no answer within {timeout:g} s (is it a Dask scheduler?)") from None
+    except OSError:
+        raise
+    except Exception as e:  # another protocol's bytes read as Dask's frames (an SSH banner: a 2.8 EiB frame)
+        raise RuntimeError(f"it does not speak Dask's protocol ({type(e).__name__})") from None
+    if not isinstance(info, dict):
+        raise RuntimeError("it does not speak Dask's protocol (its identity is not a mapping)")
     if info.get("type") != "Scheduler":
         raise RuntimeError(f"{address} is not a Dask scheduler (it says it is a {info.get('type')})")
     return info.get("workers", {})
@@ -99,6 +109,7 @@ class Attached:
         self.worker_info: list[dict] = []  # the scheduler's identity entry of each worker
         self.recorder: subprocess.Popen | None = None
         self.env = dict(os.environ)
+        self.next_look = time.monotonic() + FOLLOW_S
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
@@ -115,6 +126,29 @@ class Attached:
         m.pid = listener_pid(m.port) if on_this_host(_hostport(f"tcp://{listen}")[0]) else None
         m.command = _cmdline(m.pid)
         return m
+
+    def joined(self) -> list[Member]:
+        """Workers that joined since the last look (a scale-up, a nanny's restart), each added to
+        the members and its port to the tap's; asked of the scheduler at most every FOLLOW_S
+        seconds, and none while it does not answer."""
+        if time.monotonic() < self.next_look:
+            return []
+        try:
+            workers = workers_of(self.spec.address, timeout=5.0)
+        except (OSError, RuntimeError):
+            return []
+        finally:
+            self.next_look = time.monotonic() + FOLLOW_S
+        known, new = {m.listen for m in self.workers}, []
+        for addr in sorted(workers):
+            if (listen := "%s:%d" % _hostport(addr)) not in known:
+                new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
+                self.members.append(new[-1])
+                self.worker_info.append(workers[addr])
+                self.recorder.stdin.write(f"{new[-1].port}={new[-1].name}\n".encode())
+        if new:
+            self.recorder.stdin.flush()
+        return new
 
     @property
     def workers(self) -> list[Member]:

@@ -254,14 +254,15 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         run.update_meta(processes=_processes(cluster, started), scheduler_address=address)
         say(f"recording a scheduler and {len(cluster.workers)} worker(s)"
             + (" while the command runs" if command else f" for {duration:g} s" if duration else "; Ctrl-C ends it"))
+        follow = lambda: _joined(cluster, started, run, client, command)  # noqa: E731
         if command:
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=address)
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
             _watch(started, [_client_row(client, command)])
             run.update_meta(processes=_processes(cluster, started, client, command))
-            code = _wait(client, signals)
+            code = _wait(client, signals, follow)
         else:
-            code = _sleep(duration, signals)
+            code = _sleep(duration, signals, follow)
         record(run, command_ended_ns=time.monotonic_ns())
     except (OSError, RuntimeError) as e:
         say(f"cannot attach to {address}: {e}")
@@ -281,23 +282,35 @@ def _ended(run: RunDir, signals: Signals, code: int, stopped_early: bool) -> int
     return code
 
 
-def _sleep(duration: float | None, signals: Signals) -> int:
+def _joined(cluster, started: list[Probe], run: RunDir, client, command) -> None:
+    """Workers that joined an attached cluster while recording: named, watched and recorded
+    like those there at the start (else their messages would be taken for a client's)."""
+    if new := cluster.joined():
+        say(f"joined: {', '.join(f'{m.name} ({m.listen})' for m in new)}")
+        _watch(started, [row for row in _processes(cluster, started) if row["name"] in {m.name for m in new}])
+        run.update_meta(processes=_processes(cluster, started, client, command))
+
+
+def _sleep(duration: float | None, signals: Signals, every=lambda: None) -> int:
     end = time.monotonic() + duration if duration else float("inf")
     while time.monotonic() < end:
         time.sleep(min(0.2, max(0.0, end - time.monotonic())))
         signals.check()
+        every()
     return 0
 
 
-def _wait(client: subprocess.Popen, signals: Signals) -> int:
+def _wait(client: subprocess.Popen, signals: Signals, every=lambda: None) -> int:
     """The command's exit code; a signal whose Interrupted was lost (see Signals.check) is acted on
     within half a second, even one that came as the command was being started. Waits on a pidfd:
-    Popen.wait(timeout) polls, waking 20 times a second for the whole run."""
+    Popen.wait(timeout) polls, waking 20 times a second for the whole run. `every` is called
+    each time round (at least every half second)."""
     exited = os.pidfd_open(client.pid)
     try:
         while client.poll() is None:
             select.select([exited], [], [], 0.5)
             signals.check()
+            every()
         return client.returncode
     finally:
         os.close(exited)

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -63,8 +64,14 @@ def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_p
         standing.kill()
 
 
-def test_attach_to_something_that_is_not_a_scheduler_says_so(tmp_path):
+@pytest.mark.parametrize("banner", [b"", b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n" * 4])  # silent; talks first
+def test_attach_to_something_that_is_not_a_scheduler_says_so(tmp_path, banner):
     with socket.create_server(("127.0.0.1", 0)) as s:
+        def greet():
+            with s.accept()[0] as conn:
+                conn.sendall(banner)
+                conn.recv(1)
+        threading.Thread(target=greet, daemon=True).start()
         p = daskprobe("attach", f"tcp://127.0.0.1:{s.getsockname()[1]}", "--out", str(tmp_path / "run"),
                       "--duration", "1", timeout=120)
     assert p.returncode != 0 and "cannot attach to tcp://127.0.0.1:" in p.stderr, p.stderr[-2000:]
@@ -95,3 +102,46 @@ def test_record_in_a_script_records_the_block_only(tmp_path):
     assert {f"inside-{i}" for i in range(200)} <= keys
     assert not any(k.startswith(("before-", "after-")) for k in keys)
     assert (out / "report.html").exists() and (out / "summary.json").exists()
+
+
+JOINING = """
+import json, operator, os, subprocess, sys, time
+from distributed import Client
+with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
+    before = set(c.scheduler_info()["workers"])
+    worker = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dask"), "worker",
+                               os.environ["DASK_SCHEDULER_ADDRESS"], "--no-nanny", "--nthreads", "1",
+                               "--host", "127.0.0.1", "--no-dashboard"], stderr=subprocess.DEVNULL)
+    c.wait_for_workers(len(before) + 1, timeout=60)
+    new = (set(c.scheduler_info()["workers"]) - before).pop()
+    c.gather(c.map(operator.add, range(50), range(50), key=[f"joined-{i}" for i in range(50)], workers=[new]))
+    time.sleep(3)  # long enough for daskprobe to look for joiners
+    c.gather(c.map(operator.add, range(50), range(50), key=[f"later-{i}" for i in range(50)], workers=[new]))
+    assert c.run(os.getpid, workers=[new]) == {new: worker.pid}  # the scheduler connects to its port
+    print(json.dumps({"address": new, "pid": worker.pid}), flush=True)
+    c.retire_workers([new])
+    worker.wait(60)
+"""
+
+
+def test_a_worker_that_joins_while_recording_is_named_and_recorded_as_one(tmp_path):
+    standing = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        truth = json.loads(standing.stdout.readline())
+        out = tmp_path / "run"
+        p = daskprobe("attach", truth["address"], "--out", str(out), "--no-trace", "--",
+                      sys.executable, str(write_flow(tmp_path / "joining.py", JOINING)))
+        assert p.returncode == 0, p.stderr[-3000:]
+        joined = json.loads(p.stdout.strip().splitlines()[-1])
+        assert "joined: worker-2" in p.stderr
+        procs = RunDir(out).table("processes").set_index("name")
+        assert procs.pid["worker-2"] == joined["pid"] and procs.listen["worker-2"] == joined["address"].split("://")[1]
+        attempts = RunDir(out).table("attempts")
+        mine = attempts[attempts.key.str.startswith(("joined-", "later-"))]
+        assert len(mine) == 100 and (mine.worker == "worker-2").all(), mine.worker.value_counts()
+        assert not (attempts.worker == "client").any()
+        conns = RunDir(out).table("connections")  # its own port was watched from when it was found
+        assert ((conns.upstream_name == "worker-2") & (conns.peer == "scheduler")).any(), conns
+    finally:
+        standing.kill()

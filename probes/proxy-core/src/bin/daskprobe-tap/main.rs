@@ -7,14 +7,15 @@
 //! packet once) through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
 //! stream back together, parses it with the proxy's framing parser and writes the proxy's
 //! capture records: a connection's open record names the listening side as both listener and
-//! upstream. Prints "ready" once capturing, and stops when its stdin ends: each direction still
-//! open is recorded as closed then, and the packets the kernel dropped are logged.
+//! upstream. Prints "ready" once capturing. A "PORT=LABEL" line on stdin adds a port to watch (a
+//! member that joined); it stops when its stdin ends: each direction still open is recorded as
+//! closed then, and the packets the kernel dropped are logged.
 
 mod packets;
 mod streams;
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
@@ -26,6 +27,11 @@ use daskprobe_proxy::failures::{log, Failures};
 
 const POLL_MS: i32 = 40; // how soon the end of stdin is seen
 
+fn port_label(v: &str) -> Result<(u16, String), String> {
+    let (port, label) = v.split_once('=').unwrap_or((v, ""));
+    Ok((port.parse().map_err(|e| format!("port {v}: {e}"))?, label.to_string()))
+}
+
 fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
     let (mut capture, mut ports) = (None, HashMap::new());
     let mut args = std::env::args().skip(1);
@@ -34,8 +40,8 @@ fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
         match a.as_str() {
             "--capture" => capture = Some(v),
             "--port" => {
-                let (port, label) = v.split_once('=').unwrap_or((&v, ""));
-                ports.insert(port.parse().map_err(|e| format!("--port {v}: {e}"))?, label.to_string());
+                let (port, label) = port_label(&v)?;
+                ports.insert(port, label);
             }
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -47,7 +53,7 @@ fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
 }
 
 fn main() {
-    let (path, ports) = parse_args().unwrap_or_else(|e| {
+    let (path, mut ports) = parse_args().unwrap_or_else(|e| {
         log(format_args!("{e}"));
         std::process::exit(2)
     });
@@ -66,14 +72,20 @@ fn main() {
         thread::spawn(move || capture.run(rx, &stopping))
     };
     let stdin_open = Arc::new(AtomicBool::new(true));
+    let (joined_tx, joined) = channel();
     {
         let stdin_open = stdin_open.clone();
         thread::spawn(move || {
-            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                match port_label(line.trim()) {
+                    Ok(p) => joined_tx.send(p).unwrap_or(()),
+                    Err(e) => log(format_args!("{e}")),
+                }
+            }
             stdin_open.store(false, Ordering::Relaxed);
         });
     }
-    let mut streams = streams::Streams::new(ports, tx);
+    let mut streams = streams::Streams::new(ports.clone(), tx);
     let failures = Failures::default();
     println!("ready");
     // Once told to stop, the kernel still holds the packets of its last block until it retires it
@@ -84,6 +96,13 @@ fn main() {
             Ok(Some((t, seg))) => streams.segment(t, &seg),
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
+        }
+        while let Ok((port, label)) = joined.try_recv() {
+            ports.insert(port, label.clone());
+            if let Err(e) = tap.watch(&ports.keys().copied().collect::<Vec<_>>()) {
+                failures.note(&format!("watching port {port}: {e}"));
+            }
+            streams.watch(port, label);
         }
         if stop_at.is_none() && !stdin_open.load(Ordering::Relaxed) {
             stop_at = Some(now_ns() + 3 * packets::RETIRE_MS as u64 * 1_000_000);

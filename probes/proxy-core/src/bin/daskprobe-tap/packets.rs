@@ -85,14 +85,18 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
     prog
 }
 
+fn attach_filter(fd: i32, ports: &[u16], lo: i32) -> io::Result<()> {
+    let prog = filter(ports, lo);
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
 impl Tap {
     pub fn open(ports: &[u16]) -> io::Result<Tap> {
         let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
         let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })?;
         let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
-        let prog = filter(ports, lo);
-        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-        setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)?;
+        attach_filter(fd, ports, lo)?;
         setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))?;
         let req = libc::tpacket_req3 {
             tp_block_size: BLOCK, tp_block_nr: BLOCKS, tp_frame_size: 2048, tp_frame_nr: BLOCK / 2048 * BLOCKS,
@@ -107,6 +111,12 @@ impl Tap {
             return Err(io::Error::last_os_error());
         }
         Ok(Tap { fd, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo })
+    }
+
+    /// Watches these ports from now on (a member that joined while recording): the kernel
+    /// swaps the filter in place, and packets already in the ring stay.
+    pub fn watch(&self, ports: &[u16]) -> io::Result<()> {
+        attach_filter(self.fd, ports, self.lo)
     }
 
     fn desc(&self) -> *mut libc::tpacket_block_desc {

@@ -55,6 +55,11 @@ impl Streams {
         Streams { labels, conns: HashMap::new(), next_id: 1, out }
     }
 
+    /// A port to watch from now on, and what listens there.
+    pub fn watch(&mut self, port: u16, label: String) {
+        self.labels.insert(port, label);
+    }
+
     pub fn segment(&mut self, t: u64, s: &Segment) {
         // the listening side: the one a SYN goes to, else the one on a watched port
         let to_server = if s.syn { !s.ack } else { self.labels.contains_key(&s.dst.port()) };
