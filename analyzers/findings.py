@@ -8,7 +8,7 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .intervals import inside, union
+from .intervals import inside, intersect, union
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -92,14 +92,17 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
 
 
 def cpu_holders(t: dict, top: int = 3) -> str | None:
-    """What the sampled threads on a CPU were doing while an event loop waited for one: the
-    largest (process, category) shares of on-CPU samples inside event loops' runnable intervals."""
-    states, cpu = t.get("thread_states"), t.get("cpu_samples")
-    if states is None or cpu is None or states.empty or cpu.empty:
+    """What the sampled threads on a CPU were doing while an event loop waited for one within a job:
+    the largest (process, category) shares of on-CPU samples inside event loops' runnable intervals
+    (outside jobs a client's imports, say, are not what starved the path)."""
+    states, cpu, path = t.get("thread_states"), t.get("cpu_samples"), t.get("critical_path")
+    if states is None or cpu is None or path is None or states.empty or cpu.empty:
         return None
     waits = states[(states.state == "runnable") & (states.tid == states.pid)]
+    jobs = path[path.job >= 0]
+    waited = intersect(*union(waits.start_ns, waits.end_ns), *union(jobs.start_ns, jobs.end_ns))[:2]
     running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
-    inside_ = inside(running.t_ns.to_numpy(), *union(waits.start_ns, waits.end_ns))
+    inside_ = inside(running.t_ns.to_numpy(), *waited)
     # weighted by the time each sample stands for: Python and eBPF samples come at different rates
     share = running[inside_].groupby(["process", "category"]).weight_s.sum()
     if share.empty or not share.sum():

@@ -119,7 +119,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         "cpu_by_category_s": cpu_by_category(cpu_in_window),
         "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], span)} | whole | {
         "thread_states": "ebpf" if len(states) else "samples"}
-    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states}, meta)
+    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path},
+                                   meta)
     out |= {"attempt_threads": attempt_threads(t["attempts"], threads), "attribution": attr}
     return Analysis(out | ({} if side else sides), summary)
 

@@ -63,6 +63,9 @@ def test_a_scheduler_short_of_cpu_is_cpu_starvation():
     s.state("scheduler", "runnable", 36, 44)
     for t in (37, 38, 39):  # meanwhile a worker's thread ran on the CPU
         s.sample("worker-0", t, "SchedulerState.decide_worker_non_rootish")  # any stack: its category counts
+    s.state("scheduler", "runnable", 1, 8)  # before the job: what the client ran then starved no path
+    for t in (2, 3, 4, 5, 6):
+        s.sample("client", t, "_find_and_load")
     starved = next(f for f in analyze(s.tables(), META).summary["findings"] if f["id"] == "cpu-starvation")
     assert "worker-0 scheduler_decisions 100% (of 3 samples)" in starved["evidence"], starved
     assert "cpu-starvation" in found(s)
