@@ -98,7 +98,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     graphs, jobs = graph_jobs(t["graphs"], t["messages"])
     window = session(t["messages"], jobs)
     if jobs.empty or t["attempts"].empty or window is None:
-        return Analysis({}, base | {"error": _nothing(t)})
+        return Analysis({}, base | {"error": _nothing(t, meta)})
     attempts = assign_jobs(t["attempts"], jobs)
     tasks = tasks_table(attempts, graphs)
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
@@ -125,10 +125,13 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     return Analysis(out | ({} if side else sides), summary)
 
 
-def _nothing(t: dict) -> str:
+def _nothing(t: dict, meta: dict) -> str:
     if t["messages"].empty:
         return "no messages were captured: nothing to measure"
     if not ((t["messages"].src_role == "client") & (t["messages"].op == "update-graph")).any():
+        if meta.get("attached"):
+            return ("no client submitted a computation while recording (no update-graph reached the scheduler): "
+                    "nothing to measure")
         return ("no update-graph from a client went through daskprobe's proxy: nothing to measure (did the "
                 "command connect to another scheduler than DASK_SCHEDULER_ADDRESS?)")
     return "no task was dispatched: nothing to measure"
