@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -37,31 +38,42 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
 """
 
 
-def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_path):
-    standing = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+@pytest.fixture
+def standing(tmp_path):
+    """The STANDING cluster, up and having worked: (its process, what it printed)."""
+    proc = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        truth = json.loads(standing.stdout.readline())
-        out = tmp_path / "run"
-        p = daskprobe("attach", truth["address"], "--out", str(out), "--no-trace", "--",
-                      sys.executable, str(write_flow(tmp_path / "second.py", SECOND)))
-        assert p.returncode == 0, p.stderr[-3000:]
-        assert p.stdout.strip() == str(sum(2 * i for i in range(300)))
-        keys = set(RunDir(out).table("attempts").key)
-        assert {f"after-{i}" for i in range(300)} | {"after-sum"} <= keys
-        assert not any(k.startswith("before-") for k in keys)
-        procs = RunDir(out).table("processes").set_index("name")
-        assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
-        # its main thread sat in stdin.readline() from before the attach to after it: asleep all along
-        cpu = RunDir(out).table("cpu_samples")
-        main = cpu[(cpu.pid == truth["pids"][-1]) & (cpu.tid == truth["pids"][-1]) & (cpu.source == "pyspy")]
-        assert len(main) >= 20 and main.on_cpu.mean() < 0.05, main.on_cpu.mean()
-        standing.stdin.write("go on\n")
-        standing.stdin.flush()
-        assert standing.stdout.readline().strip() == "3", "the cluster no longer works after the recording"
-        assert standing.wait(60) == 0
+        yield proc, json.loads(proc.stdout.readline())
     finally:
-        standing.kill()
+        proc.kill()
+
+
+def attach_while(tmp_path, address: str, script: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """`daskprobe attach` to the cluster while the script runs against it: (the run directory, how it went)."""
+    out = tmp_path / "run"
+    return out, daskprobe("attach", address, "--out", str(out), "--no-trace", "--",
+                          sys.executable, str(write_flow(tmp_path / "script.py", script)))
+
+
+def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_path, standing):
+    standing, truth = standing
+    out, p = attach_while(tmp_path, truth["address"], SECOND)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == str(sum(2 * i for i in range(300)))
+    keys = set(RunDir(out).table("attempts").key)
+    assert {f"after-{i}" for i in range(300)} | {"after-sum"} <= keys
+    assert not any(k.startswith("before-") for k in keys)
+    procs = RunDir(out).table("processes").set_index("name")
+    assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
+    # its main thread sat in stdin.readline() from before the attach to after it: asleep all along
+    cpu = RunDir(out).table("cpu_samples")
+    main = cpu[(cpu.pid == truth["pids"][-1]) & (cpu.tid == truth["pids"][-1]) & (cpu.source == "pyspy")]
+    assert len(main) >= 20 and main.on_cpu.mean() < 0.05, main.on_cpu.mean()
+    standing.stdin.write("go on\n")
+    standing.stdin.flush()
+    assert standing.stdout.readline().strip() == "3", "the cluster no longer works after the recording"
+    assert standing.wait(60) == 0
 
 
 @pytest.mark.parametrize("banner", [b"", b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n" * 4])  # silent; talks first
@@ -124,24 +136,16 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
 """
 
 
-def test_a_worker_that_joins_while_recording_is_named_and_recorded_as_one(tmp_path):
-    standing = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        truth = json.loads(standing.stdout.readline())
-        out = tmp_path / "run"
-        p = daskprobe("attach", truth["address"], "--out", str(out), "--no-trace", "--",
-                      sys.executable, str(write_flow(tmp_path / "joining.py", JOINING)))
-        assert p.returncode == 0, p.stderr[-3000:]
-        joined = json.loads(p.stdout.strip().splitlines()[-1])
-        assert "joined: worker-2" in p.stderr
-        procs = RunDir(out).table("processes").set_index("name")
-        assert procs.pid["worker-2"] == joined["pid"] and procs.listen["worker-2"] == joined["address"].split("://")[1]
-        attempts = RunDir(out).table("attempts")
-        mine = attempts[attempts.key.str.startswith(("joined-", "later-"))]
-        assert len(mine) == 100 and (mine.worker == "worker-2").all(), mine.worker.value_counts()
-        assert not (attempts.worker == "client").any()
-        conns = RunDir(out).table("connections")  # its own port was watched from when it was found
-        assert ((conns.upstream_name == "worker-2") & (conns.peer == "scheduler")).any(), conns
-    finally:
-        standing.kill()
+def test_a_worker_that_joins_while_recording_is_named_and_recorded_as_one(tmp_path, standing):
+    out, p = attach_while(tmp_path, standing[1]["address"], JOINING)
+    assert p.returncode == 0, p.stderr[-3000:]
+    joined = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "joined: worker-2" in p.stderr
+    procs = RunDir(out).table("processes").set_index("name")
+    assert procs.pid["worker-2"] == joined["pid"] and procs.listen["worker-2"] == joined["address"].split("://")[1]
+    attempts = RunDir(out).table("attempts")
+    mine = attempts[attempts.key.str.startswith(("joined-", "later-"))]
+    assert len(mine) == 100 and (mine.worker == "worker-2").all(), mine.worker.value_counts()
+    assert not (attempts.worker == "client").any()
+    conns = RunDir(out).table("connections")  # its own port was watched from when it was found
+    assert ((conns.upstream_name == "worker-2") & (conns.peer == "scheduler")).any(), conns
