@@ -110,6 +110,7 @@ class Attached:
         self.recorder: subprocess.Popen | None = None
         self.env = dict(os.environ)
         self.next_look = time.monotonic() + FOLLOW_S
+        self.left: set[str] = set()  # names of workers gone from the scheduler's list
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
@@ -127,28 +128,30 @@ class Attached:
         m.command = _cmdline(m.pid)
         return m
 
-    def joined(self) -> list[Member]:
-        """Workers that joined since the last look (a scale-up, a nanny's restart), each added to
-        the members and its port to the tap's; asked of the scheduler at most every FOLLOW_S
-        seconds, and none while it does not answer."""
+    def look(self) -> tuple[list[Member], list[Member]]:
+        """(workers that joined, workers that left) since the last look: a scale-up, a nanny's
+        restart, a death. One that joined is added to the members and its port to the tap's.
+        Asked of the scheduler at most every FOLLOW_S seconds; nothing while it does not answer."""
         if time.monotonic() < self.next_look:
-            return []
+            return [], []
         try:
             workers = workers_of(self.spec.address, timeout=5.0)
         except (OSError, RuntimeError):
-            return []
+            return [], []
         finally:
             self.next_look = time.monotonic() + FOLLOW_S
+        now = {"%s:%d" % _hostport(addr): addr for addr in sorted(workers)}
+        left = [m for m in self.workers if m.listen not in now and m.name not in self.left]
+        self.left |= {m.name for m in left}
         known, new = {m.listen for m in self.workers}, []
-        for addr in sorted(workers):
-            if (listen := "%s:%d" % _hostport(addr)) not in known:
-                new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
-                self.members.append(new[-1])
-                self.worker_info.append(workers[addr])
-                self.recorder.stdin.write(f"{new[-1].port}={new[-1].name}\n".encode())
+        for listen in (listen for listen in now if listen not in known):
+            new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
+            self.members.append(new[-1])
+            self.worker_info.append(workers[now[listen]])
+            self.recorder.stdin.write(f"{new[-1].port}={new[-1].name}\n".encode())
         if new:
             self.recorder.stdin.flush()
-        return new
+        return new, left
 
     @property
     def workers(self) -> list[Member]:

@@ -254,7 +254,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         run.update_meta(processes=_processes(cluster, started), scheduler_address=address)
         say(f"recording a scheduler and {len(cluster.workers)} worker(s)"
             + (" while the command runs" if command else f" for {duration:g} s" if duration else "; Ctrl-C ends it"))
-        follow = lambda: _joined(cluster, started, run, client, command)  # noqa: E731
+        follow = lambda: _follow(cluster, started, run, client, command)  # noqa: E731
         if command:
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=address)
             client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
@@ -282,13 +282,18 @@ def _ended(run: RunDir, signals: Signals, code: int, stopped_early: bool) -> int
     return code
 
 
-def _joined(cluster, started: list[Probe], run: RunDir, client, command) -> None:
-    """Workers that joined an attached cluster while recording: named, watched and recorded
-    like those there at the start (else their messages would be taken for a client's)."""
-    if new := cluster.joined():
+def _follow(cluster, started: list[Probe], run: RunDir, client, command) -> None:
+    """Workers that joined an attached cluster while recording: named, watched and recorded like
+    those there at the start (else their messages would be taken for a client's). Those that
+    left: said, and listed in run.json's `left`."""
+    new, left = cluster.look()
+    if new:
         say(f"joined: {', '.join(f'{m.name} ({m.listen})' for m in new)}")
         _watch(started, [row for row in _processes(cluster, started) if row["name"] in {m.name for m in new}])
         run.update_meta(processes=_processes(cluster, started, client, command))
+    if left:
+        say(f"left the cluster: {', '.join(f'{m.name} ({m.listen})' for m in left)}")
+        run.update_meta(left=sorted(cluster.left))
 
 
 def _sleep(duration: float | None, signals: Signals, every=lambda: None) -> int:

@@ -133,6 +133,7 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
     print(json.dumps({"address": new, "pid": worker.pid}), flush=True)
     c.retire_workers([new])
     worker.wait(60)
+    time.sleep(3)  # and for it to see that the worker left
 """
 
 
@@ -140,7 +141,8 @@ def test_a_worker_that_joins_while_recording_is_named_and_recorded_as_one(tmp_pa
     out, p = attach_while(tmp_path, standing[1]["address"], JOINING)
     assert p.returncode == 0, p.stderr[-3000:]
     joined = json.loads(p.stdout.strip().splitlines()[-1])
-    assert "joined: worker-2" in p.stderr
+    assert "joined: worker-2" in p.stderr and "left the cluster: worker-2" in p.stderr
+    assert json.loads((out / "run.json").read_text())["left"] == ["worker-2"]
     procs = RunDir(out).table("processes").set_index("name")
     assert procs.pid["worker-2"] == joined["pid"] and procs.listen["worker-2"] == joined["address"].split("://")[1]
     attempts = RunDir(out).table("attempts")
