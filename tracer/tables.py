@@ -116,11 +116,14 @@ def _member_elsewhere(peer_addr: pd.Series, procs: pd.DataFrame) -> pd.Series:
     """For each connecting address, the member on another host that it comes from: the one member
     whose listening address has that host (an attached cluster's worker elsewhere has no pid here).
     NaN where there is none, or several there: those count as clients."""
-    host = lambda addr: addr.str.rsplit(":", n=1).str[0].str.strip("[]")  # noqa: E731
     away = procs[procs.pid.isna() & procs.listen.notna()]
-    hosts = host(away.listen.astype(str))
-    alone = hosts.drop_duplicates(keep=False)
-    return host(peer_addr.astype(str)).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy()))
+    alone = _host(away.listen).drop_duplicates(keep=False)
+    return _host(peer_addr).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy()))
+
+
+def _host(addresses: pd.Series) -> pd.Series:
+    """'host:port' (IPv6 in brackets) -> host."""
+    return addresses.astype(str).str.rsplit(":", n=1).str[0].str.strip("[]")
 
 
 def task_tables(ev: dict, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:

@@ -6,6 +6,7 @@ import json
 import time
 
 import msgpack
+import pandas as pd
 import pytest
 
 from daskprobe.probes import ebpf_tables, procfs, pyspy
@@ -117,3 +118,14 @@ def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
         sampled.write_text(whole + torn)
         samples, _, frames = pyspy.read_samples(sampled)
         assert samples.t_ns.tolist() == [1000] and frames.frame_id.tolist() == [0]
+
+
+def test_a_peer_on_another_host_is_the_one_member_there_else_a_client():
+    procs = pd.DataFrame({"name": ["scheduler", "worker-0", "worker-1", "worker-2", "worker-3"],
+                          "pid": pd.array([11, None, None, None, None], dtype="Int64"),
+                          "listen": ["10.0.0.1:8786", "10.0.0.2:4001", "10.0.0.3:4001", "10.0.0.3:4002", "[fe80::2]:9"]})
+    peers = pd.Series(["10.0.0.2:50001", "10.0.0.3:50002", "10.0.0.9:50003", "[fe80::2]:50004", "10.0.0.1:50005"])
+    named = tables._member_elsewhere(peers, procs)
+    # one member there: it; two on 10.0.0.3: cannot tell; nobody there, or the scheduler's own host: a client
+    assert named.tolist()[:1] + named.tolist()[3:4] == ["worker-0", "worker-3"]
+    assert named.iloc[[1, 2, 4]].isna().all()
