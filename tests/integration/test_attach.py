@@ -88,6 +88,7 @@ def test_attach_to_something_that_is_not_a_scheduler_says_so(tmp_path, banner):
                       "--duration", "1", timeout=120)
     assert p.returncode != 0 and "cannot attach to tcp://127.0.0.1:" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists(), "nothing was recorded: no run directory"
 
 
 IN_A_SCRIPT = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 
 from . import options
 
@@ -51,7 +52,9 @@ def main(args, command: list[str]) -> int:
         code = attach(cluster, command, args.duration, run_dir, ["tap", *probes],
                       registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
                       sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
-        if cluster.members:
-            finalize(run_dir, trace=not args.no_trace)
+        if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+            return code
+        finalize(run_dir, trace=not args.no_trace)
     say(f"run directory: {run_dir.path}")
     return code
