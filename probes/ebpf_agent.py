@@ -408,8 +408,10 @@ class Agent:
         """Threads off a CPU as recording ends: BPF emits an interval only when a thread comes
         back, so theirs end now (a thread parked all along would otherwise count as running)."""
         now, kind = time.monotonic_ns(), ebpf_format.KINDS["offcpu"][0]
+        # a thread that exited was switched out for the last time: it was not waiting, it was gone
         ended = [ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=now, v1=o.state)
-                 for k, o in self.b["off_start"].items() if now - o.out >= OFFCPU_MIN_NS]
+                 for k, o in self.b["off_start"].items()
+                 if now - o.out >= OFFCPU_MIN_NS and os.path.exists(f"/proc/{o.tgid}/task/{k.value}")]
         if ended:
             self.out("ebpf_events.bin", "ab").write(b"".join(map(ebpf_format.record, ended)))
 

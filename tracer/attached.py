@@ -143,14 +143,17 @@ class Attached:
         now = {"%s:%d" % _hostport(addr): addr for addr in sorted(workers)}
         left = [m for m in self.workers if m.listen not in now and m.name not in self.left]
         self.left |= {m.name for m in left}
-        known, new = {m.listen for m in self.workers}, []
+        # one back at the address of one that left (a fixed --worker-port) is a new process: a new member
+        known, new = {m.listen for m in self.workers if m.name not in self.left}, []
         for listen in (listen for listen in now if listen not in known):
             new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
             self.members.append(new[-1])
             self.worker_info.append(workers[now[listen]])
-            self.recorder.stdin.write(f"{new[-1].port}={new[-1].name}\n".encode())
-        if new:
+        try:
+            self.recorder.stdin.writelines(f"{m.port}={m.name}\n".encode() for m in new)
             self.recorder.stdin.flush()
+        except BrokenPipeError:  # the tap died: teardown says so, the recording goes on
+            pass
         return new, left
 
     @property
