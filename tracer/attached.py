@@ -17,7 +17,7 @@ from ..probes.rundir import RunDir
 from .cluster import Member, describe
 
 
-FOLLOW_S = 2.0  # how often the scheduler is asked for workers that joined
+FOLLOW_S = 2.0  # how often the scheduler is asked for workers that joined or left
 
 
 @dataclass
