@@ -348,8 +348,8 @@ class Agent:
 
     def symbol(self, addr: int, pid: int) -> str:
         """Each address is looked up once per process: bcc stats the process's executable at every
-        lookup (strace: about a hundred a second on merge-10K), and most of a Python process's
-        stacks walked by frame pointers end in the same few addresses that are in no module."""
+        lookup (strace: about a hundred a second on merge-10K), and the same return addresses
+        recur in stack after stack."""
         key = (pid, addr)
         if key not in self.symbols:
             sym = self.b.sym(addr, pid, show_module=True) if pid >= 0 else self.b.ksym(addr)
