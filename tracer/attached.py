@@ -124,7 +124,7 @@ class Attached:
     @staticmethod
     def _member(name: str, role: str, listen: str) -> Member:
         m = Member(name, role, listen, listen)
-        m.pid = listener_pid(m.port) if on_this_host(_hostport(f"tcp://{listen}")[0]) else None
+        m.pid = listener_pid(m.port) if on_this_host(m.host) else None
         m.command = _cmdline(m.pid)
         return m
 
@@ -149,12 +149,17 @@ class Attached:
             new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
             self.members.append(new[-1])
             self.worker_info.append(workers[now[listen]])
+        if new:
+            self._tap_watch(new)
+        return new, left
+
+    def _tap_watch(self, members: list[Member]) -> None:
+        """The tap watches their ports from now on."""
         try:
-            self.recorder.stdin.writelines(f"{m.port}={m.name}\n".encode() for m in new)
+            self.recorder.stdin.writelines(f"{m.port}={m.name}\n".encode() for m in members)
             self.recorder.stdin.flush()
         except BrokenPipeError:  # the tap died: teardown says so, the recording goes on
             pass
-        return new, left
 
     @property
     def workers(self) -> list[Member]:

@@ -102,6 +102,11 @@ class Member:
         """The port it listens on (the tap's, the readiness checks')."""
         return int(self.listen.rsplit(":", 1)[1])
 
+    @property
+    def host(self) -> str:
+        """The host it listens on (an IPv6 address without its brackets)."""
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
 
 class StartError(RuntimeError):
     pass
