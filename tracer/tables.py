@@ -118,7 +118,7 @@ def _member_elsewhere(peer_addr: pd.Series, procs: pd.DataFrame) -> pd.Series:
     NaN where there is none, or several there: those count as clients."""
     away = procs[procs.pid.isna() & procs.listen.notna()]
     alone = _host(away.listen).drop_duplicates(keep=False)
-    return _host(peer_addr).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy()))
+    return _host(peer_addr).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy())).astype(object)
 
 
 def _host(addresses: pd.Series) -> pd.Series:

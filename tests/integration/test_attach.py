@@ -151,4 +151,5 @@ def test_a_worker_that_joins_while_recording_is_named_and_recorded_as_one(tmp_pa
     assert len(mine) == 100 and (mine.worker == "worker-2").all(), mine.worker.value_counts()
     assert not (attempts.worker == "client").any()
     conns = RunDir(out).table("connections")  # its own port was watched from when it was found
-    assert ((conns.upstream_name == "worker-2") & (conns.peer == "scheduler")).any(), conns
+    assert ((conns.upstream_name == "worker-2") & (conns.peer == "scheduler")).any(), \
+        conns[["peer_addr", "peer_pid", "peer", "upstream_name", "opened_ns", "closed_ns"]].to_string()

@@ -55,12 +55,13 @@ def test_connections_and_processes(pinned_run):
     c = run.table("connections")
     cluster_pids = set(procs.pid.dropna().astype(int))
     # A connection whose peer closed before the proxy's /proc scan reached it (a pooled RPC opened
-    # during teardown) cannot be traced to a pid: its socket has left /proc/net/tcp by then.
+    # during teardown) cannot be traced to a pid: its socket is gone by then.
     lived = (c.closed_ns.fillna(2**62) - c.opened_ns) > 500_000_000  # null: open until the end
     assert (c.peer_pid[lived] > 0).all(), "every connecting process that stayed was found"
     assert lived.sum() >= 2, "both workers' streams to the scheduler stayed"
-    # their RPC connections too may last under 0.5 s: a run starts fast and this one is short
-    assert ((c.peer_role == "worker") & (c.upstream_role == "scheduler")).sum() >= 4, "traced to the workers"
+    # each worker's stream to the scheduler; their RPC connections (a heartbeat a second) come only
+    # if the run lasts long enough, and this one may end within a second
+    assert ((c.peer_role == "worker") & (c.upstream_role == "scheduler")).sum() >= 2, "traced to the workers"
     assert c[c.peer_role != "client"].peer_pid.isin(cluster_pids).all()
     pairs = set(zip(c.peer_role, c.upstream_role))
     assert {("client", "scheduler"), ("worker", "scheduler"), ("scheduler", "worker"),

@@ -17,7 +17,7 @@ use daskprobe_proxy::capture::Capture;
 use daskprobe_proxy::failures::Failures;
 use daskprobe_proxy::{framing, peer, record};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -222,17 +222,9 @@ fn start(route: &Route, down: TcpStream, shared: &Shared) -> Result<(), (&'stati
     let conn = shared.ids.fetch_add(1, Ordering::Relaxed);
     let _ = shared.tx.send(record::open(conn, now_ns(), &route.label, &route.listen, &peer.to_string(),
                                         &route.upstream, &up_local));
-    find_peer_pid(conn, peer, ours, shared.tx.clone());
+    peer::record_pid_of(conn, peer, ours, shared.tx.clone());
     let _ = (go0.send(conn), go1.send(conn));
     Ok(())
-}
-
-/// Off the forwarding path; without a thread for it the pid stays unknown
-/// (-1), as when it is not found.
-fn find_peer_pid(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
-    let _ = thread::Builder::new().spawn(move || {
-        let _ = tx.send(record::peer(conn, peer::pid_of(&peer, &ours).unwrap_or(-1)));
-    });
 }
 
 /// A pump thread that starts when sent its connection's id, so that both

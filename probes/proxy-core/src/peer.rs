@@ -1,31 +1,97 @@
-//! Which process opened a connection: find the socket's inode in
-//! /proc/net/tcp, then the process holding that inode. Runs off the
-//! forwarding path, once per connection.
+//! Which process opened a connection: ask the kernel (netlink sock_diag) for the
+//! connecting socket's inode by its exact addresses, then find the process holding
+//! that inode. Runs off the forwarding path, once per connection.
+//!
+//! Reading /proc/net/tcp instead can miss the socket: the kernel writes that table
+//! a page per read and resumes by position, so sockets opening and closing
+//! meanwhile shift entries past the reader.
 
 use std::fs;
-use std::net::SocketAddr;
+use std::mem::size_of;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc::Sender;
+use std::thread;
 
-fn proc_hex(addr: &SocketAddr) -> Option<String> {
-    match addr {
-        SocketAddr::V4(a) => Some(format!(
-            "{:08X}:{:04X}",
-            u32::from_le_bytes(a.ip().octets()),
-            a.port()
-        )),
-        SocketAddr::V6(_) => None,
+use crate::record;
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const ALL_STATES: u32 = !0;
+const NO_COOKIE: u32 = !0;
+
+/// struct inet_diag_sockid (linux/inet_diag.h); ports and addresses in network order.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SockId {
+    sport: u16,
+    dport: u16,
+    src: [u32; 4],
+    dst: [u32; 4],
+    ifindex: u32,
+    cookie: [u32; 2],
+}
+
+/// struct nlmsghdr followed by struct inet_diag_req_v2.
+#[repr(C)]
+struct Request {
+    len: u32,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    pid: u32,
+    family: u8,
+    protocol: u8,
+    ext: u8,
+    pad: u8,
+    states: u32,
+    id: SockId,
+}
+
+/// Where struct inet_diag_msg's idiag_inode sits in a reply: after the 16-byte nlmsghdr,
+/// family/state/timer/retrans (4), the sockid, and expires/rqueue/wqueue/uid (16).
+const INODE_AT: usize = 16 + 4 + size_of::<SockId>() + 16;
+
+fn words(ip: IpAddr) -> [u32; 4] {
+    let mut w = [0u32; 4];
+    match ip {
+        IpAddr::V4(a) => w[0] = u32::from_ne_bytes(a.octets()),
+        IpAddr::V6(a) => {
+            for (k, c) in a.octets().chunks(4).enumerate() {
+                w[k] = u32::from_ne_bytes(c.try_into().unwrap());
+            }
+        }
     }
+    w
 }
 
-fn socket_inode(local: &SocketAddr, remote: &SocketAddr) -> Option<String> {
-    let (local, remote) = (proc_hex(local)?, proc_hex(remote)?);
-    let table = fs::read_to_string("/proc/net/tcp").ok()?;
-    table.lines().skip(1).find_map(|line| {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        (cols.len() > 9 && cols[1] == local && cols[2] == remote).then(|| cols[9].to_string())
-    })
+/// The inode of the TCP socket whose own address is `local` and whose peer is `remote`.
+fn socket_inode(local: &SocketAddr, remote: &SocketAddr) -> Option<u32> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let req = Request {
+        len: size_of::<Request>() as u32, kind: SOCK_DIAG_BY_FAMILY, flags: libc::NLM_F_REQUEST as u16,
+        seq: 1, pid: 0, family, protocol: libc::IPPROTO_TCP as u8, ext: 0, pad: 0, states: ALL_STATES,
+        id: SockId { sport: local.port().to_be(), dport: remote.port().to_be(), src: words(local.ip()),
+                     dst: words(remote.ip()), ifindex: 0, cookie: [NO_COOKIE; 2] },
+    };
+    let mut reply = [0u8; 512];
+    // SAFETY: a netlink socket we own and close here; the request and reply buffers outlive the calls.
+    let got = unsafe {
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG);
+        if fd < 0 {
+            return None;
+        }
+        let sent = libc::send(fd, &req as *const Request as *const libc::c_void, size_of::<Request>(), 0);
+        let got = if sent < 0 { -1 } else { libc::recv(fd, reply.as_mut_ptr() as *mut libc::c_void, reply.len(), 0) };
+        libc::close(fd);
+        got
+    };
+    let kind = u16::from_ne_bytes(reply[4..6].try_into().unwrap());
+    if got < (INODE_AT + 4) as isize || kind != SOCK_DIAG_BY_FAMILY {
+        return None; // NLMSG_ERROR: no such socket (it closed already)
+    }
+    Some(u32::from_ne_bytes(reply[INODE_AT..INODE_AT + 4].try_into().unwrap()))
 }
 
-fn owner_of(inode: &str) -> Option<i32> {
+fn owner_of(inode: u32) -> Option<i32> {
     let target = format!("socket:[{inode}]");
     for entry in fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
@@ -40,6 +106,35 @@ fn owner_of(inode: &str) -> Option<i32> {
 }
 
 /// `peer` is the connecting side's address, `ours` the accepted socket's local one.
-pub fn pid_of(peer: &SocketAddr, ours: &SocketAddr) -> Option<i32> {
-    owner_of(&socket_inode(peer, ours)?)
+fn pid_of(peer: &SocketAddr, ours: &SocketAddr) -> Option<i32> {
+    owner_of(socket_inode(peer, ours)?)
+}
+
+/// The connection's peer record, sent from a thread of its own: the lookup reads every
+/// process's fds, and the forwarding or packet loop must not wait for it. Without a
+/// thread for it the pid stays unknown (-1), as when it is not found.
+pub fn record_pid_of(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
+    let _ = thread::Builder::new().spawn(move || {
+        let _ = tx.send(record::peer(conn, pid_of(&peer, &ours).unwrap_or(-1)));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn finds_the_connecting_process_by_its_socket() {
+        for host in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(listener) = TcpListener::bind(host) else { continue }; // no IPv6 here
+            let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            let (peer, ours) = (accepted.peer_addr().unwrap(), accepted.local_addr().unwrap());
+            assert_eq!(pid_of(&peer, &ours), Some(std::process::id() as i32), "{host}");
+            let other = SocketAddr::new(peer.ip(), peer.port() ^ 1);
+            assert_eq!(socket_inode(&other, &ours), None, "no such socket: {host}");
+            drop(client);
+        }
+    }
 }

@@ -91,7 +91,7 @@ impl Streams {
         let label = self.labels.get(&server.port()).cloned().unwrap_or_default();
         let (c, srv) = (client.to_string(), server.to_string());
         let _ = self.out.send(record::open(id, t, &label, &srv, &c, &srv, ""));
-        let _ = self.out.send(record::peer(id, peer::pid_of(&client, &server).unwrap_or(-1)));
+        peer::record_pid_of(id, client, server, self.out.clone());
         self.conns.insert((client, server), Conn { id, dirs: [Direction::new(), Direction::new()] });
     }
 
