@@ -2,6 +2,7 @@
 
     run.json        metadata; `partial` stays true until the run is finalized
     captures/       raw, append-only files written by the probes while the run goes
+    hosts/HOST/     an attached run's agent on another host: its captures, on its clock (probes/agent.py)
     logs/           stdout and stderr of every cluster process
     tables/         parquet tables decoded from captures (re-buildable)
     trace.pftrace   Perfetto trace built from the tables (re-buildable)

@@ -41,6 +41,11 @@ C = Column
 PID = C("pid", "int64", "", "process id")
 TID = C("tid", "int64", "", "thread id (the kernel's)")
 PROCESS = C("process", "str", "", "the process's name in `processes`; null if the pid is none of the run's")
+HOST = C("host", "str", "", "the host the process ran on: local (daskprobe's), or the host of its address "
+         "(run.json `hosts`: the agent there and its clock offset)")
+# Pids are the run's: pid P on the k-th host with an agent (run.json `hosts`, `number`) is k·HOST_PID + P,
+# since two hosts may run processes with the same pid (containers: every worker may be pid 7).
+HOST_PID = 1 << 32
 ATTEMPT = (
     C("key", "str", "", "the task's key, as a string"),
     C("attempt", "int64", "", "0 for the key's first dispatch, 1 for its second, …"),
@@ -73,7 +78,8 @@ ATTEMPT = (
 DECODED = {
     "processes": Table("One row per process of the run: scheduler, workers, nannies, proxy, the user's command "
                        "(client), daskprobe and its probes' helpers.", (
-        C("pid", "Int64", "", "process id; null if it was not found (a nanny's worker)"),
+        C("pid", "Int64", "", "process id; on the k-th host with an agent (run.json `hosts`), k·2^32 + its pid "
+          "there; null if it was not found (a nanny's worker, a member on a host without an agent)"),
         C("name", "str", "", "its name in the other tables (scheduler, worker-0, proxy, client, …)"),
         C("role", "str", "", "scheduler, worker, nanny, proxy, client or probe"),
         C("listen", "str", "", "address it listens on; null for a process that does not"),
@@ -83,6 +89,7 @@ DECODED = {
           "for the others"),
         C("distributed", "str", "", "distributed's version (workers, nannies, a Dask scheduler); null for the "
           "others and a --server-cmd scheduler"),
+        HOST,
     )),
     "connections": Table("One row per TCP connection the proxy accepted (captures/proxy.bin).", (
         C("conn", "int64", "", "the proxy's number for the connection"),
@@ -156,6 +163,7 @@ DECODED = {
         C("source", "str", "", "pyspy (the Python sampler) or ebpf (the CPU sampler)"),
         C("cpu", "Int64", "", "the CPU it was on; null for pyspy"),
         PROCESS,
+        HOST,
     )),
     "stacks": Table("One row per distinct stack.", (
         C("stack_id", "int64", "", "the stack's number"),
@@ -177,6 +185,7 @@ DECODED = {
         C("end_ns", "int64", MONO, "when it returned, holding the GIL"),
         C("wait_ns", "int64", "ns", "end_ns - start_ns"),
         PROCESS,
+        HOST,
     )),
     "offcpu": Table("One row per stretch of at least 50 µs a thread was off a CPU (eBPF sched_switch and "
                     "sched_wakeup); shorter ones are summed in short_waits.", (
@@ -190,6 +199,7 @@ DECODED = {
         C("blocked_ns", "int64", "ns", "out_ns to the wakeup; 0 if preempted or no wakeup was seen"),
         C("runnable_ns", "int64", "ns", "runnable without a CPU: the rest, to in_ns"),
         PROCESS,
+        HOST,
     )),
     "short_waits": Table("One row per thread and kind: the waits below the thresholds of gil_waits and offcpu, "
                          "summed in BPF.", (
@@ -199,6 +209,7 @@ DECODED = {
         C("total_ns", "int64", "ns", "their total duration"),
         C("count", "int64", "count", "how many"),
         PROCESS,
+        HOST,
     )),
     "tcp": Table("One row per TCP segment received on the cluster's ports (eBPF tcp:tcp_probe).", (
         C("t_ns", "int64", MONO, "when the kernel processed it"),
@@ -219,6 +230,7 @@ DECODED = {
         C("cpu_percent", "float64", "%", "its CPU use since the previous tick (100: one core); 0 at the first"),
         C("rss_bytes", "int64", "bytes", "resident memory"),
         PROCESS,
+        HOST,
     )),
     "thread_names": Table("One row per thread of a watched process, named by the kernel (captures/threads.tsv, "
                           "scanned once a second; a thread that lived less may be missing).", (
@@ -226,6 +238,7 @@ DECODED = {
         TID,
         C("comm", "str", "", "the thread's kernel name (/proc/PID/task/TID/comm, at most 15 characters)"),
         PROCESS,
+        HOST,
     )),
 }
 

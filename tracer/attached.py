@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..probes.schema import HOST_PID
 from ..probes.proxy import start_tap, stop_proxy
 from ..probes.rundir import RunDir
 from .cluster import Member, describe
@@ -28,6 +29,7 @@ class AttachSpec:
     proxy: bool = False
     tap: bool = True
     proxy_delay_us: int = 0
+    agents: bool = True  # sample the members on other hosts with agents that Dask deploys
 
 
 def _hostport(address: str) -> tuple[str, int]:
@@ -111,6 +113,8 @@ class Attached:
         self.env = dict(os.environ)
         self.next_look = time.monotonic() + FOLLOW_S
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
+        self.agents = None
+        self.next_renew = 0.0
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
@@ -124,7 +128,8 @@ class Attached:
     @staticmethod
     def _member(name: str, role: str, listen: str) -> Member:
         m = Member(name, role, listen, listen)
-        m.pid = listener_pid(m.port) if on_this_host(m.host) else None
+        m.machine = "local" if on_this_host(m.host) else m.host
+        m.pid = listener_pid(m.port) if m.machine == "local" else None
         m.command = _cmdline(m.pid)
         return m
 
@@ -134,6 +139,8 @@ class Attached:
         Asked of the scheduler at most every FOLLOW_S seconds; nothing while it does not answer."""
         if time.monotonic() < self.next_look:
             return [], []
+        if self.agents and time.monotonic() > self.next_renew:
+            self._renew()
         try:
             workers = workers_of(self.spec.address, timeout=5.0)
         except (OSError, RuntimeError):
@@ -181,6 +188,50 @@ class Attached:
 
     def client_address(self) -> str:
         return self.spec.address
+
+    def deploy_agents(self, rate: float | None) -> str:
+        """Agents on the other hosts (probes/agent.py), to sample the members there at `rate`
+        (None: none); what the user is told of those members."""
+        away = sorted({m.host for m in self.members if m.machine != "local"})
+        if not (self.spec.agents and rate):
+            return "only their messages are recorded"
+        try:
+            from .agents import Agents
+            self.agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, rate)
+            self._renew()
+        except Exception as e:  # a cluster without daskprobe, or that refuses plugins: the rest goes on
+            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
+            return (f"only their messages are recorded: no agents could start there ({type(e).__name__}: {e}; "
+                    "is daskprobe installed on those hosts?)")
+        return f"an agent on {', '.join(away)} samples them (its clock set to ours at the end)"
+
+    def _renew(self) -> None:
+        from ..probes.agent import LEASE_S
+        self.next_renew = time.monotonic() + LEASE_S / 3
+        try:
+            self.agents.renew()
+        except Exception:  # one that cannot be reached now may be at the next try; if not, collect says so
+            pass
+
+    def collect_agents(self) -> str:
+        """The agents' captures read into run/hosts/, their members given the run's pids (host k's
+        pid + k·HOST_PID); what to tell the user."""
+        try:
+            hosts = self.agents.collect(self.run)
+        except Exception as e:
+            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
+            return f"reading the agents' captures failed ({type(e).__name__}: {e}): their samples are lost"
+        finally:
+            self.agents.close()
+        for number, (host, info) in enumerate(sorted(hosts.items()), start=1):
+            info["number"] = number
+            pids = {"%s:%d" % _hostport(row["name"]): row["pid"] for row in info["members"]}
+            for m in self.members:
+                if m.listen in pids:
+                    m.pid = number * HOST_PID + pids[m.listen]
+        self.run.update_meta(hosts=hosts)
+        return "agents: " + ", ".join(f"{h}, clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms"
+                                      for h, i in sorted(hosts.items()))
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Only the tap: the cluster is not ours, and goes on."""

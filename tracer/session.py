@@ -245,7 +245,8 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         run.update_meta(cluster={"attached": address, "workers": len(cluster.workers), "nanny": None,
                                  "threads": threads.pop() if len(threads) == 1 else None, "server_cmd": None})
         if away := cluster.elsewhere():
-            say(f"not on this host: {', '.join(away)}: only their messages are recorded")
+            say(f"not on this host: {', '.join(away)}: "
+                + cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None))
         _start_probes(probes, run, cluster.ports(), started)
         cluster.start()
         _ready(started, run)
@@ -272,6 +273,9 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)
+        if cluster.agents:
+            say(cluster.collect_agents())
+            record(run, processes=_processes(cluster, started, client, command))
     return _ended(run, signals, code, stopped_early)
 
 

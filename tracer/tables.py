@@ -13,7 +13,7 @@ import pandas as pd
 from ..probes import ebpf_tables, procfs, pyspy
 from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
-from ..probes.schema import TABLES
+from ..probes.schema import HOST_PID, TABLES
 from .attempts import attempts_table, clock_table, undo_scheduler_delay
 from .forked import beside
 from .messages import messages_table
@@ -71,20 +71,47 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[
               "tcp": ebpf_tables.read_tcp(events, conns),
               "proc": procfs.read_proc(cap / procfs.CAPTURE),
               "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
-    names = procs.dropna(subset=["pid"]).set_index("pid").name
+    for number, host, offset in _agent_hosts(run):
+        _add_host(tables, run / "hosts" / host / "captures", number * HOST_PID, offset)
+    named = procs.dropna(subset=["pid"]).set_index("pid")
     for name, df in tables.items():
         if "pid" in df:
-            df["process"] = df.pid.map(names)
+            df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
         run.write_table(name, df)
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
     return [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
 
 
+def _agent_hosts(run: RunDir) -> list[tuple[int, str, int]]:
+    """(number, host, clock offset in ns) of each host whose agent's captures were read back."""
+    return sorted((h["number"], host, h["offset_ns"]) for host, h in run.meta().get("hosts", {}).items())
+
+
+def _add_host(tables: dict[str, pd.DataFrame], cap, pid_base: int, offset_ns: int) -> None:
+    """Another host's Python samples and /proc readings into the run's tables: on the run's clock,
+    in the run's pid space, with frame and stack ids after the run's own."""
+    samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
+    samples["source"], frames["kind"] = "pyspy", "python"
+    frame_base, stack_base = len(tables["frames"]), len(tables["stacks"])
+    frames["frame_id"] += frame_base
+    stacks["stack_id"] += stack_base
+    stacks["frame_ids"] = [[i + frame_base for i in ids] for ids in stacks.frame_ids]
+    samples["stack_id"] += stack_base
+    more = {"samples": samples, "stacks": stacks, "frames": frames, "proc": procfs.read_proc(cap / procfs.CAPTURE),
+            "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
+    for name, df in more.items():
+        if "pid" in df:
+            df["pid"] += pid_base
+        if "t_ns" in df:
+            df["t_ns"] += offset_ns
+        tables[name] = pd.concat([tables[name], df], ignore_index=True)
+
+
 def processes_table(meta: dict) -> pd.DataFrame:
     rows = [{"pid": p["pid"], "name": p["name"], "role": p["role"], "listen": p["listen"],
-             "contact": p["contact"], "command": " ".join(map(str, p["command"]))}
+             "contact": p["contact"], "command": " ".join(map(str, p["command"])), "host": p.get("host", "local")}
             for p in meta.get("processes", [])]
-    df = pd.DataFrame(rows, columns=["pid", "name", "role", "listen", "contact", "command"])
+    df = pd.DataFrame(rows, columns=["pid", "name", "role", "listen", "contact", "command", "host"])
     versions = meta.get("versions", {}).get("cluster", {})
     df["python"] = np.where(df.role.isin(["scheduler", "worker", "nanny"]), versions.get("python"), None)
     df["distributed"] = np.where(df.role.isin(["worker", "nanny"]) | ((df.role == "scheduler") & (
@@ -116,7 +143,7 @@ def _member_elsewhere(peer_addr: pd.Series, procs: pd.DataFrame) -> pd.Series:
     """For each connecting address, the member on another host that it comes from: the one member
     whose listening address has that host (an attached cluster's worker elsewhere has no pid here).
     NaN where there is none, or several there: those count as clients."""
-    away = procs[procs.pid.isna() & procs.listen.notna()]
+    away = procs[(procs.host != "local") & procs.listen.notna()]
     alone = _host(away.listen).drop_duplicates(keep=False)
     return _host(peer_addr).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy())).astype(object)
 

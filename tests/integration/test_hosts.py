@@ -26,15 +26,22 @@ from distributed import Client
 with Client() as c:  # DASK_SCHEDULER_ADDRESS
     c.wait_for_workers(2, timeout=60)
     c.gather(c.map(operator.add, range(100), range(100), key=[f"before-{i}" for i in range(100)]))
-    print(json.dumps(sorted(c.scheduler_info()["workers"])))
+    print(json.dumps(c.run(os.getpid)))
 """
 
 DURING = """
-import operator
+import operator, time
 from distributed import Client
+
+def crunch(seconds):  # pure Python on a CPU, under its own name: what the agents' samples must show
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
 with Client() as c:
     xs = c.map(operator.add, range(400), range(400), key=[f"after-{i}" for i in range(400)])
     ys = c.map(lambda x: [x] * 2_000, xs, key=[f"list-{i}" for i in range(400)])  # moved between hosts
+    c.gather([c.submit(crunch, 0.5, key=f"crunch-{w}", workers=[w]) for w in c.scheduler_info()["workers"]])
     print(c.submit(lambda *a: sum(map(len, a)), *ys, key="after-sum").result())
 """
 
@@ -100,7 +107,8 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         before = subprocess.run(in_host(hosts["a"], sys.executable, str(write_flow(tmp_path / "before.py", BEFORE))),
                                 capture_output=True, text=True, env=env, timeout=120)
         assert before.returncode == 0, before.stderr[-3000:] + (tmp_path / "cluster.log").read_text()[-3000:]
-        worker_addresses = json.loads(before.stdout)
+        worker_pids = json.loads(before.stdout)  # each worker's own pid (one pid namespace here)
+        worker_addresses = sorted(worker_pids)
         assert [a.split("://")[1].rsplit(":", 1)[0] for a in worker_addresses] == [f"{SUBNET}.2", f"{SUBNET}.3"]
 
         out = tmp_path / "run"
@@ -112,7 +120,8 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         assert p.returncode == 0, p.stderr[-3000:]
         assert p.stdout.strip() == str(400 * 2_000)
         run = RunDir(out)
-        assert not json.loads((out / "run.json").read_text()).get("skipped"), "every probe runs in a network namespace"
+        meta = json.loads((out / "run.json").read_text())
+        assert not meta.get("skipped"), "every probe runs in a network namespace"
 
         keys = set(run.table("attempts").key)
         expected = {f"after-{i}" for i in range(400)} | {f"list-{i}" for i in range(400)} | {"after-sum"}
@@ -122,8 +131,28 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         procs = run.table("processes").set_index("name")
         assert procs.pid["scheduler"] == scheduler.pid
         remote = procs[procs.role == "worker"]
-        assert len(remote) == 2 and remote.pid.isna().all(), "the workers are on other hosts: no pid of this one's"
+        # the workers are on other hosts: each found by the agent its plugin started there, its pid that
+        # host's (k·2^32 + pid), its clock set back by the offset its time namespace was given
+        agents = meta["hosts"]
+        assert sorted(agents) == [f"{SUBNET}.2", f"{SUBNET}.3"], meta.get("agents_error")
+        samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
+        crunch = set(frames.frame_id[frames.function == "crunch"])
+        in_crunch = set(stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(crunch & set(ids)))])
         msgs = run.table("messages")
+        for (name, row), h in zip(remote.iterrows(), "bc"):
+            host = agents[row.host]
+            assert row.pid == host["number"] * 2**32 + worker_pids[f"tcp://{row.listen}"], (name, row.pid)
+            assert abs(host["offset_ns"] + OFFSETS[h] * 1e9) < max(host["uncertainty_ns"], 1e6) + 1e6, host
+            mine = samples[samples.pid == row.pid]
+            spun = mine[mine.stack_id.isin(in_crunch)]
+            assert (mine.host == row.host).all() and len(spun) >= 20, (name, len(spun))  # 0.5 s at 100 Hz: 50
+            # on the wire at the scheduler's host: its compute-task came before them, its task-finished after
+            key = msgs[msgs.key == f"crunch-tcp://{row.listen}"]
+            sent, done = key[key.op == "compute-task"].t_first_ns.min(), key[key.op == "task-finished"].t_last_ns.max()
+            slack = host["uncertainty_ns"] + 1e6
+            assert sent - slack < spun.t_ns.min() and spun.t_ns.max() < done + slack, (name, sent, done, spun.t_ns)
+        assert "daskprobe.probes.agent" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                              text=True).stdout, "the agents ended"
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
             assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
             assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w

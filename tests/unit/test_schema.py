@@ -28,7 +28,7 @@ def _run(tmp_path) -> RunDir:
 
 def _gil_waits(**extra) -> pd.DataFrame:
     return pd.DataFrame({"pid": [1, 1], "tid": [2, 3], "start_ns": [10, 20], "end_ns": [15, 26],
-                         "wait_ns": [5, 6], "process": ["worker-0", None], **extra})
+                         "wait_ns": [5, 6], "process": ["worker-0", None], "host": ["local", None], **extra})
 
 
 def test_write_table_refuses_an_unknown_table_or_column_and_a_missing_one(tmp_path):
@@ -54,7 +54,7 @@ def test_write_table_casts_to_the_schema_and_writes_in_its_order(tmp_path):
     samples = pd.DataFrame({"t_ns": [1, 2], "pid": [1, 1], "tid": [1, 1], "thread_name": ["MainThread", None],
                             "active": [True, True], "owns_gil": np.array([False, None], dtype=object),
                             "stack_id": [0, 1], "ident": [140234081310528.0, np.nan], "source": ["pyspy", "ebpf"],
-                            "cpu": [np.nan, 3.0], "process": ["scheduler", "scheduler"]})
+                            "cpu": [np.nan, 3.0], "process": ["scheduler", "scheduler"], "host": ["local", "local"]})
     run.write_table("samples", samples)
     s = run.table("samples")
     assert (s.owns_gil.dtype, s.ident.dtype, s.cpu.dtype) == ("boolean", "Int64", "Int64")

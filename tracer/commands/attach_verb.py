@@ -26,6 +26,9 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
                    help="Python stack samples per second and process (default 100)")
     p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    p.add_argument("--no-agents", action="store_true",
+                   help="do not deploy agents (Dask plugins) to sample the members on other hosts: only their "
+                        "messages are recorded")
     p.add_argument("--out", help="run directory (default runs/<time>-attach)")
     p.add_argument("--no-trace", action="store_true", help="leave trace.pftrace out ('daskprobe build' writes it later)")
 
@@ -48,7 +51,7 @@ def main(args, command: list[str]) -> int:
         options.check_command(command)
     run_dir = options.new_run(RunDir, args.out, command or ["attach"])
     with Signals() as signals:
-        cluster = Attached(AttachSpec(args.address), run_dir)
+        cluster = Attached(AttachSpec(args.address, agents=not args.no_agents), run_dir)
         code = attach(cluster, command, args.duration, run_dir, ["tap", *probes],
                       registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
                       sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)

@@ -1,0 +1,191 @@
+"""One agent per host, started by Dask itself: the plugins daskprobe registers on a running
+cluster (WorkerAgent, SchedulerAgent) make sure each host runs one agent process, which samples
+that host's Dask processes with the probes that need no root (the Python sampler, /proc) into a
+private directory. The recorder reads the captures back in chunks through Dask's own comms,
+then the agent removes them.
+
+The agent holds an abstract unix socket named after the recording: one per host (network
+namespace), nothing listening on a network, and it answers processes of its own user only. It
+ends when told, or once nobody has asked it anything for LEASE_S (the recorder went away).
+
+    python -m daskprobe.probes.agent RUN_ID RATE     (started by the plugins, not by hand)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from .procfs import ProcFS
+from .pyspy import PySpy
+from .rundir import RunDir
+
+LEASE_S = 60.0
+CHUNK = 4 << 20  # bytes per read: the recorder holds one at a time
+MEMBERS = "members.json"
+PR_SET_PTRACER = 0x59616D61
+
+
+def _name(run_id: str) -> bytes:
+    return b"\0daskprobe-agent-" + run_id.encode()
+
+
+def ask(run_id: str, *words: str, timeout: float = 30.0) -> bytes:
+    """One request to this host's agent, and its reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(_name(run_id))
+        s.sendall((" ".join(words) + "\n").encode())
+        s.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: s.recv(1 << 16), b""))
+
+
+def join(run_id: str, rate: float, name: str, role: str) -> None:
+    """This process, measured by its host's agent from now on: the agent is started here if the
+    host has none yet (of two started at once, one keeps the name and the other exits)."""
+    try:
+        agent = int(ask(run_id, "pid"))
+    except OSError:
+        p = subprocess.Popen([sys.executable, "-m", "daskprobe.probes.agent", run_id, str(rate)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        p.stdout.readline()  # "ready", or nothing once it lost the name to another
+        p.stdout.close()
+        agent = int(ask(run_id, "pid"))
+    _let_trace(agent)
+    ask(run_id, "watch", str(os.getpid()), name, role)
+
+
+def _let_trace(tracer: int) -> None:
+    """Under Yama's ptrace_scope 1, only ancestors read a process's memory, unless it names a tracer
+    (PR_SET_PTRACER): this process names the agent, whose sampler is its child, as dask-pyspy does.
+    Without Yama the call fails, and nothing needed it."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, ctypes.c_ulong(tracer), 0, 0, 0)
+
+
+def host_of(address: str) -> str:
+    """An address's host (an IPv6 address without its brackets)."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+
+
+class _Joins:
+    """What both plugins do as they start: join this host's agent, unless the recorder measures
+    this host itself (`here`: the hosts of the members on the recorder's)."""
+
+    def __init__(self, run_id: str, rate: float, here: set[str]):
+        self.name, self.run_id, self.rate, self.here = f"daskprobe-{run_id}", run_id, rate, here
+
+    async def _join(self, address: str, role: str) -> None:
+        import asyncio
+        if host_of(address) not in self.here:  # the agent may take a second to start: not on the event loop
+            await asyncio.get_running_loop().run_in_executor(None, join, self.run_id, self.rate, address, role)
+
+
+class WorkerAgent(_Joins, WorkerPlugin):
+    async def setup(self, worker) -> None:
+        await self._join(worker.address, "worker")
+
+
+class SchedulerAgent(_Joins, SchedulerPlugin):
+    async def start(self, scheduler) -> None:
+        await self._join(scheduler.address, "scheduler")
+
+
+class Agent:
+    def __init__(self, run_id: str, rate: float):
+        self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-"))  # 0700, made afresh
+        for sub in ("captures", "logs"):
+            (self.dir / sub).mkdir()
+        self.run, self.members, self.skipped = RunDir(self.dir), [], {}
+        self.probes = []
+        for probe in (PySpy(rate), ProcFS()):
+            if (why := probe.available()) is not None:
+                self.skipped[probe.name] = why
+                continue
+            probe.start(self.run)
+            self.probes.append(probe)
+        self.stopped = False
+
+    def watch(self, pid: str, name: str, role: str) -> bytes:
+        row = {"pid": int(pid), "name": name, "role": role, "listen": None, "contact": None, "command": []}
+        self.members.append(row)
+        for probe in self.probes:
+            probe.watch(row)
+        return b"ok"
+
+    def stop(self) -> bytes:
+        """The probes stopped; the captures' names and sizes, and what was measured and skipped."""
+        if not self.stopped:
+            for probe in self.probes:
+                probe.stop()
+            self.stopped = True
+            info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname()}
+            (self.dir / MEMBERS).write_text(json.dumps(info))
+        files = {str(p.relative_to(self.dir)): p.stat().st_size
+                 for p in [self.dir / MEMBERS, *(self.dir / "captures").iterdir()]}
+        return json.dumps(files).encode()
+
+    def read(self, name: str, offset: str) -> bytes:
+        path = (self.dir / name).resolve()
+        if path.parent not in (self.dir, self.dir / "captures"):
+            return b""
+        with open(path, "rb") as f:
+            f.seek(int(offset))
+            return f.read(CHUNK)
+
+    def serve(self, listener: socket.socket) -> None:
+        listener.settimeout(LEASE_S)
+        try:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    return  # nobody asked for LEASE_S: the recorder is gone
+                with conn:
+                    if self.handle(conn) == "done":
+                        return
+        finally:
+            self.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def handle(self, conn: socket.socket) -> str | None:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid not in (0, os.geteuid()):
+            return None  # another user's process: not told anything, not obeyed
+        conn.settimeout(10)
+        words = b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode(errors="replace").split()
+        verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "stop": self.stop,
+                 "read": self.read, "done": lambda: b"ok"}
+        if not words or words[0] not in verbs:
+            return None
+        try:
+            conn.sendall(verbs[words[0]](*words[1:]))
+        except (TypeError, ValueError, OSError):
+            pass
+        return words[0]
+
+
+def main(run_id: str, rate: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(_name(run_id))
+    except OSError:
+        return  # this host has its agent already
+    listener.listen(64)
+    agent = Agent(run_id, float(rate))
+    print("ready", flush=True)
+    agent.serve(listener)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,81 @@
+"""The per-host agent (probes/agent.py) without a cluster: a process joins it as a Dask plugin's
+setup would, and the agent samples it, hands its captures back, answers no other user, reads
+nothing outside its directory, and leaves nothing behind. Ground truth: the joiner's pid and the
+function it spins in."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from daskprobe.probes.agent import ask
+from daskprobe.probes.base import native_binary
+from daskprobe.probes.pyspy import read_samples
+
+pytestmark = pytest.mark.skipif(native_binary("daskprobe-sampler") is None, reason="the sampler is not built")
+
+JOINER = """
+import sys, time
+from daskprobe.probes.agent import join
+join(sys.argv[1], 100.0, "tcp://10.0.0.9:4321", "worker")
+print("joined", flush=True)
+
+def crunch(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+crunch(1.0)
+sys.stdin.readline()
+"""
+
+NOBODY = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(b"\\0daskprobe-agent-" + sys.argv[1].encode())
+try:
+    s.sendall(b"pid\\n")
+    s.shutdown(socket.SHUT_WR)
+    print(repr(s.recv(100)))
+except OSError:  # closed unread: refused too
+    print(repr(b""))
+"""
+
+
+def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(tmp_path):
+    run_id = uuid.uuid4().hex[:12]
+    joiner = subprocess.Popen([sys.executable, "-c", JOINER, run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert joiner.stdout.readline().strip() == "joined"
+        agent = int(ask(run_id, "pid"))
+        if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists():
+            other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                    "-c", NOBODY, run_id], capture_output=True, text=True, timeout=30)
+            assert other.stdout.strip() == "b''", other.stderr
+        time.sleep(1.2)  # the joiner spins for 1 s
+        files = json.loads(ask(run_id, "stop"))
+        assert "captures/pyspy.tsv" in files and files["captures/pyspy.tsv"] > 0, files
+        assert ask(run_id, "read", "../../../etc/passwd", "0") == b"", "nothing outside its directory"
+        fetched = tmp_path / "pyspy.tsv"
+        fetched.write_bytes(ask(run_id, "read", "captures/pyspy.tsv", "0"))
+        members = json.loads(ask(run_id, "read", "members.json", "0"))
+        assert [(m["pid"], m["name"]) for m in members["members"]] == [(joiner.pid, "tcp://10.0.0.9:4321")]
+        assert ask(run_id, "done") == b"ok"
+    finally:
+        joiner.communicate("\n", timeout=30)
+    samples, stacks, frames = read_samples(fetched)
+    crunch = set(frames.frame_id[frames.function == "crunch"])
+    spun = samples[(samples.pid == joiner.pid) & samples.stack_id.map(
+        stacks.set_index("stack_id").frame_ids.map(lambda ids: bool(crunch & set(ids))))]
+    assert len(spun) >= 50, len(spun)  # 1 s at 100 Hz: 100 reads
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{agent}").exists(), "the agent ended when told"
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"daskprobe-agent-{run_id}-*")), "its directory is gone"
