@@ -1,7 +1,7 @@
 """One agent per host, started by Dask itself: the plugins daskprobe registers on a running
 cluster (WorkerAgent, SchedulerAgent) make sure each host runs one agent process, which samples
-that host's Dask processes with the probes that need no root (the Python sampler, /proc) into a
-private directory. The recorder reads the captures back in chunks through Dask's own comms,
+that host's Dask processes into a private directory: the Python sampler and /proc, and the eBPF
+probes (CPU, GIL, off-CPU) where it runs as root outside a container. The recorder reads the captures back in chunks through Dask's own comms,
 then the agent removes them.
 
 The agent holds an abstract unix socket named after the recording: one per host (network
@@ -25,13 +25,15 @@ from pathlib import Path
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
-from .procfs import ProcFS
-from .pyspy import PySpy
+from . import registry
+from .ebpf_format import timens_ns
+from .procs import reap_exiting
 from .rundir import RunDir
 
 LEASE_S = 60.0
 CHUNK = 4 << 20  # bytes per read: the recorder holds one at a time
 MEMBERS = "members.json"
+PROBES = ["pyspy", "proc", "cpu", "gil", "offcpu"]  # those that need no ports; eBPF where root and not in a container
 PR_SET_PTRACER = 0x59616D61
 
 
@@ -108,12 +110,17 @@ class Agent:
             (self.dir / sub).mkdir()
         self.run, self.members, self.skipped = RunDir(self.dir), [], {}
         self.probes = []
-        for probe in (PySpy(rate), ProcFS()):
-            if (why := probe.available()) is not None:
-                self.skipped[probe.name] = why
-                continue
-            probe.start(self.run)
-            self.probes.append(probe)
+        for probe in registry.make(PROBES, rate):
+            self.skipped |= probe.partly_skipped() if (why := probe.available()) is None else {probe.name: why}
+            if why is None:
+                probe.start(self.run)
+                self.probes.append(probe)
+        for probe in list(self.probes):  # the eBPF agent compiles its programs meanwhile
+            try:
+                probe.ready()
+            except RuntimeError as e:
+                self.skipped[probe.name] = str(e)
+                self.probes.remove(probe)
         self.stopped = False
 
     def watch(self, pid: str, name: str, role: str) -> bytes:
@@ -128,8 +135,10 @@ class Agent:
         if not self.stopped:
             for probe in self.probes:
                 probe.stop()
+            reap_exiting()
             self.stopped = True
-            info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname()}
+            info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
+                    "timens_ns": timens_ns()}
             (self.dir / MEMBERS).write_text(json.dumps(info))
         files = {str(p.relative_to(self.dir)): p.stat().st_size
                  for p in [self.dir / MEMBERS, *(self.dir / "captures").iterdir()]}

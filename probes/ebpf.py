@@ -21,12 +21,15 @@ AGENT = Path(__file__).with_name("ebpf_agent.py")
 SYSTEM_PYTHON = os.environ.get("DASKPROBE_BCC_PYTHON", "/usr/bin/python3")
 TRACEFS = Path("/sys/kernel/tracing")
 KINDS = ("cpu", "gil", "offcpu", "tcp")
+INIT_PID_NS = 0xEFFFFFFC  # the inode of the kernel's first pid namespace (PROC_PID_INIT_INO)
 
 
 def environment_problem() -> str | None:
     """Why eBPF cannot run here, or None. Each answer names what to do."""
     if not is_root():
         return "eBPF needs root"
+    if os.stat("/proc/self/ns/pid").st_ino != INIT_PID_NS:
+        return "in a pid namespace of its own (a container): eBPF would see the kernel's pids, not these"
     if not os.access(SYSTEM_PYTHON, os.X_OK) or subprocess.run(
             [SYSTEM_PYTHON, "-c", "import bcc"], capture_output=True).returncode != 0:
         return f"bcc is not installed for {SYSTEM_PYTHON} (Debian's python3-bpfcc; ./setup.sh installs it)"

@@ -41,6 +41,13 @@ from bcc.libbcc import bcc_symbol_option, lib
 
 import ebpf_format  # a sibling: sys.path[0] is this script's folder
 
+TIMENS_NS = ebpf_format.timens_ns()
+
+
+def kernel_now() -> int:
+    """Now on the kernel's CLOCK_MONOTONIC, BPF's clock (this process may be in a time namespace)."""
+    return time.monotonic_ns() - TIMENS_NS
+
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 POLL_S = 0.1
@@ -302,7 +309,7 @@ class Agent:
         switch-out for BPF to see, and would count as on a CPU until they wake: each sleeping one
         is entered as off-CPU from now. Should it be running by the time the entry is made, its
         next switch-out overwrites the entry, so no false interval comes of it."""
-        table, now = self.b["off_start"], time.monotonic_ns()
+        table, now = self.b["off_start"], kernel_now()
         for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -385,7 +392,7 @@ class Agent:
             return  # it has exited: its earlier snapshot stands
         rows = [m.groups() for m in found if m]
         if rows != self.maps.get(pid):
-            self.maps[pid], t = rows, time.monotonic_ns()
+            self.maps[pid], t = rows, kernel_now()
             self.out("ebpf_maps.tsv").writelines(f"{t}\t{pid}\t" + "\t".join(r) + "\n" for r in rows)
 
     def finish(self) -> None:
@@ -407,7 +414,7 @@ class Agent:
     def still_off(self) -> None:
         """Threads off a CPU as recording ends: BPF emits an interval only when a thread comes
         back, so theirs end now (a thread parked all along would otherwise count as running)."""
-        now, kind = time.monotonic_ns(), ebpf_format.KINDS["offcpu"][0]
+        now, kind = kernel_now(), ebpf_format.KINDS["offcpu"][0]
         # a thread that exited was switched out for the last time: it was not waiting, it was gone
         ended = [ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=now, v1=o.state)
                  for k, o in self.b["off_start"].items()

@@ -101,3 +101,17 @@ def ustack_offsets() -> dict[str, int]:
     """Where the unwinder (daskprobe-unwind) finds each field in a ustack record."""
     head = {name: getattr(Event, name).offset for name in ("pid", "tid", "t0")}
     return head | {name: getattr(Ustack, name).offset for name in [n for n, _ in USTACK_FIELDS] + ["stack"]}
+
+
+def timens_ns() -> int:
+    """How far this process's CLOCK_MONOTONIC is ahead of the kernel's, which BPF stamps the
+    records with: its time namespace's offset (0 outside one)."""
+    try:
+        with open("/proc/self/timens_offsets") as f:
+            for line in f:
+                clock, seconds, nanos = line.split()
+                if clock == "monotonic":
+                    return int(seconds) * 10**9 + int(nanos)
+    except (OSError, ValueError):
+        pass
+    return 0

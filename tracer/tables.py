@@ -13,7 +13,7 @@ import pandas as pd
 from ..probes import ebpf_tables, procfs, pyspy
 from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
-from ..probes.schema import HOST_PID, TABLES
+from ..probes.schema import HOST_PID, MONO, TABLES
 from .attempts import attempts_table, clock_table, undo_scheduler_delay
 from .forked import beside
 from .messages import messages_table
@@ -56,12 +56,36 @@ def _tell(stats: dict) -> None:
 
 
 def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[str]:
-    """Tables of the sampling probes; rows carry the name of their process. Returns what the
-    eBPF agent could not probe, per process (for run.json)."""
-    cap = run / "captures"
+    """Tables of the sampling probes, this host's and those its agents read back from others;
+    rows carry the name and host of their process. Returns what an eBPF agent could not probe,
+    per process (for run.json)."""
+    tables, failed = _captured(run / "captures", conns)
+    for number, host, offset, timens in _agent_hosts(run):
+        theirs, their_failed = _captured(run / "hosts" / host / "captures", conns.iloc[:0],
+                                         len(tables["frames"]), len(tables["stacks"]))
+        for name, df in theirs.items():
+            moved = _moved(name, df, number * HOST_PID, offset, timens)
+            tables[name] = pd.concat([tables[name], moved], ignore_index=True)
+        failed += [f"{host} {f}" for f in their_failed]
+    named = procs.dropna(subset=["pid"]).set_index("pid")
+    for name, df in tables.items():
+        if "pid" in df:
+            df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
+        run.write_table(name, df)
+    return failed
+
+
+def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0) -> tuple[dict, list[str]]:
+    """The tables of one captures directory, frame and stack ids from the bases on; what its eBPF
+    agent could not probe, per process."""
     samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
     samples["source"], frames["kind"] = "pyspy", "python"
-    native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=len(frames), stack_base=len(stacks))
+    frames["frame_id"] += frame_base
+    stacks["frame_ids"] = [[i + frame_base for i in ids] for ids in stacks.frame_ids]
+    stacks["stack_id"] += stack_base
+    samples["stack_id"] += stack_base
+    native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=frame_base + len(frames),
+                                  stack_base=stack_base + len(stacks))
     samples, stacks, frames = (pd.concat([a, b], ignore_index=True) for a, b in zip((samples, stacks, frames), native))
     events = ebpf_tables.read_events(cap / ebpf_tables.EVENTS)
     tables = {"samples": samples, "stacks": stacks, "frames": frames,
@@ -71,40 +95,32 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[
               "tcp": ebpf_tables.read_tcp(events, conns),
               "proc": procfs.read_proc(cap / procfs.CAPTURE),
               "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
-    for number, host, offset in _agent_hosts(run):
-        _add_host(tables, run / "hosts" / host / "captures", number * HOST_PID, offset)
-    named = procs.dropna(subset=["pid"]).set_index("pid")
-    for name, df in tables.items():
-        if "pid" in df:
-            df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
-        run.write_table(name, df)
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
-    return [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
+    return tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
 
 
-def _agent_hosts(run: RunDir) -> list[tuple[int, str, int]]:
-    """(number, host, clock offset in ns) of each host whose agent's captures were read back."""
-    return sorted((h["number"], host, h["offset_ns"]) for host, h in run.meta().get("hosts", {}).items())
+BPF_TABLES = {"gil_waits", "offcpu", "tcp"}  # stamped by BPF
 
 
-def _add_host(tables: dict[str, pd.DataFrame], cap, pid_base: int, offset_ns: int) -> None:
-    """Another host's Python samples and /proc readings into the run's tables: on the run's clock,
-    in the run's pid space, with frame and stack ids after the run's own."""
-    samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
-    samples["source"], frames["kind"] = "pyspy", "python"
-    frame_base, stack_base = len(tables["frames"]), len(tables["stacks"])
-    frames["frame_id"] += frame_base
-    stacks["stack_id"] += stack_base
-    stacks["frame_ids"] = [[i + frame_base for i in ids] for ids in stacks.frame_ids]
-    samples["stack_id"] += stack_base
-    more = {"samples": samples, "stacks": stacks, "frames": frames, "proc": procfs.read_proc(cap / procfs.CAPTURE),
-            "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
-    for name, df in more.items():
-        if "pid" in df:
-            df["pid"] += pid_base
-        if "t_ns" in df:
-            df["t_ns"] += offset_ns
-        tables[name] = pd.concat([tables[name], df], ignore_index=True)
+def _agent_hosts(run: RunDir) -> list[tuple[int, str, int, int]]:
+    """(number, host, clock offset, time namespace offset; ns) of each host whose agent's captures
+    were read back."""
+    return sorted((h["number"], host, h["offset_ns"], h.get("timens_ns", 0))
+                  for host, h in run.meta().get("hosts", {}).items())
+
+
+def _moved(name: str, df: pd.DataFrame, pid_base: int, offset_ns: int, timens_ns: int) -> pd.DataFrame:
+    """Another host's rows on the run's clock and in the run's pid space. Its monotonic times (per
+    the schema; 0 stays 'none') plus the offset; BPF's also plus the agent's time namespace offset,
+    as BPF stamps with the kernel's clock."""
+    if "pid" in df:
+        df["pid"] += pid_base
+    bpf = (df.source == "ebpf").to_numpy() if "source" in df else np.full(len(df), name in BPF_TABLES)
+    shift = np.where(bpf, offset_ns + timens_ns, offset_ns)
+    for c in TABLES[name].columns:
+        if c.unit == MONO and c.name in df:
+            df[c.name] = df[c.name].where(df[c.name] == 0, df[c.name] + shift)
+    return df
 
 
 def processes_table(meta: dict) -> pd.DataFrame:

@@ -88,8 +88,10 @@ def _remove(names: dict) -> None:
 
 
 def in_host(ns: str, *cmd: str, offset: int = 0) -> list[str]:
+    """The command in that host's network (not `ip netns exec`, which mounts a /sys without tracefs:
+    the eBPF probes would be skipped) and, with an offset, on a clock of its own."""
     clock = ["unshare", "--fork", "--time", "--monotonic", str(offset)] if offset else []
-    return ["ip", "netns", "exec", ns, *clock, *cmd]
+    return ["nsenter", f"--net=/run/netns/{ns}", *clock, *cmd]
 
 
 def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_other_hosts(hosts, tmp_path):
@@ -112,10 +114,9 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         assert [a.split("://")[1].rsplit(":", 1)[0] for a in worker_addresses] == [f"{SUBNET}.2", f"{SUBNET}.3"]
 
         out = tmp_path / "run"
-        # into the scheduler host's network only: `ip netns exec` would mount a /sys without tracefs
-        p = subprocess.run(["nsenter", f"--net=/run/netns/{hosts['a']}", sys.executable, "-m", "daskprobe.tracer.cli",
-                            "attach", address, "--out", str(out), "--no-trace", "--",
-                            sys.executable, str(write_flow(tmp_path / "during.py", DURING))],
+        p = subprocess.run(in_host(hosts["a"], sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out",
+                                   str(out), "--no-trace", "--", sys.executable,
+                                   str(write_flow(tmp_path / "during.py", DURING))),
                            capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         assert p.stdout.strip() == str(400 * 2_000)
@@ -136,6 +137,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         agents = meta["hosts"]
         assert sorted(agents) == [f"{SUBNET}.2", f"{SUBNET}.3"], meta.get("agents_error")
         samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
+        offcpu = run.table("offcpu")
         crunch = set(frames.frame_id[frames.function == "crunch"])
         in_crunch = set(stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(crunch & set(ids)))])
         msgs = run.table("messages")
@@ -151,6 +153,14 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             sent, done = key[key.op == "compute-task"].t_first_ns.min(), key[key.op == "task-finished"].t_last_ns.max()
             slack = host["uncertainty_ns"] + 1e6
             assert sent - slack < spun.t_ns.min() and spun.t_ns.max() < done + slack, (name, sent, done, spun.t_ns)
+            # the agent's eBPF probes too (root, the kernel's pid namespace): its off-CPU intervals on our clock
+            assert not agents[row.host]["skipped"], agents[row.host]["skipped"]
+            off = offcpu[offcpu.pid == row.pid]
+            assert len(off) > 100 and (off.host == row.host).all(), (name, len(off))
+            assert off.in_ns.between(meta["probes_ready_ns"] - 60e9, meta["command_ended_ns"] + 60e9).all()
+            # and its CPU, from samples weighed by those thread states, is what that host's kernel counted
+            check = json.loads((out / "summary.json").read_text())["cpu_check"][name]
+            assert 0.8 < check["ratio"] < 1.25, (name, check)
         assert "daskprobe.probes.agent" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                                               text=True).stdout, "the agents ended"
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
