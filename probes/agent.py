@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
@@ -31,8 +34,9 @@ from .procs import reap_exiting
 from .rundir import RunDir
 
 LEASE_S = 60.0
+STREAM_S = 10.0  # the recorder reads new bytes this often (and so renews the lease)
 CHUNK = 4 << 20  # bytes per read: the recorder holds one at a time
-MEMBERS = "members.json"
+CAPTURE_NAME = r"captures/[A-Za-z0-9_][A-Za-z0-9_.-]*"  # all the recorder accepts to write
 PROBES = ["pyspy", "proc", "cpu", "gil", "offcpu"]  # those that need no ports; eBPF where root and not in a container
 PR_SET_PTRACER = 0x59616D61
 
@@ -46,9 +50,15 @@ def ask(run_id: str, *words: str, timeout: float = 30.0) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(_name(run_id))
+        if _peer_uid(s) not in (0, os.geteuid()):  # another user took the name: not ours to believe
+            raise PermissionError(f"the agent's socket is held by uid {_peer_uid(s)}")
         s.sendall((" ".join(words) + "\n").encode())
         s.shutdown(socket.SHUT_WR)
         return b"".join(iter(lambda: s.recv(1 << 16), b""))
+
+
+def _peer_uid(s: socket.socket) -> int:
+    return struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
 
 
 def join(run_id: str, rate: float, name: str, role: str) -> None:
@@ -62,6 +72,7 @@ def join(run_id: str, rate: float, name: str, role: str) -> None:
                              start_new_session=True)
         p.stdout.readline()  # "ready", or nothing once it lost the name to another
         p.stdout.close()
+        threading.Thread(target=p.wait, name="daskprobe-agent-reaper", daemon=True).start()  # no zombie left
         agent = int(ask(run_id, "pid"))
     _let_trace(agent)
     ask(run_id, "watch", str(os.getpid()), name, role)
@@ -130,19 +141,21 @@ class Agent:
             probe.watch(row)
         return b"ok"
 
+    def state(self) -> bytes:
+        """What it measures and skipped, and its captures' names and sizes so far."""
+        info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
+                "timens_ns": timens_ns(), "agent_pid": os.getpid()}
+        files = {f"captures/{p.name}": p.stat().st_size for p in (self.dir / "captures").iterdir()}
+        return json.dumps({"info": info, "files": files}).encode()
+
     def stop(self) -> bytes:
-        """The probes stopped; the captures' names and sizes, and what was measured and skipped."""
+        """The probes stopped (their last bytes written); the state then."""
         if not self.stopped:
             for probe in self.probes:
                 probe.stop()
             reap_exiting()
             self.stopped = True
-            info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
-                    "timens_ns": timens_ns()}
-            (self.dir / MEMBERS).write_text(json.dumps(info))
-        files = {str(p.relative_to(self.dir)): p.stat().st_size
-                 for p in [self.dir / MEMBERS, *(self.dir / "captures").iterdir()]}
-        return json.dumps(files).encode()
+        return self.state()
 
     def read(self, name: str, offset: str) -> bytes:
         path = (self.dir / name).resolve()
@@ -153,28 +166,31 @@ class Agent:
             return f.read(CHUNK)
 
     def serve(self, listener: socket.socket) -> None:
-        listener.settimeout(LEASE_S)
+        asked = time.monotonic()  # only the recorder's user renews the lease
         try:
-            while True:
+            while (left := asked + LEASE_S - time.monotonic()) > 0:
+                listener.settimeout(left)
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
-                    return  # nobody asked for LEASE_S: the recorder is gone
+                    continue
                 with conn:
-                    if self.handle(conn) == "done":
-                        return
+                    verb = self.handle(conn)
+                asked = time.monotonic() if verb else asked
+                if verb == "done":
+                    return
         finally:
             self.stop()
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def handle(self, conn: socket.socket) -> str | None:
-        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid not in (0, os.geteuid()):
+        """Answer one request; its verb, or None if it was not the recorder's user's."""
+        if _peer_uid(conn) not in (0, os.geteuid()):
             return None  # another user's process: not told anything, not obeyed
         conn.settimeout(10)
         words = b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode(errors="replace").split()
-        verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "stop": self.stop,
-                 "read": self.read, "done": lambda: b"ok"}
+        verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "state": self.state,
+                 "stop": self.stop, "read": self.read, "done": lambda: b"ok"}
         if not words or words[0] not in verbs:
             return None
         try:
@@ -191,6 +207,7 @@ def main(run_id: str, rate: str) -> None:
     except OSError:
         return  # this host has its agent already
     listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill still removes its directory
     agent = Agent(run_id, float(rate))
     print("ready", flush=True)
     agent.serve(listener)

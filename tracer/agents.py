@@ -1,17 +1,20 @@
 """The recorder's side of the per-host agents (probes/agent.py) on an attached cluster's other
-hosts: deployed as plugins through a Client, and at the end read back through it, in chunks, into
-run/hosts/HOST/, with each host's CLOCK_MONOTONIC offset to the recorder's estimated on the way."""
+hosts: deployed as plugins through a Client; read as they go (every STREAM_S, what is new) and at
+the end, in chunks, through that Client into run/hosts/HOST/; each host's CLOCK_MONOTONIC offset
+to the recorder's estimated at every read."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
-from ..probes.agent import CHUNK, MEMBERS, SchedulerAgent, WorkerAgent, ask, host_of
-from ..probes.rundir import RunDir, open_whole
+from ..probes.agent import CAPTURE_NAME, CHUNK, SchedulerAgent, WorkerAgent, ask, host_of
+from ..probes.rundir import RunDir, open_append, write_new
 
-ROUND_TRIPS = 15  # clock exchanges per host; the one with the shortest round trip is kept
+ROUND_TRIPS = 5  # clock exchanges per host and read; the one with the shortest round trip of all is kept
+HOST_NAME = re.compile(r"[A-Za-z0-9_:.-]+")
 
 
 class Agents:
@@ -22,8 +25,14 @@ class Agents:
         self.run_id, self.here = uuid.uuid4().hex[:12], set(here)
         self.client = Client(address, timeout=30, set_as_default=False)
         self.plugins = [WorkerAgent(self.run_id, rate, self.here), SchedulerAgent(self.run_id, rate, self.here)]
-        for plugin in self.plugins:
-            self.client.register_plugin(plugin)
+        self.seen: dict[str, dict] = {}  # host -> what its agent said, its clock, whether it was read to the end
+        self.offsets: dict[tuple[str, str], int] = {}  # (host, capture) -> bytes read
+        try:
+            for plugin in self.plugins:
+                self.client.register_plugin(plugin)
+        except BaseException:  # a Ctrl-C too: no plugin may stay behind to start agents later
+            self.close()
+            raise
 
     def hosts(self) -> dict[str, tuple[str, bool]]:
         """Each host with an agent: (a member there to ask it through, whether that is the scheduler)."""
@@ -31,7 +40,8 @@ class Agents:
         there = {host_of(info["address"]): (info["address"], True)}
         for w in sorted(info["workers"]):
             there.setdefault(host_of(w), (w, False))
-        return {h: m for h, m in there.items() if h not in self.here}
+        return {h: m for h, m in there.items()
+                if h not in self.here and HOST_NAME.fullmatch(h) and h not in (".", "..")}
 
     def _on(self, member: tuple[str, bool], fn, *args):
         address, scheduler = member
@@ -39,43 +49,60 @@ class Agents:
             return self.client.run_on_scheduler(fn, *args)
         return self.client.run(fn, *args, workers=[address])[address]
 
-    def collect(self, run: RunDir) -> dict[str, dict]:
-        """Every agent stopped and read back; run.json's `hosts` entries: clock offset and members."""
-        out = {}
+    def pull(self, run: RunDir, final: bool = False) -> None:
+        """What each agent captured since the last pull (final: all of it, its probes stopped
+        first, then the agent ended). A host that no longer has a member to ask through keeps
+        what was read before, marked incomplete."""
         for host, member in self.hosts().items():
-            offset, error = self._clock(member)
-            files = json.loads(self._on(member, ask, self.run_id, "stop"))
-            for name, size in files.items():
-                self._fetch(run, host, member, name, size)
-            self._on(member, ask, self.run_id, "done")
-            agent = json.loads((run / "hosts" / host / MEMBERS).read_text())
-            out[host] = {"offset_ns": offset, "uncertainty_ns": error, **agent}
-        return out
+            seen = self.seen.setdefault(host, {"complete": False})
+            try:
+                self._clock(host, member)
+                state = json.loads(self._on(member, ask, self.run_id, "stop" if final else "state"))
+                seen.update(state["info"])
+                for name, size in state["files"].items():
+                    if re.fullmatch(CAPTURE_NAME, name):  # whoever answers, nothing is written outside hosts/HOST/
+                        self._fetch(run, host, member, name, int(size))
+                if final:
+                    self._on(member, ask, self.run_id, "done")
+                    seen["complete"] = True
+            except Exception as e:  # this host only: the member gone meanwhile, its agent dead or not ours
+                seen["error"] = f"{type(e).__name__}: {e}"
 
-    def _clock(self, member) -> tuple[int, int]:
-        """(offset, uncertainty) in ns: the recorder's clock minus the host's, from the round trip
-        with the shortest time; the host read its clock somewhere within it."""
-        best = None
+    def _clock(self, host: str, member) -> None:
+        """The host's offset (the recorder's clock minus its, ns) and uncertainty from the round trip
+        with the shortest time so far; the host read its clock somewhere within it."""
+        best = self.seen[host].get("rtt_ns", float("inf"))
         for _ in range(ROUND_TRIPS):
             t0 = time.monotonic_ns()
             theirs = self._on(member, time.monotonic_ns)
             t1 = time.monotonic_ns()
-            if best is None or t1 - t0 < best[1] - best[0]:
-                best = (t0, t1, theirs)
-        t0, t1, theirs = best
-        return (t0 + t1) // 2 - theirs, (t1 - t0) // 2
+            if t1 - t0 < best:
+                best = t1 - t0
+                self.seen[host].update(rtt_ns=best, offset_ns=(t0 + t1) // 2 - theirs, uncertainty_ns=best // 2)
 
     def _fetch(self, run: RunDir, host: str, member, name: str, size: int) -> None:
         dest = run / "hosts" / host / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with open_whole(dest) as f:
-            for offset in range(0, size, CHUNK):
-                f.write(self._on(member, ask, self.run_id, "read", name, str(offset)))
+        at = self.offsets.get((host, name), 0)
+        with open_append(dest) as f:
+            while at < size:
+                chunk = self._on(member, ask, self.run_id, "read", name, str(at))
+                if not chunk:
+                    break
+                f.write(chunk)
+                at += len(chunk)
+        self.offsets[host, name] = at
 
-    def renew(self) -> None:
-        """Each agent's lease taken up again: they end LEASE_S after the recorder last asked."""
-        for member in self.hosts().values():
-            self._on(member, ask, self.run_id, "pid")
+    def finish(self, run: RunDir) -> dict[str, dict]:
+        """The last pull; run.json's `hosts` entries: clock offset, members, what was skipped, whether
+        it was read to the end. Each host's agent info is kept beside its captures too."""
+        try:
+            self.pull(run, final=True)
+        finally:
+            for host, seen in self.seen.items():
+                if "offset_ns" in seen:
+                    write_new(run / "hosts" / host / "agent.json", json.dumps(seen).encode())
+        return {h: s for h, s in self.seen.items() if "offset_ns" in s and "members" in s}
 
     def close(self) -> None:
         """The plugins off the cluster (a worker that joins later starts no agent), the client closed."""
@@ -84,6 +111,6 @@ class Agents:
                            lambda: self.client.unregister_scheduler_plugin(scheduler.name)):
             try:
                 unregister()
-            except Exception:  # the cluster may be gone: the agents end at their lease
+            except Exception:  # not registered, or the cluster is gone: the agents end at their lease
                 pass
         self.client.close()

@@ -114,7 +114,7 @@ class Attached:
         self.next_look = time.monotonic() + FOLLOW_S
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
         self.agents = None
-        self.next_renew = 0.0
+        self.next_pull = 0.0
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
@@ -139,8 +139,8 @@ class Attached:
         Asked of the scheduler at most every FOLLOW_S seconds; nothing while it does not answer."""
         if time.monotonic() < self.next_look:
             return [], []
-        if self.agents and time.monotonic() > self.next_renew:
-            self._renew()
+        if self.agents and time.monotonic() > self.next_pull:
+            self._pull()
         try:
             workers = workers_of(self.spec.address, timeout=5.0)
         except (OSError, RuntimeError):
@@ -196,28 +196,31 @@ class Attached:
         if not (self.spec.agents and rate):
             return "only their messages are recorded"
         try:
+            from ..probes.agent import STREAM_S
             from .agents import Agents
             self.agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, rate)
-            self._renew()
+            self._pull()
         except Exception as e:  # a cluster without daskprobe, or that refuses plugins: the rest goes on
             self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
             return (f"only their messages are recorded: no agents could start there ({type(e).__name__}: {e}; "
                     "is daskprobe installed on those hosts?)")
-        return f"an agent on {', '.join(away)} samples them (its clock set to ours at the end)"
+        return (f"agents on {', '.join(away)} sample them (stacks and /proc; eBPF where they run as root), "
+                f"read back every {STREAM_S:g} s and at the end")
 
-    def _renew(self) -> None:
-        from ..probes.agent import LEASE_S
-        self.next_renew = time.monotonic() + LEASE_S / 3
+    def _pull(self) -> None:
+        """What the agents captured since the last pull (which renews their lease)."""
+        from ..probes.agent import STREAM_S
+        self.next_pull = time.monotonic() + STREAM_S
         try:
-            self.agents.renew()
-        except Exception:  # one that cannot be reached now may be at the next try; if not, collect says so
+            self.agents.pull(self.run)
+        except Exception:  # the cluster not answering now: the next pull, or the last, reads on
             pass
 
     def collect_agents(self) -> str:
-        """The agents' captures read into run/hosts/, their members given the run's pids (host k's
-        pid + k·HOST_PID); what to tell the user."""
+        """The agents' last captures read into run/hosts/, their members given the run's pids (pid P
+        on host k: k·HOST_PID + P); what to tell the user."""
         try:
-            hosts = self.agents.collect(self.run)
+            hosts = self.agents.finish(self.run)
         except Exception as e:
             self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
             return f"reading the agents' captures failed ({type(e).__name__}: {e}): their samples are lost"
@@ -225,13 +228,21 @@ class Attached:
             self.agents.close()
         for number, (host, info) in enumerate(sorted(hosts.items()), start=1):
             info["number"] = number
-            pids = {"%s:%d" % _hostport(row["name"]): row["pid"] for row in info["members"]}
-            for m in self.members:
-                if m.listen in pids:
-                    m.pid = number * HOST_PID + pids[m.listen]
+            self._give_pids(info["members"], number * HOST_PID)
         self.run.update_meta(hosts=hosts)
-        return "agents: " + ", ".join(f"{h}, clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms"
-                                      for h, i in sorted(hosts.items()))
+        said = [f"{h} (its clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms from ours)"
+                + ("" if i["complete"] else f" (read until {i.get('error', 'its last member left')}: the rest is lost)")
+                for h, i in sorted(hosts.items())]
+        return "read back the agents on " + "; ".join(said)
+
+    def _give_pids(self, rows: list[dict], base: int) -> None:
+        """The agent's members (in the order they joined it) to ours at the same address (in the
+        order they were found): the latest to the latest, as a restart at a fixed port reuses one."""
+        for listen in {"%s:%d" % _hostport(r["name"]) for r in rows}:
+            theirs = [r["pid"] for r in rows if "%s:%d" % _hostport(r["name"]) == listen]
+            ours = [m for m in self.members if m.listen == listen]
+            for m, pid in zip(reversed(ours), reversed(theirs)):
+                m.pid = base + pid
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Only the tap: the cluster is not ours, and goes on."""

@@ -67,7 +67,7 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[
             moved = _moved(name, df, number * HOST_PID, offset, timens)
             tables[name] = pd.concat([tables[name], moved], ignore_index=True)
         failed += [f"{host} {f}" for f in their_failed]
-    named = procs.dropna(subset=["pid"]).set_index("pid")
+    named = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     for name, df in tables.items():
         if "pid" in df:
             df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
@@ -142,7 +142,7 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     c = cap.connections.copy()
     if c.empty:
         return pd.DataFrame(columns=TABLES["connections"].names)
-    by_pid = procs.dropna(subset=["pid"]).set_index("pid")
+    by_pid = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     by_name = procs.set_index("name")
     known = c.peer_pid.isin(by_pid.index)
     away = _member_elsewhere(c.peer_addr, procs)

@@ -59,13 +59,14 @@ def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(
                                     "-c", NOBODY, run_id], capture_output=True, text=True, timeout=30)
             assert other.stdout.strip() == "b''", other.stderr
         time.sleep(1.2)  # the joiner spins for 1 s
-        files = json.loads(ask(run_id, "stop"))
+        state = json.loads(ask(run_id, "stop"))
+        files = state["files"]
         assert "captures/pyspy.tsv" in files and files["captures/pyspy.tsv"] > 0, files
         assert ask(run_id, "read", "../../../etc/passwd", "0") == b"", "nothing outside its directory"
         fetched = tmp_path / "pyspy.tsv"
         fetched.write_bytes(ask(run_id, "read", "captures/pyspy.tsv", "0"))
-        members = json.loads(ask(run_id, "read", "members.json", "0"))
-        assert [(m["pid"], m["name"]) for m in members["members"]] == [(joiner.pid, "tcp://10.0.0.9:4321")]
+        members = state["info"]["members"]
+        assert [(m["pid"], m["name"]) for m in members] == [(joiner.pid, "tcp://10.0.0.9:4321")]
         assert ask(run_id, "done") == b"ok"
     finally:
         joiner.communicate("\n", timeout=30)
@@ -79,3 +80,31 @@ def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(
         time.sleep(0.1)
     assert not Path(f"/proc/{agent}").exists(), "the agent ended when told"
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"daskprobe-agent-{run_id}-*")), "its directory is gone"
+
+
+SQUATTER = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(b"\\0daskprobe-agent-" + sys.argv[1].encode())
+s.listen(1)
+print("bound", flush=True)
+conn, _ = s.accept()
+conn.sendall(b'{"info": {}, "files": {"../../../../tmp/owned": 6}}')
+conn.close()
+time.sleep(5)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def test_an_agent_socket_held_by_another_user_is_not_believed():
+    run_id = uuid.uuid4().hex[:12]
+    squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                 "-c", SQUATTER, run_id], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "bound"
+        with pytest.raises(PermissionError, match="uid 65534"):
+            ask(run_id, "stop")
+    finally:
+        squatter.kill()
+        squatter.wait()
+

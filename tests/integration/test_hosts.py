@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         # host's (k·2^32 + pid), its clock set back by the offset its time namespace was given
         agents = meta["hosts"]
         assert sorted(agents) == [f"{SUBNET}.2", f"{SUBNET}.3"], meta.get("agents_error")
+        assert all(a["complete"] for a in agents.values()), agents
         samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
         offcpu = run.table("offcpu")
         crunch = set(frames.frame_id[frames.function == "crunch"])
@@ -161,8 +163,11 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             # and its CPU, from samples weighed by those thread states, is what that host's kernel counted
             check = json.loads((out / "summary.json").read_text())["cpu_check"][name]
             assert 0.8 < check["ratio"] < 1.25, (name, check)
-        assert "daskprobe.probes.agent" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
-                                                              text=True).stdout, "the agents ended"
+        gone = time.monotonic() + 10  # told to end once read back: they stop their probes and go
+        while any(Path(f"/proc/{h['agent_pid']}").exists() for h in agents.values()) and time.monotonic() < gone:
+            time.sleep(0.1)
+        for host in agents.values():  # one pid namespace here: theirs are ours
+            assert not Path(f"/proc/{host['agent_pid']}").exists(), "the agents ended"
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
             assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
             assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w

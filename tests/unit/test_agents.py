@@ -1,0 +1,51 @@
+"""The recorder's side of the per-host agents, without a cluster: which member gets which pid,
+and what an answer may make it write."""
+
+import json
+
+from daskprobe.probes.rundir import RunDir
+from daskprobe.tracer.agents import Agents
+from daskprobe.tracer.attached import Attached, AttachSpec
+from daskprobe.tracer.cluster import Member
+
+
+def test_a_restart_at_a_fixed_port_gives_each_process_its_own_pid(tmp_path):
+    attached = Attached(AttachSpec("tcp://10.0.0.1:8786"), RunDir(tmp_path))
+    attached.members = [Member("worker-0", "worker", "10.0.0.2:4001", "10.0.0.2:4001"),
+                        Member("worker-1", "worker", "10.0.0.2:4002", "10.0.0.2:4002"),  # left, and came back as 3
+                        Member("worker-3", "worker", "10.0.0.2:4002", "10.0.0.2:4002")]
+    rows = [{"name": "tcp://10.0.0.2:4002", "pid": 70}, {"name": "tcp://10.0.0.2:4001", "pid": 71},
+            {"name": "tcp://10.0.0.2:4002", "pid": 95}]  # as they joined the agent
+    attached._give_pids(rows, 2**32)
+    assert [m.pid for m in attached.members] == [2**32 + 71, 2**32 + 70, 2**32 + 95]
+
+
+class Answers(Agents):
+    """Agents whose one host answers as given: what a worker's client.run would return."""
+
+    def __init__(self, state: dict, data: bytes):
+        self.run_id, self.seen, self.offsets, self.state, self.data = "r", {}, {}, state, data
+
+    def hosts(self):
+        return {"10.0.0.2": ("tcp://10.0.0.2:4001", False)}
+
+    def _on(self, member, fn, *args):
+        if fn.__name__ == "monotonic_ns":
+            return 5
+        verb = args[1]
+        if verb == "read":
+            return self.data[int(args[3]):][:3]
+        return {"state": json.dumps(self.state).encode(), "stop": json.dumps(self.state).encode(), "done": b"ok"}[verb]
+
+
+def test_pulls_append_what_is_new_and_write_nothing_outside_the_hosts_capture_folder(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    state = {"info": {"members": []}, "files": {"captures/pyspy.tsv": 4, "../../../escaped": 4, "captures/../x": 4}}
+    agents = Answers(state, b"abcdefgh")
+    agents.pull(run)
+    agents.state["files"]["captures/pyspy.tsv"] = 8
+    agents.pull(run, final=True)  # read in 3-byte chunks here: the rest, once
+    assert (run / "hosts" / "10.0.0.2" / "captures" / "pyspy.tsv").read_bytes() == b"abcdefgh"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["pyspy.tsv"]
+    assert agents.seen["10.0.0.2"]["complete"] and "error" not in agents.seen["10.0.0.2"]
