@@ -44,8 +44,9 @@ PROCESS = C("process", "str", "", "the process's name in `processes`; null if th
 HOST = C("host", "str", "", "the host the process ran on: local (daskprobe's), or the host of its address "
          "(run.json `hosts`: the agent there and its clock offset)")
 # Pids are the run's: pid P on the k-th host with an agent (run.json `hosts`, `number`) is k·HOST_PID + P,
-# since two hosts may run processes with the same pid (containers: every worker may be pid 7).
-HOST_PID = 1 << 32
+# since two hosts may run processes with the same pid (containers: every worker may be pid 7). Linux pids
+# are below 2^22 (PID_MAX_LIMIT), and so the run's stay in the int32 that Perfetto's pids are, up to 511 hosts.
+HOST_PID = 1 << 22
 ATTEMPT = (
     C("key", "str", "", "the task's key, as a string"),
     C("attempt", "int64", "", "0 for the key's first dispatch, 1 for its second, …"),
@@ -78,7 +79,7 @@ ATTEMPT = (
 DECODED = {
     "processes": Table("One row per process of the run: scheduler, workers, nannies, proxy, the user's command "
                        "(client), daskprobe and its probes' helpers.", (
-        C("pid", "Int64", "", "process id; on the k-th host with an agent (run.json `hosts`), k·2^32 + its pid "
+        C("pid", "Int64", "", "process id; on the k-th host with an agent (run.json `hosts`), k·2^22 + its pid "
           "there; null if it was not found (a nanny's worker, a member on a host without an agent)"),
         C("name", "str", "", "its name in the other tables (scheduler, worker-0, proxy, client, …)"),
         C("role", "str", "", "scheduler, worker, nanny, proxy, client or probe"),

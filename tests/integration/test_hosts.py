@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import write_flow
+from helpers import check_trace, load, write_flow
 from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.schema import HOST_PID
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and attach need root")
 
@@ -116,7 +117,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
 
         out = tmp_path / "run"
         p = subprocess.run(in_host(hosts["a"], sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out",
-                                   str(out), "--no-trace", "--", sys.executable,
+                                   str(out), "--", sys.executable,
                                    str(write_flow(tmp_path / "during.py", DURING))),
                            capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
@@ -134,7 +135,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         assert procs.pid["scheduler"] == scheduler.pid
         remote = procs[procs.role == "worker"]
         # the workers are on other hosts: each found by the agent its plugin started there, its pid that
-        # host's (k·2^32 + pid), its clock set back by the offset its time namespace was given
+        # host's (k·2^22 + pid), its clock set back by the offset its time namespace was given
         agents = meta["hosts"]
         assert sorted(agents) == [f"{SUBNET}.2", f"{SUBNET}.3"], meta.get("agents_error")
         assert all(a["complete"] for a in agents.values()), agents
@@ -145,7 +146,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         msgs = run.table("messages")
         for (name, row), h in zip(remote.iterrows(), "bc"):
             host = agents[row.host]
-            assert row.pid == host["number"] * 2**32 + worker_pids[f"tcp://{row.listen}"], (name, row.pid)
+            assert row.pid == host["number"] * HOST_PID + worker_pids[f"tcp://{row.listen}"], (name, row.pid)
             assert abs(host["offset_ns"] + OFFSETS[h] * 1e9) < max(host["uncertainty_ns"], 1e6) + 1e6, host
             mine = samples[samples.pid == row.pid]
             spun = mine[mine.stack_id.isin(in_crunch)]
@@ -168,6 +169,10 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             time.sleep(0.1)
         for host in agents.values():  # one pid namespace here: theirs are ours
             assert not Path(f"/proc/{host['agent_pid']}").exists(), "the agents ended"
+        packets = load(run.trace)  # valid, with a process track of each remote worker under its run pid
+        check_trace(packets)
+        tracked = {p.track_descriptor.process.pid for p in packets if p.track_descriptor.HasField("process")}
+        assert set(remote.pid) <= tracked
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
             assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
             assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w

@@ -16,8 +16,8 @@ def test_a_restart_at_a_fixed_port_gives_each_process_its_own_pid(tmp_path):
                         Member("worker-3", "worker", "10.0.0.2:4002", "10.0.0.2:4002")]
     rows = [{"name": "tcp://10.0.0.2:4002", "pid": 70}, {"name": "tcp://10.0.0.2:4001", "pid": 71},
             {"name": "tcp://10.0.0.2:4002", "pid": 95}]  # as they joined the agent
-    attached._give_pids(rows, 2**32)
-    assert [m.pid for m in attached.members] == [2**32 + 71, 2**32 + 70, 2**32 + 95]
+    attached._give_pids(rows, 2**22)
+    assert [m.pid for m in attached.members] == [2**22 + 71, 2**22 + 70, 2**22 + 95]
 
 
 class Answers(Agents):

@@ -123,7 +123,7 @@ def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
 def test_a_peer_on_another_host_is_the_one_member_there_else_a_client():
     procs = pd.DataFrame({"name": ["scheduler", "worker-0", "worker-1", "worker-2", "worker-3"],
                           # worker-0's pid is its agent's (host 1's pid 7): the agent's host is not this one
-                          "pid": pd.array([11, 2**32 + 7, None, None, None], dtype="Int64"),
+                          "pid": pd.array([11, 2**22 + 7, None, None, None], dtype="Int64"),
                           "host": ["local", "10.0.0.2", "10.0.0.3", "10.0.0.3", "fe80::2"],
                           "listen": ["10.0.0.1:8786", "10.0.0.2:4001", "10.0.0.3:4001", "10.0.0.3:4002", "[fe80::2]:9"]})
     peers = pd.Series(["10.0.0.2:50001", "10.0.0.3:50002", "10.0.0.9:50003", "[fe80::2]:50004", "10.0.0.1:50005"])
