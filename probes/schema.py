@@ -91,6 +91,10 @@ DECODED = {
         C("distributed", "str", "", "distributed's version (workers, nannies, a Dask scheduler); null for the "
           "others and a --server-cmd scheduler"),
         HOST,
+        C("found_ns", "Int64", MONO, "when an attached recording found this worker, up to 2 s after it joined; "
+          "null for those there from the start, and in a run"),
+        C("left_ns", "Int64", MONO, "when an attached recording saw this worker gone, up to 2 s after it left; "
+          "null if it stayed"),
     )),
     "connections": Table("One row per TCP connection the proxy accepted (captures/proxy.bin).", (
         C("conn", "int64", "", "the proxy's number for the connection"),

@@ -150,10 +150,13 @@ class Attached:
         now = {"%s:%d" % _hostport(addr): addr for addr in sorted(workers)}
         left = [m for m in self.workers if m.listen not in now and m.name not in self.left]
         self.left |= {m.name for m in left}
+        for m in left:
+            m.left_ns = time.monotonic_ns()
         # one back at the address of one that left (a fixed --worker-port) is a new process: a new member
         known, new = {m.listen for m in self.workers if m.name not in self.left}, []
         for listen in (listen for listen in now if listen not in known):
             new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
+            new[-1].found_ns = time.monotonic_ns()
             self.members.append(new[-1])
             self.worker_info.append(workers[now[listen]])
         if new:

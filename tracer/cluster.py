@@ -97,6 +97,8 @@ class Member:
     pid: int | None = None                # the process that is this member
     command: list[str] = field(default_factory=list)
     machine: str = "local"                # the host it runs on: local (daskprobe's) or its address's host
+    found_ns: int | None = None           # when an attached recording found it (None: there from the start)
+    left_ns: int | None = None            # when an attached recording saw it gone
 
     @property
     def port(self) -> int:
@@ -289,7 +291,8 @@ def describe(members: list[Member], recorder: subprocess.Popen | None, tap: bool
     """Processes as run.json and the processes table record them: the members, then what records
     their messages (the proxy, or the tap, which is off the data path: a probe)."""
     rows = [{"name": m.name, "role": m.role, "pid": m.pid, "listen": m.listen, "contact": m.contact,
-             "command": m.command, "host": m.machine} for m in members]
+             "command": m.command, "host": m.machine, "found_ns": m.found_ns, "left_ns": m.left_ns}
+            for m in members]
     if recorder:
         name, role = ("tap", "probe") if tap else ("proxy", "proxy")
         rows.append({"name": name, "role": role, "pid": recorder.pid, "listen": None, "contact": None,

@@ -14,6 +14,7 @@ from ..probes import ebpf_tables, procfs, pyspy
 from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
 from ..probes.schema import HOST_PID, MONO, TABLES
+from .attached import FOLLOW_S
 from .attempts import attempts_table, clock_table, undo_scheduler_delay
 from .forked import beside
 from .messages import messages_table
@@ -125,9 +126,11 @@ def _moved(name: str, df: pd.DataFrame, pid_base: int, offset_ns: int, timens_ns
 
 def processes_table(meta: dict) -> pd.DataFrame:
     rows = [{"pid": p["pid"], "name": p["name"], "role": p["role"], "listen": p["listen"],
-             "contact": p["contact"], "command": " ".join(map(str, p["command"])), "host": p.get("host", "local")}
+             "contact": p["contact"], "command": " ".join(map(str, p["command"])), "host": p.get("host", "local"),
+             "found_ns": p.get("found_ns"), "left_ns": p.get("left_ns")}
             for p in meta.get("processes", [])]
-    df = pd.DataFrame(rows, columns=["pid", "name", "role", "listen", "contact", "command", "host"])
+    df = pd.DataFrame(rows, columns=["pid", "name", "role", "listen", "contact", "command", "host", "found_ns",
+                                     "left_ns"])
     versions = meta.get("versions", {}).get("cluster", {})
     df["python"] = np.where(df.role.isin(["scheduler", "worker", "nanny"]), versions.get("python"), None)
     df["distributed"] = np.where(df.role.isin(["worker", "nanny"]) | ((df.role == "scheduler") & (
@@ -145,7 +148,7 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     by_pid = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     by_name = procs.set_index("name")
     known = c.peer_pid.isin(by_pid.index)
-    away = _member_elsewhere(c.peer_addr, procs)
+    away = _member_elsewhere(c.peer_addr, c.opened_ns, procs)
     c["peer"] = np.where(known, c.peer_pid.map(by_pid.name), away.fillna("client"))
     c["peer_role"] = np.where(known, c.peer_pid.map(by_pid.role), away.map(by_name.role).fillna("client"))
     c["upstream_name"] = c.label
@@ -155,13 +158,19 @@ def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
     return c.drop(columns="label")
 
 
-def _member_elsewhere(peer_addr: pd.Series, procs: pd.DataFrame) -> pd.Series:
-    """For each connecting address, the member on another host that it comes from: the one member
-    whose listening address has that host (an attached cluster's worker elsewhere has no pid here).
-    NaN where there is none, or several there: those count as clients."""
+def _member_elsewhere(peer_addr: pd.Series, opened_ns: pd.Series, procs: pd.DataFrame) -> pd.Series:
+    """For each connection from another host, the member that opened it: the one member listening
+    on that host while it opened (from FOLLOW_S before daskprobe found it to when it saw it gone: a
+    restart's two processes are told apart but for those seconds). None where there is none, or
+    several: those count as clients."""
     away = procs[(procs.host != "local") & procs.listen.notna()]
-    alone = _host(away.listen).drop_duplicates(keep=False)
-    return _host(peer_addr).map(pd.Series(away.name[alone.index].to_numpy(), index=alone.to_numpy())).astype(object)
+    host, opened = _host(peer_addr).to_numpy(), opened_ns.to_numpy("int64")
+    names, count = np.full(len(host), None, dtype=object), np.zeros(len(host), dtype=int)
+    for m, there in zip(away.itertuples(), _host(away.listen)):
+        since = -np.inf if pd.isna(m.found_ns) else m.found_ns - FOLLOW_S * 1e9
+        hit = (host == there) & (opened >= since) & (pd.isna(m.left_ns) or opened <= m.left_ns)
+        names[hit], count[hit] = m.name, count[hit] + 1
+    return pd.Series(np.where(count == 1, names, None), index=peer_addr.index, dtype=object)
 
 
 def _host(addresses: pd.Series) -> pd.Series:

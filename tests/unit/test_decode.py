@@ -121,13 +121,20 @@ def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
 
 
 def test_a_peer_on_another_host_is_the_one_member_there_else_a_client():
-    procs = pd.DataFrame({"name": ["scheduler", "worker-0", "worker-1", "worker-2", "worker-3"],
+    s = 10**9
+    procs = pd.DataFrame({"name": ["scheduler", "worker-0", "worker-1", "worker-2", "worker-3", "worker-4", "worker-5"],
                           # worker-0's pid is its agent's (host 1's pid 7): the agent's host is not this one
-                          "pid": pd.array([11, 2**22 + 7, None, None, None], dtype="Int64"),
-                          "host": ["local", "10.0.0.2", "10.0.0.3", "10.0.0.3", "fe80::2"],
-                          "listen": ["10.0.0.1:8786", "10.0.0.2:4001", "10.0.0.3:4001", "10.0.0.3:4002", "[fe80::2]:9"]})
-    peers = pd.Series(["10.0.0.2:50001", "10.0.0.3:50002", "10.0.0.9:50003", "[fe80::2]:50004", "10.0.0.1:50005"])
-    named = tables._member_elsewhere(peers, procs)
-    # one member there: it; two on 10.0.0.3: cannot tell; nobody there, or the scheduler's own host: a client
-    assert named.tolist()[:1] + named.tolist()[3:4] == ["worker-0", "worker-3"]
-    assert named.iloc[[1, 2, 4]].isna().all()
+                          "pid": pd.array([11, 2**22 + 7, None, None, None, None, None], dtype="Int64"),
+                          "host": ["local", "10.0.0.2", "10.0.0.3", "10.0.0.3", "fe80::2", "10.0.0.5", "10.0.0.5"],
+                          "listen": ["10.0.0.1:8786", "10.0.0.2:4001", "10.0.0.3:4001", "10.0.0.3:4002", "[fe80::2]:9",
+                                     "10.0.0.5:4001", "10.0.0.5:4001"],
+                          # worker-4 restarted at its address: seen gone at 102 s, its successor found at 103 s
+                          "found_ns": pd.array([None] * 6 + [103 * s], dtype="Int64"),
+                          "left_ns": pd.array([None] * 5 + [102 * s, None], dtype="Int64")})
+    peers = pd.Series(["10.0.0.2:50001", "10.0.0.3:50002", "10.0.0.9:50003", "[fe80::2]:50004", "10.0.0.1:50005",
+                       "10.0.0.5:50006", "10.0.0.5:50007", "10.0.0.5:50008"])
+    opened = pd.Series([5 * s] * 5 + [50 * s, 110 * s, 101_500_000_000])
+    named = tables._member_elsewhere(peers, opened, procs)
+    # one member there: it; two on 10.0.0.3: cannot tell; nobody there, or the scheduler's own host: a client;
+    # on a host whose worker restarted, the one there when the connection opened, unless both may have been
+    assert named.tolist() == ["worker-0", None, None, "worker-3", None, "worker-4", "worker-5", None]
