@@ -1,6 +1,7 @@
 """A running cluster daskprobe did not start (`daskprobe attach`): its members found from the
 scheduler's address, its messages recorded by the tap, its processes by the probes, and all of
-it left running at the end. Members on this host only: a member elsewhere is named, not measured."""
+it left running at the end. A member on another host is sampled by its host's agent
+(tracer/agents.py), its messages recorded only with this host's members."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import shutil
 
 from . import options
 
-HELP = "record a running cluster (its members on this host), without restarting it"
+HELP = "record a running cluster without restarting it (members on other hosts through agents it deploys)"
 EXAMPLES = """examples:
   daskprobe attach tcp://127.0.0.1:8786 -- python my_flow.py    # while a command runs against it
   daskprobe attach tcp://127.0.0.1:8786 --duration 30            # 30 s of whatever it does
