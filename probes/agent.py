@@ -1,8 +1,9 @@
 """One agent per host, started by Dask itself: the plugins daskprobe registers on a running
 cluster (WorkerAgent, SchedulerAgent) make sure each host runs one agent process, which samples
 that host's Dask processes into a private directory: the Python sampler and /proc, and the eBPF
-probes (CPU, GIL, off-CPU) where it runs as root outside a container. The recorder reads the captures back in chunks through Dask's own comms,
-then the agent removes them.
+probes (CPU, GIL, off-CPU) where it runs as root outside a container. The recorder reads what is
+new every STREAM_S, and the rest at the end, in chunks through Dask's own comms; then the agent
+removes its directory.
 
 The agent holds an abstract unix socket named after the recording: one per host (network
 namespace), nothing listening on a network, and it answers processes of its own user only. It
@@ -70,10 +71,14 @@ def join(run_id: str, rate: float, name: str, role: str) -> None:
         p = subprocess.Popen([sys.executable, "-m", "daskprobe.probes.agent", run_id, str(rate)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              start_new_session=True)
-        p.stdout.readline()  # "ready", or nothing once it lost the name to another
+        p.stdout.readline()  # "ready", or nothing once it lost the name to another (or failed)
         p.stdout.close()
+        try:
+            agent = int(ask(run_id, "pid"))
+        except OSError as e:
+            raise RuntimeError(f"daskprobe's agent did not start on {socket.gethostname()} (exit code {p.wait(10)}, "
+                               f"then {e}): `python -m daskprobe.probes.agent test 100` there says why") from None
         threading.Thread(target=p.wait, name="daskprobe-agent-reaper", daemon=True).start()  # no zombie left
-        agent = int(ask(run_id, "pid"))
     _let_trace(agent)
     ask(run_id, "watch", str(os.getpid()), name, role)
 
