@@ -1,6 +1,7 @@
 """Write trace.pftrace (Perfetto TrackEvent protobuf, streamed) from a run's tables.
 
-Tracks: one process track per scheduler, worker and client (real pids);
+Tracks: one process track per scheduler, worker and client (the run's pids; one on another
+host is named with its host, "worker-3 @ 10.0.0.7", its pid k·2^22 + its pid there);
 under them, a track per thread with its CPU samples and, for a worker thread,
 its compute slices (GIL waits and off-CPU time on child tracks), a send and a receive track per
 connection direction (each message's send joined to its receive by a flow
@@ -34,7 +35,8 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
     with open_whole(run.trace) as f:
         w = Writer(f)
         tracks = Tracks(w)
-        proc_track = {r.name: tracks.get(("proc", r.name), r.name, pid=r.pid)
+        proc_track = {r.name: tracks.get(("proc", r.name), r.name + ("" if r.host == "local" else f" @ {r.host}"),
+                                         pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
         samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process", "thread_name"])
         threads = _Threads(samples, run.table("thread_names", missing_ok=True), tracks, proc_track)

@@ -171,8 +171,9 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             assert not Path(f"/proc/{host['agent_pid']}").exists(), "the agents ended"
         packets = load(run.trace)  # valid, with a process track of each remote worker under its run pid
         check_trace(packets)
-        tracked = {p.track_descriptor.process.pid for p in packets if p.track_descriptor.HasField("process")}
-        assert set(remote.pid) <= tracked
+        tracked = {p.track_descriptor.process.pid: p.track_descriptor.name for p in packets
+                   if p.track_descriptor.HasField("process")}
+        assert all(tracked[r.pid] == f"{name} @ {r.host}" for name, r in remote.iterrows()), tracked
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
             assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
             assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w
