@@ -14,6 +14,7 @@ ends when told, or once nobody has asked it anything for LEASE_S (the recorder w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -98,13 +99,14 @@ def host_of(address: str) -> str:
 
 class _Joins:
     """What both plugins do as they start: join this host's agent, unless the recorder measures
-    this host itself (`here`: the hosts of the members on the recorder's)."""
+    this host itself (`here`: the hosts of the members on the recorder's). `recorder`: the id
+    of the recorder's Client."""
 
-    def __init__(self, run_id: str, rate: float, here: set[str]):
-        self.name, self.run_id, self.rate, self.here = f"daskprobe-{run_id}", run_id, rate, here
+    def __init__(self, run_id: str, rate: float, here: set[str], recorder: str):
+        self.name, self.run_id, self.rate = f"daskprobe-{run_id}", run_id, rate
+        self.here, self.recorder = here, recorder
 
     async def _join(self, address: str, role: str) -> None:
-        import asyncio
         if host_of(address) not in self.here:  # the agent may take a second to start: not on the event loop
             await asyncio.get_running_loop().run_in_executor(None, join, self.run_id, self.rate, address, role)
 
@@ -118,14 +120,29 @@ class SchedulerAgent(_Joins, SchedulerPlugin):
     async def start(self, scheduler) -> None:
         await self._join(scheduler.address, "scheduler")
 
+    def remove_client(self, scheduler, client: str) -> None:
+        """The recorder's client gone without taking the plugins off (it was killed): both go, or
+        every worker that starts later would start an agent for a recording nobody reads."""
+        if client == self.recorder:
+            scheduler.remove_plugin(self.name)
+            if self.name in scheduler.worker_plugins:
+                asyncio.ensure_future(scheduler.unregister_worker_plugin(None, self.name))
+
 
 class Agent:
     def __init__(self, run_id: str, rate: float):
         self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-"))  # 0700, made afresh
+        self.run, self.members, self.skipped, self.probes, self.stopped = RunDir(self.dir), [], {}, [], False
+        try:
+            self._start(rate)
+        except BaseException:  # a SIGTERM while the probes start too: nothing of it stays behind
+            self.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def _start(self, rate: float) -> None:
         for sub in ("captures", "logs"):
             (self.dir / sub).mkdir()
-        self.run, self.members, self.skipped = RunDir(self.dir), [], {}
-        self.probes = []
         for probe in registry.make(PROBES, rate):
             self.skipped |= probe.partly_skipped() if (why := probe.available()) is None else {probe.name: why}
             if why is None:
@@ -137,7 +154,6 @@ class Agent:
             except RuntimeError as e:
                 self.skipped[probe.name] = str(e)
                 self.probes.remove(probe)
-        self.stopped = False
 
     def watch(self, pid: str, name: str, role: str) -> bytes:
         row = {"pid": int(pid), "name": name, "role": role, "listen": None, "contact": None, "command": []}

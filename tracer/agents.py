@@ -24,7 +24,8 @@ class Agents:
         from distributed import Client
         self.run_id, self.here = uuid.uuid4().hex[:12], set(here)
         self.client = Client(address, timeout=30, set_as_default=False)
-        self.plugins = [WorkerAgent(self.run_id, rate, self.here), SchedulerAgent(self.run_id, rate, self.here)]
+        self.plugins = [WorkerAgent(self.run_id, rate, self.here, self.client.id),
+                        SchedulerAgent(self.run_id, rate, self.here, self.client.id)]
         self.seen: dict[str, dict] = {}  # host -> what its agent said, its clock, whether it was read to the end
         self.offsets: dict[tuple[str, str], int] = {}  # (host, capture) -> bytes read
         try:
@@ -55,6 +56,8 @@ class Agents:
         what was read before, marked incomplete."""
         for host, member in self.hosts().items():
             seen = self.seen.setdefault(host, {"complete": False})
+            if "error" in seen and not final:
+                continue  # one that failed waits for the last pull: a hung agent stalls the recording once
             try:
                 self._clock(host, member)
                 state = json.loads(self._on(member, ask, self.run_id, "stop" if final else "state"))
@@ -99,10 +102,13 @@ class Agents:
         try:
             self.pull(run, final=True)
         finally:
-            for host, seen in self.seen.items():
-                if "offset_ns" in seen:
-                    write_new(run / "hosts" / host / "agent.json", json.dumps(seen).encode())
-        return {h: s for h, s in self.seen.items() if "offset_ns" in s and "members" in s}
+            read = {h: s for h, s in self.seen.items() if "offset_ns" in s and "members" in s}
+            for host, seen in read.items():
+                if not seen["complete"]:
+                    seen.setdefault("error", "no member of it left to read it through")
+                (run / "hosts" / host).mkdir(parents=True, exist_ok=True)
+                write_new(run / "hosts" / host / "agent.json", json.dumps(seen).encode())
+        return read
 
     def close(self) -> None:
         """The plugins off the cluster (a worker that joins later starts no agent), the client closed."""

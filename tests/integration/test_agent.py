@@ -108,3 +108,41 @@ def test_an_agent_socket_held_by_another_user_is_not_believed():
         squatter.kill()
         squatter.wait()
 
+
+
+RECORDER = """
+import sys, time
+from distributed import Client
+from daskprobe.probes.agent import SchedulerAgent, WorkerAgent
+c = Client(sys.argv[1])
+for plugin in (WorkerAgent("deadbeef0001", 100.0, {"127.0.0.1"}, c.id),
+               SchedulerAgent("deadbeef0001", 100.0, {"127.0.0.1"}, c.id)):
+    c.register_plugin(plugin)
+print("registered", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_recorder_killed_takes_its_plugins_with_it(tmp_path):
+    """kill -9 of the recorder: the scheduler drops its client, and the plugins go with it (else every
+    worker started later would start an agent for a recording nobody reads)."""
+    import signal
+    from distributed import Client, LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        recorder = subprocess.Popen([sys.executable, "-c", RECORDER, cluster.scheduler_address],
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            assert recorder.stdout.readline().strip() == "registered"
+            names = lambda: set(c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins)))  # noqa: E731
+            assert "daskprobe-deadbeef0001" in names()
+            recorder.send_signal(signal.SIGKILL)
+            recorder.wait(10)
+            deadline = time.monotonic() + 30
+            while "daskprobe-deadbeef0001" in names() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "daskprobe-deadbeef0001" not in names()
+            workers = c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins))
+            assert "daskprobe-deadbeef0001" not in workers
+        finally:
+            recorder.kill()

@@ -49,3 +49,14 @@ def test_pulls_append_what_is_new_and_write_nothing_outside_the_hosts_capture_fo
     assert (run / "hosts" / "10.0.0.2" / "captures" / "pyspy.tsv").read_bytes() == b"abcdefgh"
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["pyspy.tsv"]
     assert agents.seen["10.0.0.2"]["complete"] and "error" not in agents.seen["10.0.0.2"]
+
+
+def test_a_host_whose_last_member_left_keeps_what_was_read_and_says_so(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    agents = Answers({"info": {"members": [{"name": "tcp://10.0.0.2:4001", "pid": 7}]}, "files": {}}, b"")
+    agents.pull(run)  # read once, with nothing captured yet: no folder of its own so far
+    agents.hosts = lambda: {}  # then its last worker left
+    hosts = agents.finish(run)
+    assert hosts["10.0.0.2"]["complete"] is False and "no member" in hosts["10.0.0.2"]["error"]
+    assert json.loads((run / "hosts" / "10.0.0.2" / "agent.json").read_text())["members"][0]["pid"] == 7
