@@ -34,6 +34,7 @@ from . import registry
 from .ebpf_format import timens_ns
 from .procs import reap_exiting
 from .rundir import RunDir
+from .sockets import owned_by
 
 LEASE_S = 60.0
 STREAM_S = 10.0  # the recorder reads new bytes this often (and so renews the lease)
@@ -163,11 +164,13 @@ class Agent:
         return b"ok"
 
     def state(self) -> bytes:
-        """What it measures and skipped, and its captures' names and sizes so far."""
+        """What it measures and skipped, its captures' names and sizes so far, and the local address
+        of each TCP socket its members hold now."""
         info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
                 "timens_ns": timens_ns(), "agent_pid": os.getpid()}
         files = {f"captures/{p.name}": p.stat().st_size for p in (self.dir / "captures").iterdir()}
-        return json.dumps({"info": info, "files": files}).encode()
+        sockets = owned_by([m["pid"] for m in self.members])  # which member's connection is which
+        return json.dumps({"info": info, "files": files, "sockets": sockets}).encode()
 
     def stop(self) -> bytes:
         """The probes stopped (their last bytes written); the state then."""

@@ -104,7 +104,8 @@ DECODED = {
         C("upstream_local", "str", "", "the proxy's own address on its connection upstream; null in captures "
           "before daskprobe 0.1"),
         C("opened_ns", "int64", MONO, "when the proxy accepted it"),
-        C("peer_pid", "int64", "", "pid of the connecting process; -1 if unknown"),
+        C("peer_pid", "int64", "", "pid of the connecting process (the run's, as processes.pid: from another "
+          "host's agent for its members' sockets); -1 if unknown"),
         C("closed_ns", "Int64", MONO, "when its last direction closed; null if open when the capture ended"),
         C("bytes_to_upstream", "int64", "bytes", "bytes the peer sent, as counted at close (0 if never closed)"),
         C("bytes_from_upstream", "int64", "bytes", "bytes sent to the peer, as counted at close (0 if never "

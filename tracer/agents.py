@@ -62,6 +62,7 @@ class Agents:
                 self._clock(host, member)
                 state = json.loads(self._on(member, ask, self.run_id, "stop" if final else "state"))
                 seen.update(state["info"])
+                seen.setdefault("sockets", {}).update(state.get("sockets", {}))
                 for name, size in state["files"].items():
                     if re.fullmatch(CAPTURE_NAME, name):  # whoever answers, nothing is written outside hosts/HOST/
                         self._fetch(run, host, member, name, int(size))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..probes.schema import HOST_PID
+from ..probes.sockets import inodes_of, listening
 from ..probes.proxy import start_tap, stop_proxy
 from ..probes.rundir import RunDir
 from .cluster import Member, describe
@@ -63,24 +64,11 @@ def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
 
 
 def listener_pid(port: int) -> int | None:
-    """The local process listening on a TCP port: its socket's inode in /proc/net/tcp{,6},
-    then the process holding that inode. None for a member on another host."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{cols[9]}]")
+    """The local process listening on a TCP port. None for a member on another host."""
+    wanted = listening(port)
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return int(pid)
-        except OSError:
-            continue
+        if wanted & inodes_of(int(pid)):
+            return int(pid)
     return None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
 from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
+from ..probes.sockets import listening
 from .registry import experiments
 
 HOST = "127.0.0.1"
@@ -144,17 +145,9 @@ def dask_env(config: dict[str, str]) -> dict[str, str]:
 
 
 def _listening(port: int) -> bool:
-    # Read the kernel's socket table rather than connect: a probe connection
-    # would show up in the server's logs and in our own capture.
-    want = f":{port:04X}"
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except FileNotFoundError:
-            continue
-        if any(cols[1].endswith(want) and cols[3] == "0A" for cols in map(str.split, lines)):
-            return True
-    return False
+    # The kernel's socket table rather than a connection: a probe connection would show up in the
+    # server's logs and in our own capture.
+    return bool(listening(port))
 
 
 class Cluster:

@@ -25,7 +25,7 @@ def build(run: RunDir) -> dict:
     cap = read_capture(run.messages_capture)
     procs = processes_table(meta)
     run.write_table("processes", procs)
-    conns = connections_table(cap, procs)
+    conns = connections_table(cap, procs, meta.get("hosts", {}))
     run.write_table("connections", conns)
     with beside(lambda: probe_tables(run, procs, conns)) as probes_done:  # the samplers' tables meanwhile
         msgs, events = messages_table(cap, conns)
@@ -138,13 +138,18 @@ def processes_table(meta: dict) -> pd.DataFrame:
     return df
 
 
-def connections_table(cap: Capture, procs: pd.DataFrame) -> pd.DataFrame:
+def connections_table(cap: Capture, procs: pd.DataFrame, hosts: dict | None = None) -> pd.DataFrame:
     """Each connection with both ends named. The accepting end is the process
-    the proxy fronts; the connecting end is found by pid. A connecting pid that
+    the proxy fronts; the connecting end is found by pid (on another host, from its agent's
+    sockets; else by its host, _member_elsewhere). A connecting pid that
     is not a cluster process is the user's command (or a child of it): client."""
     c = cap.connections.copy()
     if c.empty:
         return pd.DataFrame(columns=TABLES["connections"].names)
+    # from another host: the process whose socket it is there, as that host's agent last saw it
+    theirs = {addr: h["number"] * HOST_PID + pid
+              for h in (hosts or {}).values() for addr, pid in h.get("sockets", {}).items()}
+    c["peer_pid"] = c.peer_pid.where(c.peer_pid >= 0, c.peer_addr.map(theirs).fillna(-1).astype("int64"))
     by_pid = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     by_name = procs.set_index("name")
     known = c.peer_pid.isin(by_pid.index)

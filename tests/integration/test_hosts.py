@@ -21,12 +21,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces an
 DASK = str(Path(sys.executable).with_name("dask"))
 SUBNET = "10.77.0"
 OFFSETS = {"b": 5_000, "c": 9_000}  # seconds each worker host's monotonic clock is ahead
+WORKERS = [("b", ["--no-nanny"]), ("b", []), ("c", [])]  # two on b: told apart by its agent's sockets
 
 BEFORE = """
 import json, operator, os, sys
 from distributed import Client
 with Client() as c:  # DASK_SCHEDULER_ADDRESS
-    c.wait_for_workers(2, timeout=60)
+    c.wait_for_workers(3, timeout=60)
     c.gather(c.map(operator.add, range(100), range(100), key=[f"before-{i}" for i in range(100)]))
     print(json.dumps(c.run(os.getpid)))
 """
@@ -98,22 +99,24 @@ def in_host(ns: str, *cmd: str, offset: int = 0) -> list[str]:
 
 def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_other_hosts(hosts, tmp_path):
     port = 20_000 + os.getpid() % 10_000
+    ip = {"b": 2, "c": 3}
     address = f"tcp://{SUBNET}.1:{port}"
     env = dict(os.environ, DASK_SCHEDULER_ADDRESS=address, DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION="inf")
     log = open(tmp_path / "cluster.log", "w")
     scheduler = subprocess.Popen(in_host(hosts["a"], DASK, "scheduler", "--host", f"{SUBNET}.1", "--port", str(port),
                                          "--no-dashboard"), stdout=log, stderr=log, env=env)
-    workers = [subprocess.Popen(in_host(hosts[h], DASK, "worker", address, "--host", f"{SUBNET}.{i}", "--nthreads",
-                                        "1", "--no-dashboard", *(["--no-nanny"] * (h == "b")), offset=OFFSETS[h]),
+    workers = [subprocess.Popen(in_host(hosts[h], DASK, "worker", address, "--host", f"{SUBNET}.{ip[h]}", "--nthreads",
+                                        "1", "--no-dashboard", *flags, offset=OFFSETS[h]),
                                 stdout=log, stderr=log, env=env)
-               for i, h in enumerate("bc", start=2)]
+               for h, flags in WORKERS]
     try:
         before = subprocess.run(in_host(hosts["a"], sys.executable, str(write_flow(tmp_path / "before.py", BEFORE))),
                                 capture_output=True, text=True, env=env, timeout=120)
         assert before.returncode == 0, before.stderr[-3000:] + (tmp_path / "cluster.log").read_text()[-3000:]
         worker_pids = json.loads(before.stdout)  # each worker's own pid (one pid namespace here)
         worker_addresses = sorted(worker_pids)
-        assert [a.split("://")[1].rsplit(":", 1)[0] for a in worker_addresses] == [f"{SUBNET}.2", f"{SUBNET}.3"]
+        hosts_of = [a.split("://")[1].rsplit(":", 1)[0] for a in worker_addresses]
+        assert hosts_of == [f"{SUBNET}.{ip[h]}" for h, _ in WORKERS]
 
         out = tmp_path / "run"
         p = subprocess.run(in_host(hosts["a"], sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out",
@@ -144,12 +147,15 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         crunch = set(frames.frame_id[frames.function == "crunch"])
         in_crunch = set(stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(crunch & set(ids)))])
         msgs = run.table("messages")
-        for (name, row), h in zip(remote.iterrows(), "bc"):
+        attempts = run.table("attempts").set_index("key")
+        for name, row in remote.iterrows():
+            h = {f"{SUBNET}.{i}": n for n, i in ip.items()}[row.host]
             host = agents[row.host]
             assert row.pid == host["number"] * HOST_PID + worker_pids[f"tcp://{row.listen}"], (name, row.pid)
             assert abs(host["offset_ns"] + OFFSETS[h] * 1e9) < max(host["uncertainty_ns"], 1e6) + 1e6, host
             mine = samples[samples.pid == row.pid]
             spun = mine[mine.stack_id.isin(in_crunch)]
+            assert attempts.worker[f"crunch-tcp://{row.listen}"] == name, "its connection is its own, not a client's"
             assert (mine.host == row.host).all() and len(spun) >= 20, (name, len(spun))  # 0.5 s at 100 Hz: 50
             # on the wire at the scheduler's host: its compute-task came before them, its task-finished after
             key = msgs[msgs.key == f"crunch-tcp://{row.listen}"]
