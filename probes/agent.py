@@ -132,7 +132,7 @@ class SchedulerAgent(_Joins, SchedulerPlugin):
 
 class Agent:
     def __init__(self, run_id: str, rate: float):
-        self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-"))  # 0700, made afresh
+        self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-")).resolve()  # 0700, made afresh
         self.run, self.members, self.skipped, self.probes, self.stopped = RunDir(self.dir), [], {}, [], False
         try:
             self._start(rate)

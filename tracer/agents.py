@@ -37,7 +37,7 @@ class Agents:
 
     def hosts(self) -> dict[str, tuple[str, bool]]:
         """Each host with an agent: (a member there to ask it through, whether that is the scheduler)."""
-        info = self.client.scheduler_info()
+        info = self.client.scheduler_info(n_workers=-1)  # all: some versions give 5 by default
         there = {host_of(info["address"]): (info["address"], True)}
         for w in sorted(info["workers"]):
             there.setdefault(host_of(w), (w, False))
