@@ -225,6 +225,8 @@ class Attached:
         said = [f"{h} (its clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms from ours)"
                 + ("" if i["complete"] else f" (read until {i.get('error', 'its last member left')}: the rest is lost)")
                 for h, i in sorted(hosts.items())]
+        if not said:
+            return "no agent could be read back: their samples are lost"
         return "read back the agents on " + "; ".join(said)
 
     def _give_pids(self, rows: list[dict], base: int) -> None:
