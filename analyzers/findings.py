@@ -37,8 +37,9 @@ def _cat(s: dict, category: str) -> float:
     return s["critical_path_s"].get(category, 0.0)
 
 
-def _parts(s: dict, text: str) -> float:
-    return sum(v for k, v in s["critical_path_parts_s"].items() if text in k)
+def _parts(s: dict, *texts: str) -> float:
+    """Seconds of the critical path's parts named with any of the texts (each part once)."""
+    return sum(v for k, v in s["critical_path_parts_s"].items() if any(t in k for t in texts))
 
 
 def _recomputed(s: dict) -> dict | None:
@@ -173,7 +174,7 @@ def _materialization(s: dict) -> dict | None:
 
 
 def _transfers(s: dict) -> dict | None:
-    sec = _parts(s, "get_data") + _parts(s, "inputs")
+    sec = _parts(s, "get_data", "inputs")  # "serving inputs (get_data)" is one part, not two
     return _finding("transfers", sec, "moving task inputs between workers held up the path",
                     "time on the path fetching inputs from other workers (requests, replies and the work on "
                     "both sides)", "place dependent tasks together (fewer, larger partitions; avoid shuffles "

@@ -1,5 +1,7 @@
 """Findings fire on the evidence that calls for them, and stay quiet without it."""
 
+import pytest
+
 from daskprobe.analyzers.summary import analyze
 from scenario import META, Scenario, two_task_chain
 
@@ -110,7 +112,10 @@ def test_inputs_fetched_from_another_worker_are_a_transfers_finding():
     s.task("b-0", "worker-1", 27, 28, 48, 58, 59, 60, deps=["a-0"], transfer=(28, 47))
     s.told("b-0", 61, 62)
     s.message("client", "scheduler", 62.5, 63, "close-client")
-    assert "transfers" in found(s)
+    summary = analyze(s.tables(), META).summary
+    f = {f["id"]: f for f in summary["findings"]}["transfers"]
+    moving = [v for k, v in summary["critical_path_parts_s"].items() if "get_data" in k or "inputs" in k]
+    assert f["seconds"] == pytest.approx(sum(moving)) and f["seconds"] <= summary["session_s"]  # each part once
     assert "transfers" not in found(short_session(Scenario()))
 
 
