@@ -39,7 +39,7 @@ class Table:
 
 C = Column
 PID = C("pid", "int64", "", "process id")
-TID = C("tid", "int64", "", "thread id (the kernel's)")
+TID = C("tid", "int64", "", "thread id (the kernel's; on another host, as its pid: k·2^22 + the tid there)")
 PROCESS = C("process", "str", "", "the process's name in `processes`; null if the pid is none of the run's")
 HOST = C("host", "str", "", "the host the process ran on: local (daskprobe's), or the host of its address "
          "(run.json `hosts`: the agent there and its clock offset)")

@@ -111,11 +111,12 @@ def _agent_hosts(run: RunDir) -> list[tuple[int, str, int, int]]:
 
 
 def _moved(name: str, df: pd.DataFrame, pid_base: int, offset_ns: int, timens_ns: int) -> pd.DataFrame:
-    """Another host's rows on the run's clock and in the run's pid space. Its monotonic times (per
-    the schema; 0 stays 'none') plus the offset; BPF's also plus the agent's time namespace offset,
-    as BPF stamps with the kernel's clock."""
-    if "pid" in df:
-        df["pid"] += pid_base
+    """Another host's rows on the run's clock and in the run's pid and tid space. Its monotonic
+    times (per the schema; 0 stays 'none') plus the offset; BPF's also plus the agent's time
+    namespace offset, as BPF stamps with the kernel's clock."""
+    for c in ("pid", "tid"):  # a thread id is a pid too: the main thread's stays its process's
+        if c in df:
+            df[c] += pid_base
     bpf = (df.source == "ebpf").to_numpy() if "source" in df else np.full(len(df), name in BPF_TABLES)
     shift = np.where(bpf, offset_ns + timens_ns, offset_ns)
     for c in TABLES[name].columns:

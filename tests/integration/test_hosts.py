@@ -147,7 +147,9 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         crunch = set(frames.frame_id[frames.function == "crunch"])
         in_crunch = set(stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(crunch & set(ids)))])
         msgs = run.table("messages")
-        attempts = run.table("attempts").set_index("key")
+        attempts, threads = run.table("attempts").set_index("key"), run.table("threads")
+        parts = json.loads((out / "summary.json").read_text())["critical_path_parts_s"]
+        assert any(k.startswith("worker:") and "[runtime_bookkeeping]" in k for k in parts), parts
         for name, row in remote.iterrows():
             h = {f"{SUBNET}.{i}": n for n, i in ip.items()}[row.host]
             host = agents[row.host]
@@ -156,6 +158,8 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             mine = samples[samples.pid == row.pid]
             spun = mine[mine.stack_id.isin(in_crunch)]
             assert attempts.worker[f"crunch-tcp://{row.listen}"] == name, "its connection is its own, not a client's"
+            # its event loop is its main thread (tid = pid, as on its host), so its time on the path is split
+            assert ((threads.process == name) & threads.main & (threads.tid == row.pid)).any(), name
             assert (mine.host == row.host).all() and len(spun) >= 20, (name, len(spun))  # 0.5 s at 100 Hz: 50
             # on the wire at the scheduler's host: its compute-task came before them, its task-finished after
             key = msgs[msgs.key == f"crunch-tcp://{row.listen}"]
