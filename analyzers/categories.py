@@ -29,8 +29,9 @@ DEFINITIONS = {
     "cpu_starvation": "time the event-loop thread of the process the path was in was runnable but had no CPU "
                       "(eBPF sched_switch / sched_wakeup): the machine had more work than cores",
     "network": "time messages on the path were on the wire: from their first byte reaching the proxy to their "
-               "last byte leaving it (any --delay-ms hold included), for task messages, graph uploads and the "
-               "get_data requests and replies between workers",
+               "last byte leaving it (any --delay-ms hold included); between hosts whose taps saw both ends (attach "
+               "with agents), from the first byte leaving the sender's host to the last reaching the receiver's; for "
+               "task messages, graph uploads and the get_data requests and replies between workers",
     "compute": "the workers' compute spans (startstops) of the tasks on the path",
     "queueing": "time a task on the path waited on a worker it was then stolen from (worker-side queueing)",
     "idle": "time the event-loop thread of the process the path was in was blocked with no message held for "

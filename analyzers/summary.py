@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from .attribution import attribute, totals
@@ -18,7 +17,7 @@ from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATE
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
 from .findings import findings
-from .jobs import client_gaps, exchanges, graph_jobs, job_of, session, told
+from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
 from .thread_state import attempt_threads, thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle
@@ -126,6 +125,9 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
 
 
 def _nothing(t: dict, meta: dict) -> str:
+    if unread := meta.get("skipped", {}).get("messages"):
+        return (f"{unread}: no critical path, no overhead per task; Dask's own task stream is in "
+                "tables/task_stream.parquet, the processes' samples in the tables and the trace")
     if t["messages"].empty:
         return "no messages were captured: nothing to measure"
     if not ((t["messages"].src_role == "client") & (t["messages"].op == "update-graph")).any():

@@ -85,6 +85,8 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
     summary = page.summary
     if "error" in summary:
         sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
+        if (stream := dask_task_stream(page))[2] is not None:
+            sections.append(section(*stream))
     else:
         drawn = sorted(figure_sections(run) if drawn is None else drawn)  # no data: left out
         prefixes = prefix_table(page)
@@ -191,26 +193,49 @@ def task_stream(p: Page):
     t = a.dropna(subset=["compute_start_ns", "compute_stop_ns"])
     if t.empty or "session_window_ns" not in p.summary:
         return "Task stream", "", None
-    start = p.summary["session_window_ns"][0]
     names = p.run.table("attempt_threads", missing_ok=True).set_index("attempt").name.reindex(t.index)
     thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
     label = [f"{w} / " + (n.removeprefix(f"{w}-") if isinstance(n, str) else f"thread {k}")
              for w, n, k in zip(t.worker, names, thread_no)]
-    t = t.assign(row=label, s=(t.compute_stop_ns - t.compute_start_ns) / 1e9).nlargest(MAX_BARS, "s")
-    fig = go.Figure()
-    for prefix, g in t.groupby("prefix"):
-        fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.compute_start_ns - start) / 1e9, orientation="h",
-                    hovertext=g.key)
+    spans = pd.DataFrame({"row": label, "key": t.key, "prefix": t.prefix, "start_ns": t.compute_start_ns,
+                          "stop_ns": t.compute_stop_ns})
     x = a.dropna(subset=["transfer_start_ns", "transfer_stop_ns"])
-    x = x.assign(s=(x.transfer_stop_ns - x.transfer_start_ns) / 1e9).nlargest(MAX_BARS // 4, "s")
-    if len(x):
-        fig.add_bar(name="transfer (fetching inputs)", y=x.worker + " / transfers", x=x.s,
-                    base=(x.transfer_start_ns - start) / 1e9, orientation="h", hovertext=x.key, marker_color="#d62728")
-    return ("Task stream", "Each task's compute span on the worker thread that ran it, coloured by key prefix, and "
-            "in red, on a row per worker, the spans in which a worker fetched a task's inputs from other workers; "
-            f"in seconds since the session began (at most the {MAX_BARS} longest tasks and {MAX_BARS // 4} longest "
-            "transfers); gaps are a thread "
-            "without work.", layout(fig.update_layout(barmode="overlay"), "seconds since the session began", ""))
+    moves = pd.DataFrame({"worker": x.worker, "key": x.key, "start_ns": x.transfer_start_ns, "stop_ns": x.transfer_stop_ns})
+    return "Task stream", STREAM_CAPTION, _stream(spans, moves, p.summary["session_window_ns"][0])
+
+
+STREAM_CAPTION = (
+    "Each task's compute span on the worker thread that ran it, coloured by key prefix, and in red, on a row per "
+    f"worker, the spans in which a worker fetched a task's inputs from other workers; in seconds since the session "
+    f"began (at most the {MAX_BARS} longest tasks and {MAX_BARS // 4} longest transfers); gaps are a thread without "
+    "work.")
+
+
+def dask_task_stream(p: Page):
+    """The task stream as Dask's own recorded it (tables/task_stream: an attached tls:// cluster)."""
+    ts = p.run.table("task_stream", missing_ok=True)
+    if ts.empty:
+        return "Task stream (Dask's)", "", None
+    thread_no = ts.thread.fillna(-1).groupby(ts.worker).rank(method="dense").astype(int)
+    compute = ts[ts.action == "compute"]
+    spans = compute.assign(row=compute.worker + " / thread " + thread_no[compute.index].astype(str))
+    moves = ts[ts.action == "transfer"]
+    return ("Task stream (Dask's)", STREAM_CAPTION.replace("session began", "first task began") + " From the task "
+            "stream the scheduler keeps, on the workers' wall clocks; threads numbered per worker.",
+            _stream(spans, moves, int(ts.start_ns.min()), "the first task began"))
+
+
+def _stream(spans: pd.DataFrame, moves: pd.DataFrame, start: int, since: str = "the session began") -> go.Figure:
+    """Compute spans (row, key, prefix, start_ns, stop_ns) and transfers (worker, key, start_ns, stop_ns)."""
+    spans = spans.assign(s=(spans.stop_ns - spans.start_ns) / 1e9).nlargest(MAX_BARS, "s")
+    fig = go.Figure()
+    for prefix, g in spans.groupby("prefix"):
+        fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.start_ns - start) / 1e9, orientation="h", hovertext=g.key)
+    moves = moves.assign(s=(moves.stop_ns - moves.start_ns) / 1e9).nlargest(MAX_BARS // 4, "s")
+    if len(moves):
+        fig.add_bar(name="transfer (fetching inputs)", y=moves.worker + " / transfers", x=moves.s,
+                    base=(moves.start_ns - start) / 1e9, orientation="h", hovertext=moves.key, marker_color="#d62728")
+    return layout(fig.update_layout(barmode="overlay"), f"seconds since {since}", "")
 
 
 def bandwidth(p: Page):

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..probes.rundir import RunDir
+from ..probes.sockets import split_address
 
 FAULTS = ("none", "kill-worker", "kill-proxy", "kill-sampler", "kill-ebpf", "full-disk", "resets")
 FLOW = """
@@ -88,12 +89,12 @@ def inject(fault: str, run: RunDir, disk: Path | None) -> str | None:
             except OSError:
                 pass
     elif fault == "resets":
-        host, port = run.meta()["scheduler_address"][6:].rsplit(":", 1)
+        host, port = split_address(run.meta()["scheduler_address"])
         for i in range(10_000):
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 try:
-                    s.connect((host, int(port)))
+                    s.connect((host, port))
                 except OSError as e:
                     return f"no: connection {i} failed: {e}"
     return None

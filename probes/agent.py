@@ -1,7 +1,8 @@
 """One agent per host, started by Dask itself: the plugins daskprobe registers on a running
 cluster (WorkerAgent, SchedulerAgent) make sure each host runs one agent process, which samples
-that host's Dask processes into a private directory: the Python sampler and /proc, and the eBPF
-probes (CPU, GIL, off-CPU) where it runs as root outside a container. The recorder reads what is
+that host's Dask processes into a private directory: the Python sampler and /proc, the eBPF
+probes (CPU, GIL, off-CPU) where it runs as root outside a container, and the messages on the
+cluster's ports as this host's interfaces carry them (the packet tap, with root or CAP_NET_RAW). The recorder reads what is
 new every STREAM_S, and the rest at the end, in chunks through Dask's own comms; then the agent
 removes its directory.
 
@@ -33,8 +34,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from . import registry
 from .ebpf_format import timens_ns
 from .procs import reap_exiting
+from .proxy import start_tap, stop_proxy
 from .rundir import RunDir
-from .sockets import owned_by
+from .sockets import host_of, owned_by
 
 LEASE_S = 60.0
 STREAM_S = 10.0  # the recorder reads new bytes this often (and so renews the lease)
@@ -93,11 +95,6 @@ def _let_trace(tracer: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, ctypes.c_ulong(tracer), 0, 0, 0)
 
 
-def host_of(address: str) -> str:
-    """An address's host (an IPv6 address without its brackets)."""
-    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-
-
 class _Joins:
     """What both plugins do as they start: join this host's agent, unless the recorder measures
     this host itself (`here`: the hosts of the members on the recorder's). `recorder`: the id
@@ -134,6 +131,8 @@ class Agent:
     def __init__(self, run_id: str, rate: float):
         self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-")).resolve()  # 0700, made afresh
         self.run, self.members, self.skipped, self.probes, self.stopped = RunDir(self.dir), [], {}, [], False
+        self.tapped: dict[int, str] = {}  # port -> the member listening there, as the recorder names it
+        self.tap = None
         try:
             self._start(rate)
         except BaseException:  # a SIGTERM while the probes start too: nothing of it stays behind
@@ -163,6 +162,25 @@ class Agent:
             probe.watch(row)
         return b"ok"
 
+    def watch_ports(self, *ports: str) -> bytes:
+        """The tap records the messages to and from these ports (PORT=NAME: the cluster's members,
+        wherever they are) from now on; started at the first call."""
+        new = {int(p): n for p, n in (w.split("=", 1) for w in ports) if int(p) not in self.tapped}
+        if not all(0 < p < 65536 for p in new):
+            raise ValueError("not a TCP port")
+        if not new or self.stopped or "tap" in self.skipped:
+            return b"ok"
+        self.tapped |= new
+        try:
+            if self.tap is None:
+                self.tap = start_tap(self.run.tap_capture, new, self.run.log("tap"))
+            else:
+                self.tap.stdin.writelines(f"{p}={n}\n".encode() for p, n in new.items())
+                self.tap.stdin.flush()
+        except (OSError, RuntimeError) as e:  # no CAP_NET_RAW here, or the tap died: the samples go on
+            self.skipped["tap"] = f"{type(e).__name__}: {e}"[:500]
+        return b"ok"
+
     def state(self) -> bytes:
         """What it measures and skipped, its captures' names and sizes so far, and the local address
         of each TCP socket its members hold now."""
@@ -177,6 +195,8 @@ class Agent:
         if not self.stopped:
             for probe in self.probes:
                 probe.stop()
+            if self.tap is not None:
+                stop_proxy(self.tap)
             reap_exiting()
             self.stopped = True
         return self.state()
@@ -213,7 +233,8 @@ class Agent:
             return None  # another user's process: not told anything, not obeyed
         conn.settimeout(10)
         words = b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode(errors="replace").split()
-        verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "state": self.state,
+        verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "ports": self.watch_ports,
+                 "state": self.state,
                  "stop": self.stop, "read": self.read, "done": lambda: b"ok"}
         if not words or words[0] not in verbs:
             return None

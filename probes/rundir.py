@@ -57,6 +57,11 @@ class RunDir:
         return self.path / "captures" / "tap.bin"
 
     @property
+    def task_stream(self) -> Path:
+        """Dask's own task stream, as the scheduler gave it (JSON): an attached tls:// cluster's."""
+        return self.path / "captures" / "task_stream.json"
+
+    @property
     def messages_capture(self) -> Path:
         """The run's messages: the proxy's capture, or the tap's (the same format) in a proxy-less run."""
         return self.tap_capture if self.tap_capture.exists() and not self.proxy_capture.exists() else self.proxy_capture

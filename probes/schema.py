@@ -127,8 +127,13 @@ DECODED = {
         C("src_role", "str", "", "role of the sender"),
         C("dst", "str", "", "name of the receiver"),
         C("dst_role", "str", "", "role of the receiver"),
-        C("t_first_ns", "int64", MONO, "when the proxy saw the message's first byte"),
-        C("t_last_ns", "int64", MONO, "when the proxy saw its last byte"),
+        C("t_first_ns", "int64", MONO, "when the proxy (or the tap) saw the message's first byte; with both_ends, "
+          "when it left the sender's host"),
+        C("t_last_ns", "int64", MONO, "when the proxy (or the tap) saw its last byte; with both_ends, when it "
+          "reached the receiver's host"),
+        C("both_ends", "bool", "", "a message between hosts seen by the taps at both of its ends (an attached "
+          "recording with agents): its first byte is the sender's host's, its last the receiver's, both "
+          "on the run's clock"),
         C("op", "str", "", "the op; handshake, reply (to a request on its connection), value (neither) or "
           "undecodable (see error)"),
         C("key", "str", "", "the op's key; null if it has none"),
@@ -245,6 +250,19 @@ DECODED = {
         C("comm", "str", "", "the thread's kernel name (/proc/PID/task/TID/comm, at most 15 characters)"),
         PROCESS,
         HOST,
+    )),
+    "task_stream": Table("One row per span of a task in Dask's own task stream (captures/task_stream.json): "
+                         "recorded where messages cannot be read (an attached tls:// cluster); empty otherwise.", (
+        C("key", "str", "", "the task's key"),
+        C("prefix", "str", "", "its key prefix (dask's key_split)"),
+        C("worker", "str", "", "the worker that ran it (processes.name); its address if not a member"),
+        C("thread", "Int64", "", "the worker thread's ident (Python's, not the kernel's tid); null if none"),
+        C("action", "str", "", "compute, transfer, disk-read or disk-write, as the worker reported it"),
+        C("start_ns", "int64", MONO, "its start: the worker's wall clock on the run's monotonic clock (through "
+          "the recorder's clock_anchor: off by the hosts' wall-clock difference)"),
+        C("stop_ns", "int64", MONO, "its end, likewise"),
+        C("nbytes", "Int64", "bytes", "size of the task's result as the worker measured it; null if none"),
+        C("status", "str", "", "OK or error"),
     )),
 }
 

@@ -1,6 +1,6 @@
 """This host's TCP sockets, from the kernel's tables (/proc/net/tcp and tcp6, of this network
 namespace), and the processes that hold them. Reading them makes no connection, so nothing of
-it shows up in a server's logs or in a capture."""
+it shows up in a server's logs or in a capture. And the one reading of an address."""
 
 from __future__ import annotations
 
@@ -10,6 +10,22 @@ from pathlib import Path
 from typing import NamedTuple
 
 LISTEN = "0A"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """A Dask address ('tcp://host:port', or 'host:port'; an IPv6 host in brackets) -> (its host,
+    without brackets; its port)."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def host_of(address: str) -> str:
+    return address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
+
+
+def listen_of(address: str) -> str:
+    """'host:port' as the taps and the socket tables write it (an IPv6 host in brackets)."""
+    return address.split("://", 1)[-1]
 
 
 class Socket(NamedTuple):

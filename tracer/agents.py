@@ -10,8 +10,9 @@ import re
 import time
 import uuid
 
-from ..probes.agent import CAPTURE_NAME, CHUNK, SchedulerAgent, WorkerAgent, ask, host_of
+from ..probes.agent import CAPTURE_NAME, SchedulerAgent, WorkerAgent, ask
 from ..probes.rundir import RunDir, open_append, write_new
+from ..probes.sockets import host_of
 
 ROUND_TRIPS = 5  # clock exchanges per host and read; the one with the shortest round trip of all is kept
 HOST_NAME = re.compile(r"[A-Za-z0-9_:.-]+")
@@ -50,16 +51,25 @@ class Agents:
             return self.client.run_on_scheduler(fn, *args)
         return self.client.run(fn, *args, workers=[address])[address]
 
-    def pull(self, run: RunDir, final: bool = False) -> None:
+    def pull(self, run: RunDir, ports: dict[int, str], final: bool = False) -> None:
         """What each agent captured since the last pull (final: all of it, its probes stopped
-        first, then the agent ended). A host that no longer has a member to ask through keeps
+        first, then the agent ended). Each agent's tap watches `ports` (port -> the member's name,
+        the cluster's now) from then on. A host that no longer has a member to ask through keeps
         what was read before, marked incomplete."""
-        for host, member in self.hosts().items():
+        try:
+            hosts = self.hosts()
+        except Exception as e:  # the scheduler gone: each host keeps what was read, and run.json says so
+            for seen in self.seen.values() if final else ():
+                seen.setdefault("error", f"the scheduler did not answer ({type(e).__name__}: {e})")
+            return
+        for host, member in hosts.items():
             seen = self.seen.setdefault(host, {"complete": False})
             if "error" in seen and not final:
                 continue  # one that failed waits for the last pull: a hung agent stalls the recording once
             try:
                 self._clock(host, member)
+                if not final:
+                    self._on(member, ask, self.run_id, "ports", *(f"{p}={n}" for p, n in sorted(ports.items())))
                 state = json.loads(self._on(member, ask, self.run_id, "stop" if final else "state"))
                 seen.update(state["info"])
                 seen.setdefault("sockets", {}).update(state.get("sockets", {}))
@@ -97,11 +107,11 @@ class Agents:
                 at += len(chunk)
         self.offsets[host, name] = at
 
-    def finish(self, run: RunDir) -> dict[str, dict]:
+    def finish(self, run: RunDir, ports: dict[int, str]) -> dict[str, dict]:
         """The last pull; run.json's `hosts` entries: clock offset, members, what was skipped, whether
         it was read to the end. Each host's agent info is kept beside its captures too."""
         try:
-            self.pull(run, final=True)
+            self.pull(run, ports, final=True)
         finally:
             read = {h: s for h, s in self.seen.items() if "offset_ns" in s and "members" in s}
             for host, seen in read.items():

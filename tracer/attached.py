@@ -6,6 +6,7 @@ it left running at the end. A member on another host is sampled by its host's ag
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..probes.schema import HOST_PID
-from ..probes.sockets import inodes_of, listening
+from ..probes.sockets import inodes_of, listen_of, listening
 from ..probes.proxy import start_tap, stop_proxy
-from ..probes.rundir import RunDir
+from ..probes.rundir import RunDir, write_new
 from .cluster import Member, describe
 
 
@@ -34,22 +35,24 @@ class AttachSpec:
     agents: bool = True  # sample the members on other hosts with agents that Dask deploys
 
 
-def _hostport(address: str) -> tuple[str, int]:
-    host, port = address.split("://", 1)[-1].rsplit(":", 1)
-    return host.strip("[]"), int(port)
+def ask_scheduler(address: str, op: str, timeout: float = 10.0, **kwargs):
+    """One RPC to the scheduler (with the TLS credentials of Dask's config, for tls://): nothing
+    runs on the cluster for it."""
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    async def ask():
+        async with rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client")) as s:
+            return await getattr(s, op)(**kwargs)
+
+    # bounded as a whole: a server that accepts and never answers would hold Dask's handshake forever
+    return asyncio.run(asyncio.wait_for(ask(), timeout))
 
 
 def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
-    """The scheduler's workers (address -> its identity entry), from its `identity` RPC:
-    nothing runs on the cluster for it."""
-    from distributed.core import rpc
-
-    async def ask():
-        async with rpc(address, timeout=timeout) as scheduler:
-            return await scheduler.identity()
-
-    try:  # bounded as a whole: a server that accepts and never answers would hold Dask's handshake forever
-        info = asyncio.run(asyncio.wait_for(ask(), timeout))
+    """The scheduler's workers (address -> its identity entry), from its `identity` RPC."""
+    try:
+        info = ask_scheduler(address, "identity", timeout)
     except asyncio.TimeoutError:
         raise OSError(f"no answer within {timeout:g} s (is it a Dask scheduler?)") from None
     except OSError:
@@ -104,15 +107,15 @@ class Attached:
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
         self.agents = None
         self.next_pull = 0.0
+        self.stream_from: dict = {}
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
-        host, port = _hostport(self.spec.address)
         workers = workers_of(self.spec.address)
         self.worker_info = [workers[a] for a in sorted(workers)]
-        self.members = [self._member("scheduler", "scheduler", f"{host}:{port}")]
+        self.members = [self._member("scheduler", "scheduler", listen_of(self.spec.address))]
         for i, addr in enumerate(sorted(workers)):
-            self.members.append(self._member(f"worker-{i}", "worker", "%s:%d" % _hostport(addr)))
+            self.members.append(self._member(f"worker-{i}", "worker", listen_of(addr)))
 
     @staticmethod
     def _member(name: str, role: str, listen: str) -> Member:
@@ -136,7 +139,7 @@ class Attached:
             return [], []
         finally:
             self.next_look = time.monotonic() + FOLLOW_S
-        now = {"%s:%d" % _hostport(addr): addr for addr in sorted(workers)}
+        now = {listen_of(addr): addr for addr in sorted(workers)}
         left = [m for m in self.workers if m.listen not in now and m.name not in self.left]
         self.left |= {m.name for m in left}
         for m in left:
@@ -154,6 +157,8 @@ class Attached:
 
     def _tap_watch(self, members: list[Member]) -> None:
         """The tap watches their ports from now on."""
+        if self.recorder is None:
+            return
         try:
             self.recorder.stdin.writelines(f"{m.port}={m.name}\n".encode() for m in members)
             self.recorder.stdin.flush()
@@ -171,9 +176,24 @@ class Attached:
     def ports(self) -> set[int]:
         return {m.port for m in self.members}
 
+    def named_ports(self) -> dict[int, str]:
+        """Each member's port and name (the latest at a port a restart reused): what the taps watch
+        (none on tls://: its bytes cannot be read)."""
+        return {} if self.encrypted else {m.port: m.name for m in self.members}
+
+    @property
+    def encrypted(self) -> bool:
+        return self.spec.address.startswith("tls://")
+
     def start(self) -> None:
-        ports = {m.port: m.name for m in self.members}
-        self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
+        """The tap; on tls://, Dask's own task stream instead (from the scheduler's, at the end)."""
+        if not self.encrypted:
+            self.recorder = start_tap(self.run.tap_capture, self.named_ports(), self.run.log("tap"))
+            return
+        try:
+            self.stream_from = {"start_index": ask_scheduler(self.spec.address, "get_task_stream_index")}
+        except Exception:  # before distributed 2025: by wall time (the workers' clocks)
+            self.stream_from = {"start": time.time()}
 
     def ready(self) -> None:
         """Running already."""
@@ -204,7 +224,7 @@ class Attached:
         from ..probes.agent import STREAM_S
         self.next_pull = time.monotonic() + STREAM_S
         try:
-            self.agents.pull(self.run)
+            self.agents.pull(self.run, self.named_ports())
         except Exception:  # the cluster not answering now: the next pull, or the last, reads on
             pass
 
@@ -212,7 +232,7 @@ class Attached:
         """The agents' last captures read into run/hosts/, their members given the run's pids (pid P
         on host k: k·HOST_PID + P); what to tell the user."""
         try:
-            hosts = self.agents.finish(self.run)
+            hosts = self.agents.finish(self.run, self.named_ports())
         except Exception as e:
             self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
             return f"reading the agents' captures failed ({type(e).__name__}: {e}): their samples are lost"
@@ -232,15 +252,26 @@ class Attached:
     def _give_pids(self, rows: list[dict], base: int) -> None:
         """The agent's members (in the order they joined it) to ours at the same address (in the
         order they were found): the latest to the latest, as a restart at a fixed port reuses one."""
-        for listen in {"%s:%d" % _hostport(r["name"]) for r in rows}:
-            theirs = [r["pid"] for r in rows if "%s:%d" % _hostport(r["name"]) == listen]
+        for listen in {listen_of(r["name"]) for r in rows}:
+            theirs = [r["pid"] for r in rows if listen_of(r["name"]) == listen]
             ours = [m for m in self.members if m.listen == listen]
             for m, pid in zip(reversed(ours), reversed(theirs)):
                 m.pid = base + pid
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
-        """Only the tap: the cluster is not ours, and goes on."""
+        """Only the tap: the cluster is not ours, and goes on. On tls://, its task stream read."""
+        if self.encrypted:
+            self._task_stream()
         return stop_proxy(self.recorder, grace) if self.recorder else []
+
+    def _task_stream(self) -> None:
+        """The tasks the scheduler's task stream has seen since start(): what the workers told it of
+        each (worker, thread, compute and transfer spans on their wall clocks), as JSON."""
+        try:
+            tasks = ask_scheduler(self.spec.address, "get_task_stream", 30.0, **self.stream_from)
+            write_new(self.run.task_stream, json.dumps(tasks, default=str).encode())
+        except Exception as e:
+            self.run.update_meta(task_stream_error=f"{type(e).__name__}: {e}")
 
     def describe(self) -> list[dict]:
         return describe(self.members, self.recorder, tap=True)

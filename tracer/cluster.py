@@ -17,7 +17,7 @@ from pathlib import Path
 from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
 from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
-from ..probes.sockets import listening
+from ..probes.sockets import host_of, listening, split_address
 from .registry import experiments
 
 HOST = "127.0.0.1"
@@ -104,12 +104,12 @@ class Member:
     @property
     def port(self) -> int:
         """The port it listens on (the tap's, the readiness checks')."""
-        return int(self.listen.rsplit(":", 1)[1])
+        return split_address(self.listen)[1]
 
     @property
     def host(self) -> str:
         """The host it listens on (an IPv6 address without its brackets)."""
-        return self.listen.rsplit(":", 1)[0].strip("[]")
+        return host_of(self.listen)
 
 
 class StartError(RuntimeError):
@@ -328,7 +328,8 @@ def ask_versions(python: str) -> Callable[[], dict]:
         proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, preexec_fn=our_child)
     except OSError as e:
-        return lambda: {"error": f"{python}: {e}"}
+        failed = {"error": f"{python}: {e}"}  # `e` is unbound once the except clause ends
+        return lambda: failed
 
     def answer() -> dict:
         try:

@@ -19,11 +19,10 @@ import pandas as pd
 import pyarrow as pa
 
 from ..probes.proxy_capture import Capture, frames_at
+from ..probes.schema import TABLES
 from . import wire
 
-MESSAGE_COLUMNS = ["msg_id", "conn", "direction", "src", "src_role", "dst", "dst_role", "t_first_ns",
-                   "t_last_ns", "op", "key", "n_keys", "msg_bytes", "nframes", "batch_index", "batch_size",
-                   "stimulus_id", "reply_to", "error"]
+MESSAGE_COLUMNS = TABLES["messages"].names
 DECODE_COLUMNS = ("frame0_at", "frame0_len", "at", "framing", "conn", "direction")
 PARALLEL_FROM = 200_000  # messages: below this, starting processes costs more than it saves
 CLOCK_OPS = {"heartbeat_worker", "register-worker"}
@@ -219,7 +218,8 @@ def _ops_frame(m: pd.DataFrame, conns: pd.DataFrame, ops: pd.DataFrame) -> pd.Da
             "src_role": np.where(to_up, end["peer_role"], end["upstream_role"]),
             "dst": np.where(to_up, end["upstream_name"], end["peer"]),
             "dst_role": np.where(to_up, end["upstream_role"], end["peer_role"])}
-    out |= {"t_first_ns": per_msg.t_first_ns, "t_last_ns": per_msg.t_last_ns, "op": ops.op, "key": ops.key,
+    out |= {"t_first_ns": per_msg.t_first_ns, "t_last_ns": per_msg.t_last_ns,
+            "both_ends": per_msg.both_ends if "both_ends" in per_msg else False, "op": ops.op, "key": ops.key,
             "n_keys": ops.n_keys, "msg_bytes": per_msg.msg_bytes, "nframes": per_msg.nframes,
             "batch_index": ops.batch_index, "batch_size": ops.batch_size, "stimulus_id": ops.stimulus_id,
             "reply_to": ops.reply_to.astype("Int64"), "error": ops.error}

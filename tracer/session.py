@@ -117,7 +117,7 @@ def _start_probes(probes: list[Probe], run: RunDir, ports: set[int], started: li
         skipped.update(dict.fromkeys(p.name.split(","), why))
     for name, why in skipped.items():
         say(f"probe {name} skipped: {why}")
-    run.update_meta(skipped=skipped)
+    run.update_meta(skipped=run.meta().get("skipped", {}) | skipped)
 
 
 def _watch(probes: list[Probe], rows: list[dict]) -> None:
@@ -244,6 +244,10 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         threads = {w.get("nthreads") for w in cluster.worker_info}
         run.update_meta(cluster={"attached": address, "workers": len(cluster.workers), "nanny": None,
                                  "threads": threads.pop() if len(threads) == 1 else None, "server_cmd": None})
+        if cluster.encrypted:
+            why = "tls:// comms are encrypted: their messages cannot be read"
+            say(f"{why}; recording the processes' samples and Dask's own task stream instead (no critical path)")
+            run.update_meta(skipped={"messages": why})
         if away := cluster.elsewhere():
             say(f"not on this host: {', '.join(away)}: "
                 + cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None))

@@ -7,6 +7,8 @@ when the proxy saw the first and the last byte of the message.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
@@ -14,18 +16,24 @@ from ..probes import ebpf_tables, procfs, pyspy
 from ..probes.proxy_capture import Capture, read_capture
 from ..probes.rundir import RunDir
 from ..probes.schema import HOST_PID, MONO, TABLES
+from ..probes.sockets import host_of, listen_of
 from .attached import FOLLOW_S
-from .attempts import attempts_table, clock_table, undo_scheduler_delay
+from .attempts import attempts_table, clock_table, prefixes, undo_scheduler_delay
+from .both_ends import merged
 from .forked import beside
 from .messages import messages_table
+from .wire import key_str
 
 
 def build(run: RunDir) -> dict:
     meta = run.meta()
-    cap = read_capture(run.messages_capture)
     procs = processes_table(meta)
     run.write_table("processes", procs)
-    conns = connections_table(cap, procs, meta.get("hosts", {}))
+    hosts = meta.get("hosts", {})
+    cap = merged(run, read_capture(run.messages_capture), procs, hosts)  # the agents' taps too, clocks set by them
+    if hosts:
+        run.update_meta(hosts=hosts)
+    conns = connections_table(cap, procs, hosts)
     run.write_table("connections", conns)
     with beside(lambda: probe_tables(run, procs, conns)) as probes_done:  # the samplers' tables meanwhile
         msgs, events = messages_table(cap, conns)
@@ -34,6 +42,7 @@ def build(run: RunDir) -> dict:
         attempts = task_tables(events, msgs, meta["clock_anchor"])
         run.write_table("attempts", attempts)
         run.write_table("graphs", graphs_table(events["graphs"], msgs))
+        run.write_table("task_stream", task_stream_table(run, procs, meta["clock_anchor"]))
     if failed := probes_done():
         run.update_meta(skipped_per_process=failed)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
@@ -170,18 +179,13 @@ def _member_elsewhere(peer_addr: pd.Series, opened_ns: pd.Series, procs: pd.Data
     restart's two processes are told apart but for those seconds). None where there is none, or
     several: those count as clients."""
     away = procs[(procs.host != "local") & procs.listen.notna()]
-    host, opened = _host(peer_addr).to_numpy(), opened_ns.to_numpy("int64")
+    host, opened = peer_addr.astype(str).map(host_of).to_numpy(), opened_ns.to_numpy("int64")
     names, count = np.full(len(host), None, dtype=object), np.zeros(len(host), dtype=int)
-    for m, there in zip(away.itertuples(), _host(away.listen)):
+    for m, there in zip(away.itertuples(), away.listen.map(host_of)):
         since = -np.inf if pd.isna(m.found_ns) else m.found_ns - FOLLOW_S * 1e9
         hit = (host == there) & (opened >= since) & (pd.isna(m.left_ns) or opened <= m.left_ns)
         names[hit], count[hit] = m.name, count[hit] + 1
     return pd.Series(np.where(count == 1, names, None), index=peer_addr.index, dtype=object)
-
-
-def _host(addresses: pd.Series) -> pd.Series:
-    """'host:port' (IPv6 in brackets) -> host."""
-    return addresses.astype(str).str.rsplit(":", n=1).str[0].str.strip("[]")
 
 
 def task_tables(ev: dict, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
@@ -196,3 +200,24 @@ def graphs_table(graphs: pd.DataFrame, msgs: pd.DataFrame) -> pd.DataFrame:
     g = first.reindex(graphs.message.to_numpy())[["src", "src_role", "t_first_ns", "t_last_ns", "msg_bytes"]]
     g = g.rename_axis("msg_id").reset_index().assign(keys=graphs["keys"].to_numpy())
     return g.assign(graph_id=np.arange(len(g)))
+
+
+def task_stream_table(run: RunDir, procs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
+    """Dask's task stream, a row per span of a task, its workers by their members' names."""
+    tasks = json.loads(run.task_stream.read_text()) if run.task_stream.exists() else []
+    names = dict(zip(procs.listen, procs.name))
+    rows = [(key_str(_tuples(t["key"])), names.get(listen_of(t["worker"]), t["worker"]), t.get("thread"),
+             s.get("action"), s.get("start"), s.get("stop"), t.get("nbytes"), t.get("status"))
+            for t in tasks if isinstance(t, dict) and "key" in t and "worker" in t
+            for s in t.get("startstops", []) if isinstance(s, dict)]
+    df = pd.DataFrame(rows, columns=["key", "worker", "thread", "action", "start", "stop", "nbytes", "status"])
+    offset_s = anchor["wall_ns"] / 1e9 - anchor["monotonic_ns"] / 1e9
+    for c in ("start", "stop"):
+        df[f"{c}_ns"] = ((pd.to_numeric(df.pop(c), errors="coerce") - offset_s) * 1e9).round().astype("Int64")
+    df = df.dropna(subset=["start_ns", "stop_ns"]).astype({"start_ns": "int64", "stop_ns": "int64"})
+    return df.assign(prefix=prefixes(df.key)).reindex(columns=TABLES["task_stream"].names)
+
+
+def _tuples(key):
+    """A key as it was before JSON: a list is a tuple."""
+    return tuple(map(_tuples, key)) if isinstance(key, list) else key

@@ -4,7 +4,6 @@ program with known hot functions, known sleeps, a known CPU shortage."""
 import json
 import subprocess
 import sys
-import time
 
 from helpers import probe_session, write_flow
 from daskprobe.experiments.unwind_cost import CHAIN, build_chain, chain_share

@@ -1,6 +1,7 @@
 """Several hosts on one machine: network namespaces joined by a bridge, the scheduler on one, a
-worker on each of two others, those two each on a CLOCK_MONOTONIC of its own (time namespaces).
-`daskprobe attach` on the scheduler's host records what that host sees. Ground truth: the keys
+worker on each of two others, those two each on a CLOCK_MONOTONIC of its own (time namespaces),
+one of them behind a relay that delays its link. `daskprobe attach` on the scheduler's host records
+what that host sees, and its agents what the others see. Ground truth: the keys
 the scripts computed, the scheduler's pid, and the workers' addresses the scheduler reports."""
 
 import json
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces an
 DASK = str(Path(sys.executable).with_name("dask"))
 SUBNET = "10.77.0"
 OFFSETS = {"b": 5_000, "c": 9_000}  # seconds each worker host's monotonic clock is ahead
+DELAY_MS = 20  # the relay on c's link holds each frame this long, each way
 WORKERS = [("b", ["--no-nanny"]), ("b", []), ("c", [])]  # two on b: told apart by its agent's sockets
 
 BEFORE = """
@@ -55,9 +57,11 @@ def ip(*args: str) -> None:
 
 @pytest.fixture
 def hosts():
-    """{host: netns name}: 'a' holds a bridge at SUBNET.1, 'b' and 'c' are SUBNET.2 and .3 on it."""
+    """{host: netns name}: 'a' holds a bridge at SUBNET.1, 'b' and 'c' are SUBNET.2 and .3 on it; c
+    through a relay (netns 'r') that holds every frame DELAY_MS each way."""
     prefix = f"dp{os.getpid() % 100_000}"
-    names = {h: f"{prefix}{h}" for h in "abc"}
+    names = {h: f"{prefix}{h}" for h in "abcr"}
+    relay = None
     try:
         for ns in names.values():
             ip("netns", "add", ns)
@@ -68,7 +72,14 @@ def hosts():
         ip("-n", a, "link", "set", "br0", "up")
         for i, h in enumerate("bc", start=2):
             veth = f"{prefix}v{h}"
-            ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", names[h])
+            if h == "c":  # c's own link ends in the relay's namespace, and the relay's other side on the bridge
+                ip("link", "add", f"{prefix}x", "type", "veth", "peer", "name", "eth0", "netns", names[h])
+                ip("link", "add", f"{prefix}y", "type", "veth", "peer", "name", veth)
+                for end in ("x", "y"):
+                    ip("link", "set", f"{prefix}{end}", "netns", names["r"])
+                    ip("-n", names["r"], "link", "set", f"{prefix}{end}", "up")
+            else:
+                ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", names[h])
             ip("link", "set", veth, "netns", a)
             ip("-n", a, "link", "set", veth, "master", "br0")
             ip("-n", a, "link", "set", veth, "up")
@@ -76,16 +87,22 @@ def hosts():
             ip("-n", names[h], "link", "set", "eth0", "up")
             ip("-n", names[h], "link", "set", "lo", "up")
         subprocess.run(["unshare", "--fork", "--time", "--monotonic", "1", "true"], check=True, capture_output=True)
+        relay = subprocess.Popen(in_host(names["r"], sys.executable, str(Path(__file__).with_name("relay.py")),
+                                         f"{prefix}x", f"{prefix}y", str(DELAY_MS)), stdout=subprocess.PIPE)
+        assert relay.stdout.readline().strip() == b"ready"
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
-        _remove(names)
+        _remove(names, relay)
         pytest.skip(f"no network or time namespaces here: {getattr(e, 'stderr', '') or e}")
     try:
         yield names
     finally:
-        _remove(names)
+        _remove(names, relay)
 
 
-def _remove(names: dict) -> None:
+def _remove(names: dict, relay: subprocess.Popen | None) -> None:
+    if relay:
+        relay.kill()
+        relay.wait()
     for ns in names.values():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -154,7 +171,10 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             h = {f"{SUBNET}.{i}": n for n, i in ip.items()}[row.host]
             host = agents[row.host]
             assert row.pid == host["number"] * HOST_PID + worker_pids[f"tcp://{row.listen}"], (name, row.pid)
-            assert abs(host["offset_ns"] + OFFSETS[h] * 1e9) < max(host["uncertainty_ns"], 1e6) + 1e6, host
+            # set by the quickest messages each way between the hosts' taps (the relay's: 2 x DELAY_MS)
+            assert host["clock_from"] == "messages", host
+            assert abs(host["offset_ns"] + OFFSETS[h] * 1e9) <= host["uncertainty_ns"] + 100_000, host
+            assert host["uncertainty_ns"] < (1.2 * DELAY_MS * 1e6 if h == "c" else 1e6), host
             mine = samples[samples.pid == row.pid]
             spun = mine[mine.stack_id.isin(in_crunch)]
             assert attempts.worker[f"crunch-tcp://{row.listen}"] == name, "its connection is its own, not a client's"
@@ -187,6 +207,15 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         for w in remote.index:  # every compute-task to each remote worker and its task-finished are on the wire
             assert (msgs[(msgs.dst == w)].op == "compute-task").sum() > 0, w
             assert (msgs[(msgs.src == w)].op == "task-finished").sum() > 0, w
+        # a message between hosts is timed from its sender's host to its receiver's: the relay's hold is its
+        # time on the wire, on c's link (to the scheduler, and to b's workers) and not on b's
+        both = msgs[msgs.both_ends].drop_duplicates("msg_id")
+        took_ms = (both.t_last_ns - both.t_first_ns) / 1e6
+        on_c = both.src.isin(remote.index[remote.host == f"{SUBNET}.3"]) | both.dst.isin(
+            remote.index[remote.host == f"{SUBNET}.3"])
+        assert on_c.sum() > 50 and (~on_c).sum() > 50, (on_c.sum(), len(both))
+        assert (took_ms >= 0).all(), both[took_ms < 0]
+        assert took_ms[on_c].min() > 0.9 * DELAY_MS and took_ms[~on_c].median() < DELAY_MS / 4, took_ms.describe()
         finished = msgs[msgs.op == "task-finished"].key
         assert expected <= set(finished), "a task-finished on the bridge was missed"
 

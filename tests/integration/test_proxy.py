@@ -23,7 +23,6 @@ from daskprobe.probes.procfs import cpu_s
 from daskprobe.probes.proxy import Route, proxy_binary, start_proxy, stop_proxy
 from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.tracer.cluster import free_port
-from daskprobe.probes.procs import stop
 
 
 class Echo:

@@ -1,7 +1,7 @@
 """trace.pftrace parsed with Perfetto's own protos, checked for what the UI relies on."""
 
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 

@@ -19,8 +19,9 @@ class Scenario:
     def message(self, src: str, dst: str, t0: float, t1: float, op: str, key=None) -> int:
         msg = len(self.msgs)
         self.msgs.append({"msg_id": msg, "conn": 1, "direction": 0, "src": src, "src_role": _role(src), "dst": dst,
-                          "dst_role": _role(dst), "t_first_ns": int(t0 * MS), "t_last_ns": int(t1 * MS), "op": op,
-                          "key": key, "n_keys": int(key is not None), "msg_bytes": 100, "nframes": 1,
+                          "dst_role": _role(dst), "t_first_ns": int(t0 * MS), "t_last_ns": int(t1 * MS),
+                          "both_ends": False, "op": op, "key": key, "n_keys": int(key is not None), "msg_bytes": 100,
+                          "nframes": 1,
                           "batch_index": 0, "batch_size": 1, "stimulus_id": None, "reply_to": pd.NA, "error": None})
         return msg
 

@@ -35,7 +35,8 @@ class Answers(Agents):
         verb = args[1]
         if verb == "read":
             return self.data[int(args[3]):][:3]
-        return {"state": json.dumps(self.state).encode(), "stop": json.dumps(self.state).encode(), "done": b"ok"}[verb]
+        return {"state": json.dumps(self.state).encode(), "stop": json.dumps(self.state).encode(), "done": b"ok",
+                "ports": b"ok"}[verb]
 
 
 def test_pulls_append_what_is_new_and_write_nothing_outside_the_hosts_capture_folder(tmp_path):
@@ -43,9 +44,9 @@ def test_pulls_append_what_is_new_and_write_nothing_outside_the_hosts_capture_fo
     run.path.mkdir()
     state = {"info": {"members": []}, "files": {"captures/pyspy.tsv": 4, "../../../escaped": 4, "captures/../x": 4}}
     agents = Answers(state, b"abcdefgh")
-    agents.pull(run)
+    agents.pull(run, {4001: "worker-0"})
     agents.state["files"]["captures/pyspy.tsv"] = 8
-    agents.pull(run, final=True)  # read in 3-byte chunks here: the rest, once
+    agents.pull(run, {4001: "worker-0"}, final=True)  # read in 3-byte chunks here: the rest, once
     assert (run / "hosts" / "10.0.0.2" / "captures" / "pyspy.tsv").read_bytes() == b"abcdefgh"
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["pyspy.tsv"]
     assert agents.seen["10.0.0.2"]["complete"] and "error" not in agents.seen["10.0.0.2"]
@@ -55,8 +56,23 @@ def test_a_host_whose_last_member_left_keeps_what_was_read_and_says_so(tmp_path)
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     agents = Answers({"info": {"members": [{"name": "tcp://10.0.0.2:4001", "pid": 7}]}, "files": {}}, b"")
-    agents.pull(run)  # read once, with nothing captured yet: no folder of its own so far
+    agents.pull(run, {})  # read once, with nothing captured yet: no folder of its own so far
     agents.hosts = lambda: {}  # then its last worker left
-    hosts = agents.finish(run)
+    hosts = agents.finish(run, {})
     assert hosts["10.0.0.2"]["complete"] is False and "no member" in hosts["10.0.0.2"]["error"]
     assert json.loads((run / "hosts" / "10.0.0.2" / "agent.json").read_text())["members"][0]["pid"] == 7
+
+
+def test_a_scheduler_gone_before_the_last_read_keeps_every_host_read_so_far(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    agents = Answers({"info": {"members": [{"name": "tcp://10.0.0.2:4001", "pid": 7}]},
+                      "files": {"captures/pyspy.tsv": 4}}, b"abcd")
+    agents.pull(run, {})
+
+    def gone():
+        raise OSError("Timed out trying to connect")
+    agents.hosts = gone
+    hosts = agents.finish(run, {})
+    assert hosts["10.0.0.2"]["complete"] is False and "scheduler did not answer" in hosts["10.0.0.2"]["error"]
+    assert (run / "hosts" / "10.0.0.2" / "captures" / "pyspy.tsv").read_bytes() == b"abcd"

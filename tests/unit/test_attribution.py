@@ -3,7 +3,7 @@
 import pytest
 
 from daskprobe.analyzers.summary import analyze
-from scenario import META, MS, Scenario, two_task_chain
+from scenario import META, Scenario, two_task_chain
 
 
 def split(s: Scenario, **kw) -> dict:

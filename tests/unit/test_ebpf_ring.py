@@ -3,7 +3,6 @@
 the next drain; a record that wraps around is read whole from the second mapping."""
 
 import subprocess
-import sys
 
 import pytest
 

@@ -18,7 +18,8 @@ DEFAULT_PROBES = "tap,pyspy,proc,cpu,gil,offcpu,tcp"
 
 def add_arguments(p) -> None:
     p.usage = "daskprobe attach ADDRESS [options] [-- COMMAND ...]"
-    p.add_argument("address", help="the scheduler's address, as clients connect to it (tcp://HOST:PORT)")
+    p.add_argument("address", help="the scheduler's address, as clients connect to it (tcp://HOST:PORT; tls:// "
+                                   "with Dask's TLS config: samples and Dask's task stream, no messages)")
     p.add_argument("--duration", type=options.positive_float,
                    help="seconds to record when no command is given (default: until Ctrl-C)")
     p.add_argument("--probes", default=DEFAULT_PROBES,
@@ -42,9 +43,9 @@ def main(args, command: list[str]) -> int:
     from ..session import Signals, attach, say
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
-    if not re.fullmatch(r"tcp://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
-        raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT (tls:// "
-                         "cannot be read: its messages are encrypted)")
+    if not re.fullmatch(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
+        raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT or "
+                         "tls://HOST:PORT (its messages cannot be read: samples and Dask's task stream only)")
     if not is_root():
         raise SystemExit("daskprobe: attach reads the cluster's messages from the wire, which needs root")
     if command:
@@ -52,7 +53,7 @@ def main(args, command: list[str]) -> int:
     run_dir = options.new_run(RunDir, args.out, command or ["attach"])
     with Signals() as signals:
         cluster = Attached(AttachSpec(args.address, agents=not args.no_agents), run_dir)
-        code = attach(cluster, command, args.duration, run_dir, ["tap", *probes],
+        code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.encrypted else []), *probes],
                       registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
                       sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
