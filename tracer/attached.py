@@ -178,16 +178,22 @@ class Attached:
 
     def named_ports(self) -> dict[int, str]:
         """Each member's port and name (the latest at a port a restart reused): what the taps watch
-        (none on tls://: its bytes cannot be read)."""
-        return {} if self.encrypted else {m.port: m.name for m in self.members}
+        (none where the messages cannot be read)."""
+        return {} if self.unread else {m.port: m.name for m in self.members}
 
     @property
-    def encrypted(self) -> bool:
-        return self.spec.address.startswith("tls://")
+    def unread(self) -> str | None:
+        """Why this recording cannot read the cluster's messages; None if it can."""
+        if self.spec.address.startswith("tls://"):
+            return "tls:// comms are encrypted: their messages cannot be read"
+        if not self.spec.tap:
+            return "not root: the tap that reads the messages needs root (or CAP_NET_RAW)"
+        return None
 
     def start(self) -> None:
-        """The tap; on tls://, Dask's own task stream instead (from the scheduler's, at the end)."""
-        if not self.encrypted:
+        """The tap; where it cannot read the messages, Dask's own task stream instead (from the
+        scheduler's, at the end)."""
+        if not self.unread:
             self.recorder = start_tap(self.run.tap_capture, self.named_ports(), self.run.log("tap"))
             return
         try:
@@ -259,8 +265,8 @@ class Attached:
                 m.pid = base + pid
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
-        """Only the tap: the cluster is not ours, and goes on. On tls://, its task stream read."""
-        if self.encrypted:
+        """Only the tap: the cluster is not ours, and goes on. Without one, its task stream read."""
+        if self.unread:
             self._task_stream()
         return stop_proxy(self.recorder, grace) if self.recorder else []
 

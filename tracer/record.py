@@ -1,7 +1,7 @@
 """`with daskprobe.record(client, out=DIR):` records the cluster a Client is connected to while
 the block runs, as distributed's `performance_report` does for its own report. It runs
-`daskprobe attach` (root) on the client's scheduler, so DIR is the same run directory, finalized
-when the block ends."""
+`daskprobe attach` on the client's scheduler, so DIR is the same run directory, finalized when
+the block ends (without root: samples and Dask's task stream, no messages)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ READY = "daskprobe: recording "  # what attach says once every probe records
 @contextlib.contextmanager
 def record(client, out: str | os.PathLike | None = None, probes: str | None = None, trace: bool = True):
     """Yields the run directory's path. Its own words go to this process's stderr; it fails before
-    the block runs if the recording cannot start (no root, a scheduler it cannot read)."""
+    the block runs if the recording cannot start (a scheduler it cannot read)."""
     path = Path(out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-record").absolute()
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "attach", client.scheduler.address, "--out", str(path)]
     cmd += ["--probes", probes] * bool(probes) + ["--no-trace"] * (not trace)

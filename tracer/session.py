@@ -244,8 +244,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         threads = {w.get("nthreads") for w in cluster.worker_info}
         run.update_meta(cluster={"attached": address, "workers": len(cluster.workers), "nanny": None,
                                  "threads": threads.pop() if len(threads) == 1 else None, "server_cmd": None})
-        if cluster.encrypted:
-            why = "tls:// comms are encrypted: their messages cannot be read"
+        if why := cluster.unread:
             say(f"{why}; recording the processes' samples and Dask's own task stream instead (no critical path)")
             run.update_meta(skipped={"messages": why})
         if away := cluster.elsewhere():

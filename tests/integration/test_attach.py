@@ -3,9 +3,11 @@ the keys the scripts computed, and the pids the cluster's own processes report."
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -226,3 +228,44 @@ def test_attach_to_a_tls_cluster_says_its_messages_cannot_be_read_and_records_it
     workers = samples[samples.pid.isin(procs.pid[["worker-0", "worker-1"]])]
     assert workers.stack_id.isin(in_spin).sum() >= 50, "40 x 50 ms at 100 Hz: about 200"
     assert "Task stream (Dask&#x27;s)" in (out / "report.html").read_text(), "drawn from it in the report"
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_attach_without_root_records_samples_and_the_task_stream(tmp_path):
+    """A user's own cluster, recorded by that user: no tap (it needs root), so no messages; the
+    sampler reads the user's processes (same uid, no Yama here) and Dask's task stream the tasks."""
+    home = Path(tempfile.mkdtemp(prefix="daskprobe-nobody-"))  # pytest's folders are root's, 0700
+    try:
+        os.chown(home, 65534, 65534)
+        env = dict(os.environ, HOME=str(home))
+        can = subprocess.run([*NOBODY, sys.executable, "-c", "import daskprobe.tracer.cli"], capture_output=True, env=env)
+        if can.returncode:
+            pytest.skip(f"user nobody cannot run this checkout's Python: {can.stderr.decode()[-300:]}")
+        cluster = subprocess.Popen([*NOBODY, sys.executable, str(write_flow(home / "cluster.py", STANDING))],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=home)
+        try:
+            truth = json.loads(cluster.stdout.readline())
+            out = home / "run"
+            p = subprocess.run([*NOBODY, sys.executable, "-m", "daskprobe.tracer.cli", "attach", truth["address"],
+                                "--out", str(out), "--no-trace", "--", sys.executable,
+                                str(write_flow(home / "spinning.py", SPINNING))],
+                               capture_output=True, text=True, timeout=240, env=env, cwd=home)
+        finally:
+            cluster.kill()
+        assert p.returncode == 0 and p.stdout.strip() == str(sum(range(40))), p.stderr[-3000:]
+        assert "not root" in p.stderr.split("recording")[0], "said at the start"
+        run = RunDir(out)
+        assert run.meta()["skipped"]["messages"].startswith("not root") and not run.tap_capture.exists()
+        stream = run.table("task_stream")
+        assert {f"spin-{i}" for i in range(40)} <= set(stream.key[stream.action == "compute"])
+        procs = run.table("processes").set_index("name")
+        assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
+        samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
+        spun = set(frames.frame_id[frames.function == "spin"])
+        in_spin = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))]
+        workers = samples[samples.pid.isin(procs.pid[["worker-0", "worker-1"]])]
+        assert workers.stack_id.isin(in_spin).sum() >= 50, "40 x 50 ms at 100 Hz: about 200"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

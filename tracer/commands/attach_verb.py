@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--duration", type=options.positive_float,
                    help="seconds to record when no command is given (default: until Ctrl-C)")
     p.add_argument("--probes", default=DEFAULT_PROBES,
-                   help=f"comma-separated probes; the tap records the messages (root) (default {DEFAULT_PROBES})")
+                   help=f"comma-separated probes; the tap records the messages (root; without it: samples and Dask's "
+                        f"task stream) (default {DEFAULT_PROBES})")
     p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
                    help="Python stack samples per second and process (default 100)")
     p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
@@ -46,14 +47,12 @@ def main(args, command: list[str]) -> int:
     if not re.fullmatch(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
         raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT or "
                          "tls://HOST:PORT (its messages cannot be read: samples and Dask's task stream only)")
-    if not is_root():
-        raise SystemExit("daskprobe: attach reads the cluster's messages from the wire, which needs root")
     if command:
         options.check_command(command)
     run_dir = options.new_run(RunDir, args.out, command or ["attach"])
     with Signals() as signals:
-        cluster = Attached(AttachSpec(args.address, agents=not args.no_agents), run_dir)
-        code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.encrypted else []), *probes],
+        cluster = Attached(AttachSpec(args.address, tap=is_root(), agents=not args.no_agents), run_dir)
+        code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.unread else []), *probes],
                       registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
                       sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
