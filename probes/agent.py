@@ -156,7 +156,8 @@ class Agent:
                 self.probes.remove(probe)
 
     def watch(self, pid: str, name: str, role: str) -> bytes:
-        row = {"pid": int(pid), "name": name, "role": role, "listen": None, "contact": None, "command": []}
+        row = {"pid": int(pid), "name": name, "role": role, "listen": None, "contact": None, "command": [],
+               "joined_ns": time.monotonic_ns()}  # this host's clock: a member the recorder never saw is dated by it
         self.members.append(row)
         for probe in self.probes:
             probe.watch(row)

@@ -244,25 +244,41 @@ class Attached:
             return f"reading the agents' captures failed ({type(e).__name__}: {e}): their samples are lost"
         finally:
             self.agents.close()
+        unseen = []
         for number, (host, info) in enumerate(sorted(hosts.items()), start=1):
             info["number"] = number
-            self._give_pids(info["members"], number * HOST_PID)
+            unseen += self._give_pids(info["members"], number * HOST_PID, info["offset_ns"])
         self.run.update_meta(hosts=hosts)
         said = [f"{h} (its clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms from ours)"
                 + ("" if i["complete"] else f" (read until {i.get('error', 'its last member left')}: the rest is lost)")
                 for h, i in sorted(hosts.items())]
         if not said:
             return "no agent could be read back: their samples are lost"
-        return "read back the agents on " + "; ".join(said)
+        return "read back the agents on " + "; ".join(said) + "".join(
+            f"; {m.name} ({m.listen}) seen by its host's agent only (it came and went between two looks)"
+            for m in unseen)
 
-    def _give_pids(self, rows: list[dict], base: int) -> None:
+    def _give_pids(self, rows: list[dict], base: int, offset_ns: int) -> list[Member]:
         """The agent's members (in the order they joined it) to ours at the same address (in the
-        order they were found): the latest to the latest, as a restart at a fixed port reuses one."""
-        for listen in {listen_of(r["name"]) for r in rows}:
-            theirs = [r["pid"] for r in rows if listen_of(r["name"]) == listen]
+        order they were found): the latest to the latest, as a restart at a fixed port reuses one.
+        One the scheduler never listed to us (it joined and left within FOLLOW_S) becomes a member
+        of its own, found when it joined the agent; those are returned."""
+        unseen = []
+        for listen in sorted({listen_of(r["name"]) for r in rows}):
+            theirs = [r for r in rows if listen_of(r["name"]) == listen]
             ours = [m for m in self.members if m.listen == listen]
-            for m, pid in zip(reversed(ours), reversed(theirs)):
-                m.pid = base + pid
+            new = []
+            for row, after in zip(theirs[:max(len(theirs) - len(ours), 0)], theirs[1:] + [{}]):
+                m = Member(f"worker-{len(self.workers)}", row["role"], listen, listen)
+                m.machine = m.host
+                m.found_ns = row["joined_ns"] + offset_ns if "joined_ns" in row else None
+                m.left_ns = after["joined_ns"] + offset_ns if "joined_ns" in after else None  # its successor's join
+                self.members.append(m)
+                new.append(m)
+            unseen += new
+            for m, row in zip(reversed(new + ours), reversed(theirs)):
+                m.pid = base + row["pid"]
+        return unseen
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Only the tap: the cluster is not ours, and goes on. Without one, its task stream read."""

@@ -16,8 +16,22 @@ def test_a_restart_at_a_fixed_port_gives_each_process_its_own_pid(tmp_path):
                         Member("worker-3", "worker", "10.0.0.2:4002", "10.0.0.2:4002")]
     rows = [{"name": "tcp://10.0.0.2:4002", "pid": 70}, {"name": "tcp://10.0.0.2:4001", "pid": 71},
             {"name": "tcp://10.0.0.2:4002", "pid": 95}]  # as they joined the agent
-    attached._give_pids(rows, 2**22)
+    assert attached._give_pids(rows, 2**22, 0) == []
     assert [m.pid for m in attached.members] == [2**22 + 71, 2**22 + 70, 2**22 + 95]
+
+
+def test_a_worker_that_came_and_went_between_two_looks_is_a_member_of_its_own(tmp_path):
+    attached = Attached(AttachSpec("tcp://10.0.0.1:8786"), RunDir(tmp_path))
+    attached.members = [Member("scheduler", "scheduler", "10.0.0.1:8786", "10.0.0.1:8786"),
+                        Member("worker-0", "worker", "10.0.0.2:4001", "10.0.0.2:4001")]
+    rows = [{"name": "tcp://10.0.0.2:4001", "role": "worker", "pid": 71, "joined_ns": 100},
+            {"name": "tcp://10.0.0.2:4009", "role": "worker", "pid": 80, "joined_ns": 500},  # never listed to us
+            {"name": "tcp://10.0.0.2:4009", "role": "worker", "pid": 81, "joined_ns": 900}]  # nor its restart
+    unseen = attached._give_pids(rows, 2**22, 1_000)
+    assert [(m.name, m.listen, m.pid, m.found_ns, m.left_ns, m.machine) for m in unseen] == [
+        ("worker-1", "10.0.0.2:4009", 2**22 + 80, 1_500, 1_900, "10.0.0.2"),
+        ("worker-2", "10.0.0.2:4009", 2**22 + 81, 1_900, None, "10.0.0.2")]
+    assert attached.members[1].pid == 2**22 + 71
 
 
 class Answers(Agents):
