@@ -166,7 +166,7 @@ class Agent:
     def watch_ports(self, *ports: str) -> bytes:
         """The tap records the messages to and from these ports (PORT=NAME: the cluster's members,
         wherever they are) from now on; started at the first call."""
-        new = {int(p): n for p, n in (w.split("=", 1) for w in ports) if int(p) not in self.tapped}
+        new = {int(p): n for p, n in (w.split("=", 1) for w in ports) if self.tapped.get(int(p)) != n}  # or renamed
         if not all(0 < p < 65536 for p in new):
             raise ValueError("not a TCP port")
         if not new or self.stopped or "tap" in self.skipped:

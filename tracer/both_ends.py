@@ -56,14 +56,15 @@ def merged(run: RunDir, local: Capture, procs: pd.DataFrame, hosts: dict) -> Cap
     if len(views) == 1:
         return local
     groups = _groups(views)
-    for name, (correction, uncertainty) in clocks(_quickest(views, groups)).items():
+    for name, clock in clocks(_quickest(views, groups)).items():
         for v in views:
             if v.name == name:
-                _shift(v.cap, correction)
+                _shift(v.cap, clock["correction"])
         if name in hosts:
             h = hosts[name]
             h.setdefault("rtt_offset_ns", h["offset_ns"])
-            h.update(offset_ns=h["offset_ns"] + correction, uncertainty_ns=uncertainty, clock_from="messages")
+            h.update(offset_ns=h["offset_ns"] + clock["correction"], uncertainty_ns=clock["uncertainty"],
+                     clock_from="messages", clock_stamps_set_aside=clock["set_aside"])
     return _one(views, groups)
 
 
@@ -140,31 +141,50 @@ def _pairs(views: list[View], group: dict[int, int], x: int, y: int, direction: 
     return a.iloc[i], b.iloc[j]
 
 
-def _quickest(views: list[View], groups: list[dict[int, int]]) -> dict[tuple[str, str], int]:
-    """(sending host, receiving host) -> the shortest time from a message's first byte at the one to
-    its first byte at the other (ns, on the clocks as they are now)."""
-    out: dict[tuple[str, str], int] = {}
+def _quickest(views: list[View], groups: list[dict[int, int]]) -> dict[tuple[str, str], np.ndarray]:
+    """(sending host, receiving host) -> the times from each message's first byte at the one to its
+    first byte at the other (ns, on the clocks as they are now)."""
+    out: dict[tuple[str, str], list] = {}
     for g in groups:
         for d in (0, 1):
             s, r = _ends(views, g, d)
             if s is None or r is None or s == r:
                 continue
             a, b = _pairs(views, g, s, r, d)
-            if len(a):
-                key = (views[s].name, views[r].name)
-                out[key] = min(out.get(key, np.iinfo(np.int64).max), int((b.t_first_ns - a.t_first_ns.to_numpy()).min()))
-    return out
+            out.setdefault((views[s].name, views[r].name), []).append(b.t_first_ns.to_numpy() - a.t_first_ns.to_numpy())
+    return {k: np.concatenate(v) for k, v in out.items() if sum(map(len, v))}
 
 
-def clocks(quickest: dict[tuple[str, str], int]) -> dict[str, tuple[int, int]]:
+def consistent(xy: np.ndarray, yx: np.ndarray) -> tuple[int, int, int] | None:
+    """The quickest time each way on a link, and how many stamps were set aside for it: two one-way
+    times cannot sum to less than nothing, so while the two quickest do, the one further below
+    the next quickest of its way is a bad stamp (a clock read cut by preemption), and goes; at most
+    1% of either way. None if that does not make them sum to zero or more."""
+    a, b = np.sort(xy), np.sort(yx)
+    i = j = 0
+    while a[i] + b[j] < 0:
+        below_a = a[i + 1] - a[i] if i + 1 < len(a) else -1
+        below_b = b[j + 1] - b[j] if j + 1 < len(b) else -1
+        i, j = (i + 1, j) if below_a >= below_b else (i, j + 1)
+        if i >= max(1, len(a) // 100) + 1 or j >= max(1, len(b) // 100) + 1 or i == len(a) or j == len(b):
+            return None
+    return int(a[i]), int(b[j]), i + j
+
+
+def clocks(times: dict[tuple[str, str], np.ndarray]) -> dict[str, dict]:
     """Each host's correction to its clock and its uncertainty (ns), from the quickest message each
     way on the links between hosts: along a spanning tree from the recorder's host (else the host
     with most links), each correction the midpoint that makes the two ways equally quick; then
-    every link's bound held (no message arrives before it left). The root is not corrected."""
-    links: dict[str, set[str]] = {}
-    for x, y in quickest:
-        if (y, x) in quickest:
+    every link's bound held (no message arrives before it left), a host moved for it the less
+    certain by as much. The root is not corrected."""
+    quickest, links, set_aside = {}, {}, {}
+    for (x, y), xy in times.items():
+        if (y, x) not in times:
+            quickest[x, y] = int(xy.min())  # one way only: a bound, not an estimate
+        elif x < y and (both := consistent(xy, times[y, x])):  # each link once
+            quickest[x, y], quickest[y, x], set_aside[x, y] = both
             links.setdefault(x, set()).add(y)
+            links.setdefault(y, set()).add(x)
     if not links:
         return {}
     root = "local" if "local" in links else max(sorted(links), key=lambda n: len(links[n]))
@@ -179,11 +199,14 @@ def clocks(quickest: dict[tuple[str, str], int]) -> dict[str, tuple[int, int]]:
         bad = [(x, y) for (x, y), d in quickest.items() if x in c and y in c and d + c[y] - c[x] < 0]
         for x, y in bad:
             gap = c[x] - c[y] - quickest[x, y]
-            c[y] += 0 if y == root else (gap if x == root else gap / 2)
-            c[x] -= 0 if x == root else (gap if y == root else gap / 2)
+            for n, move in ((y, 0 if y == root else (gap if x == root else gap / 2)),
+                            (x, 0 if x == root else -(gap if y == root else gap / 2))):
+                c[n] += move
+                u[n] += abs(move)
         if not bad:
             break
-    return {n: (round(c[n]), round(u[n])) for n in c if n != root}
+    return {n: {"correction": round(c[n]), "uncertainty": round(u[n]),
+                "set_aside": sum(k for (x, y), k in set_aside.items() if n in (x, y))} for n in c if n != root}
 
 
 def _one(views: list[View], groups: list[dict[int, int]]) -> Capture:

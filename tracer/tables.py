@@ -47,10 +47,16 @@ def build(run: RunDir) -> dict:
         run.update_meta(skipped_per_process=failed)
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
-             "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost)}
+             "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost),
+             "arrived_before_sent": _arrived_before_sent(msgs)}
     run.update_meta(capture=stats)
     _tell(stats)
     return stats
+
+
+def _arrived_before_sent(msgs: pd.DataFrame) -> int:
+    one = msgs[msgs.both_ends].drop_duplicates("msg_id")
+    return int((one.t_last_ns < one.t_first_ns).sum())
 
 
 def _tell(stats: dict) -> None:
@@ -61,6 +67,9 @@ def _tell(stats: dict) -> None:
     if stats["lost_connections"]:
         say(f"{stats['lost_connections']} connections were lost before the proxy could serve them "
             "(see logs/proxy.log)")
+    if stats["arrived_before_sent"]:
+        say(f"{stats['arrived_before_sent']} messages seen at both ends arrived before they left, on the hosts' "
+            "clocks as set (run.json hosts: offsets and uncertainties): their wire times are below zero")
     if stats["malformed_streams"]:
         say(f"{stats['malformed_streams']} connections sent bytes that are not Dask's framing; forwarded unparsed")
 
@@ -166,7 +175,7 @@ def connections_table(cap: Capture, procs: pd.DataFrame, hosts: dict | None = No
     away = _member_elsewhere(c.peer_addr, c.opened_ns, procs)
     c["peer"] = np.where(known, c.peer_pid.map(by_pid.name), away.fillna("client"))
     c["peer_role"] = np.where(known, c.peer_pid.map(by_pid.role), away.map(by_name.role).fillna("client"))
-    c["upstream_name"] = c.label
+    c["upstream_name"] = _listener(c.listen, c.opened_ns, procs).fillna(c.label)
     c["upstream_role"] = c.label.map(by_name.role)
     bad = cap.malformed.groupby("conn").size()
     c["malformed"] = c.conn.map(bad).fillna(0).astype(int)
@@ -175,17 +184,30 @@ def connections_table(cap: Capture, procs: pd.DataFrame, hosts: dict | None = No
 
 def _member_elsewhere(peer_addr: pd.Series, opened_ns: pd.Series, procs: pd.DataFrame) -> pd.Series:
     """For each connection from another host, the member that opened it: the one member listening
-    on that host while it opened (from FOLLOW_S before daskprobe found it to when it saw it gone: a
-    restart's two processes are told apart but for those seconds). None where there is none, or
-    several: those count as clients."""
+    on that host while it opened. None where there is none, or several: those count as clients."""
     away = procs[(procs.host != "local") & procs.listen.notna()]
-    host, opened = peer_addr.astype(str).map(host_of).to_numpy(), opened_ns.to_numpy("int64")
-    names, count = np.full(len(host), None, dtype=object), np.zeros(len(host), dtype=int)
-    for m, there in zip(away.itertuples(), away.listen.map(host_of)):
+    return _member_at(peer_addr.astype(str).map(host_of), opened_ns, away, away.listen.map(host_of))
+
+
+def _listener(listen: pd.Series, opened_ns: pd.Series, procs: pd.DataFrame) -> pd.Series:
+    """For each connection, the member listening at its address when it opened: a worker that
+    restarted at the same port is told from its predecessor, which a tap's label per port is not
+    until it is told (every FOLLOW_S here, every STREAM_S on an agent's host)."""
+    members = procs[procs.listen.notna()]
+    return _member_at(listen.astype(str), opened_ns, members, members.listen)
+
+
+def _member_at(where: pd.Series, opened_ns: pd.Series, members: pd.DataFrame, there: pd.Series) -> pd.Series:
+    """For each connection (at `where`, opened then), the one member at `there` while it opened: from
+    FOLLOW_S before daskprobe found it to when it saw it gone (a restart's two processes are told
+    apart but for those seconds). None where there is none, or several."""
+    at, opened = where.to_numpy(), opened_ns.to_numpy("int64")
+    names, count = np.full(len(at), None, dtype=object), np.zeros(len(at), dtype=int)
+    for m, place in zip(members.itertuples(), there):
         since = -np.inf if pd.isna(m.found_ns) else m.found_ns - FOLLOW_S * 1e9
-        hit = (host == there) & (opened >= since) & (pd.isna(m.left_ns) or opened <= m.left_ns)
+        hit = (at == place) & (opened >= since) & (pd.isna(m.left_ns) or opened <= m.left_ns)
         names[hit], count[hit] = m.name, count[hit] + 1
-    return pd.Series(np.where(count == 1, names, None), index=peer_addr.index, dtype=object)
+    return pd.Series(np.where(count == 1, names, None), index=where.index, dtype=object)
 
 
 def task_tables(ev: dict, msgs: pd.DataFrame, anchor: dict) -> pd.DataFrame:

@@ -10,7 +10,7 @@ import pandas as pd
 from daskprobe.probes.proxy_capture import OPEN, PEER, CaptureWriter, read_capture
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import HOST_PID
-from daskprobe.tracer.both_ends import align, clocks, merged
+from daskprobe.tracer.both_ends import align, clocks, consistent, merged
 
 T0 = 5_000_000_000
 SCHED, WORKER = "10.0.0.1:8786", "10.0.0.2:4001"
@@ -78,8 +78,22 @@ def test_a_cycle_of_hosts_keeps_every_link_causal():
     # a <-> b, a <-> c, b <-> c: the b-c link's own quickest messages disagree with the tree's midpoints
     quickest = {("local", "b"): 100, ("b", "local"): 300, ("local", "c"): 200, ("c", "local"): 200,
                 ("b", "c"): 10, ("c", "b"): 500}
-    c = clocks(quickest)
-    corr = {"local": 0, **{n: v for n, (v, _) in c.items()}}
+    c = clocks({k: np.array([v, v + 50]) for k, v in quickest.items()})
+    corr = {"local": 0, **{n: v["correction"] for n, v in c.items()}}
     for (x, y), d in quickest.items():
         assert d + corr[y] - corr[x] >= 0, (x, y, corr)
-    assert c["b"][1] == 200  # half the quickest round trip
+    # half the quickest round trip to the recorder's host (200), and each moved 45 to hold the b-c link
+    assert c["b"]["uncertainty"] == c["c"]["uncertainty"] == 245, c
+
+
+def test_a_stamp_that_cannot_be_is_set_aside_not_believed():
+    rng = np.random.default_rng(3)
+    error = 40_000  # the other host's clock reads 40 us late
+    xy = 50_000 + rng.integers(0, 30_000, 500) + error  # true one-way times of 50-80 us
+    yx = 50_000 + rng.integers(0, 30_000, 500) - error
+    xy[17] = -30_000  # one stamp taken by a clock read cut in two: 120 us early
+    assert consistent(xy, yx)[2] == 1
+    c = clocks({("local", "h"): xy, ("h", "local"): yx})["h"]
+    assert abs(c["correction"] + error) <= c["uncertainty"] < 60_000, c
+    assert c["set_aside"] == 1
+    assert consistent(np.array([-900, -800]), np.array([100, 200])) is None, "more than 1% wrong: no estimate"

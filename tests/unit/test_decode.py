@@ -138,3 +138,7 @@ def test_a_peer_on_another_host_is_the_one_member_there_else_a_client():
     # one member there: it; two on 10.0.0.3: cannot tell; nobody there, or the scheduler's own host: a client;
     # on a host whose worker restarted, the one there when the connection opened, unless both may have been
     assert named.tolist() == ["worker-0", None, None, "worker-3", None, "worker-4", "worker-5", None]
+    # and the listening end: by address and time, the restarted worker's predecessor before it left
+    to = pd.Series(["10.0.0.5:4001"] * 3 + ["10.0.0.3:4002", "10.0.0.9:1"])
+    listener = tables._listener(to, pd.Series([50 * s, 110 * s, 101_500_000_000, 5 * s, 5 * s]), procs)
+    assert listener.tolist() == ["worker-4", "worker-5", None, "worker-2", None]

@@ -31,6 +31,7 @@ pub struct Tap {
     left: u32,      // its packets not yet read, 0: none taken from the kernel
     at: usize,      // the next packet's offset in the ring
     lo: i32,        // loopback's ifindex: there each packet passes twice, out and in; the way in is kept
+    clocks: Clocks, // the ring's stamps are CLOCK_REALTIME
 }
 
 fn check(r: i32) -> io::Result<i32> {
@@ -110,7 +111,7 @@ impl Tap {
         if ring == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Tap { fd, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo })
+        Ok(Tap { fd, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo, clocks: Clocks::default() })
     }
 
     /// Watches these ports from now on (a member that joined while recording): the kernel
@@ -145,7 +146,7 @@ impl Tap {
             self.left -= 1;
             if !outgoing_lo {
                 if let Some(seg) = parse(data) {
-                    return Ok(Some((monotonic(time), seg)));
+                    return Ok(Some((self.clocks.monotonic(time), seg)));
                 }
             }
         }
@@ -191,16 +192,37 @@ fn align(n: usize) -> usize {
     (n + libc::TPACKET_ALIGNMENT - 1) & !(libc::TPACKET_ALIGNMENT - 1)
 }
 
-/// A CLOCK_REALTIME time (the ring's stamps) on CLOCK_MONOTONIC, the run's clock: by their
-/// difference read now, two vDSO reads apart (NTP's slewing moves it by microseconds a second at most).
-fn monotonic(real: libc::timespec) -> u64 {
-    let ns = |c| {
-        let mut ts: libc::timespec = unsafe { zeroed() };
-        unsafe { libc::clock_gettime(c, &mut ts) };
-        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-    };
-    let (mono, now) = (ns(libc::CLOCK_MONOTONIC), ns(libc::CLOCK_REALTIME));
-    (real.tv_sec as i128 * 1_000_000_000 + real.tv_nsec as i128 - (now - mono)) as u64
+const CLOCKS_EVERY_NS: i128 = 10_000_000; // how long the clocks' difference is taken as steady
+const CLOCK_TRIES: usize = 3;
+
+/// The difference of CLOCK_REALTIME (the ring's stamps) and CLOCK_MONOTONIC (the run's clock), read
+/// again every CLOCKS_EVERY_NS (NTP's slewing moves it by microseconds a second at most). Each time
+/// the best of CLOCK_TRIES brackets is kept: a read of the two clocks that the tap was preempted
+/// in the middle of would put every stamp off by that preemption, and a host's clock offset is
+/// estimated from the quickest of these stamps.
+#[derive(Default)]
+struct Clocks {
+    real_minus_mono: i128,
+    read_at: i128, // monotonic ns of that reading; 0: never read
+}
+
+impl Clocks {
+    fn monotonic(&mut self, real: libc::timespec) -> u64 {
+        let now = ns(libc::CLOCK_MONOTONIC);
+        if self.read_at == 0 || now - self.read_at > CLOCKS_EVERY_NS {
+            let reads = (0..CLOCK_TRIES).map(|_| (ns(libc::CLOCK_REALTIME), ns(libc::CLOCK_MONOTONIC), ns(libc::CLOCK_REALTIME)));
+            let (r0, mono, r1) = reads.min_by_key(|(r0, _, r1)| r1 - r0).unwrap();
+            self.real_minus_mono = (r0 + r1) / 2 - mono;
+            self.read_at = mono;
+        }
+        (real.tv_sec as i128 * 1_000_000_000 + real.tv_nsec as i128 - self.real_minus_mono) as u64
+    }
+}
+
+fn ns(clock: libc::clockid_t) -> i128 {
+    let mut ts: libc::timespec = unsafe { zeroed() };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
 /// None for anything but a whole TCP header over IPv4 or IPv6: nothing a packet holds can panic here.
