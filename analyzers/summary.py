@@ -126,8 +126,11 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
 
 def _nothing(t: dict, meta: dict) -> str:
     if unread := meta.get("skipped", {}).get("messages"):
+        missing = meta.get("task_stream_missing")
         return (f"{unread}: no critical path, no overhead per task; Dask's own task stream is in "
-                "tables/task_stream.parquet, the processes' samples in the tables and the trace")
+                "tables/task_stream.parquet" + (f" (without the first {missing} tasks: it keeps the last "
+                                                "task-stream-length)" if missing else "")
+                + ", the processes' samples in the tables and the trace")
     if t["messages"].empty:
         return "no messages were captured: nothing to measure"
     if not ((t["messages"].src_role == "client") & (t["messages"].op == "update-graph")).any():

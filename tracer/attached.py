@@ -289,11 +289,20 @@ class Attached:
     def _task_stream(self) -> None:
         """The tasks the scheduler's task stream has seen since start(): what the workers told it of
         each (worker, thread, compute and transfer spans on their wall clocks), as JSON."""
+        from .session import say
         try:
+            start = self.stream_from.get("start_index")
+            end = ask_scheduler(self.spec.address, "get_task_stream_index") if start is not None else None
             tasks = ask_scheduler(self.spec.address, "get_task_stream", 30.0, **self.stream_from)
             write_new(self.run.task_stream, json.dumps(tasks, default=str).encode())
         except Exception as e:
             self.run.update_meta(task_stream_error=f"{type(e).__name__}: {e}")
+            say(f"Dask's task stream could not be read: {type(e).__name__}: {e}")
+            return
+        if end is not None and (missing := end - start - len(tasks)) > 0:  # its buffer is bounded
+            self.run.update_meta(task_stream_missing=missing)
+            say(f"{missing} of the {end - start} tasks that ran are no longer in Dask's task stream (it keeps the "
+                "last distributed.scheduler.dashboard.tasks.task-stream-length)")
 
     def describe(self) -> list[dict]:
         return describe(self.members, self.recorder, tap=True)
