@@ -401,8 +401,19 @@ def metadata(run: RunDir, summary: dict) -> str:
             "cluster": meta.get("cluster"), "config": meta.get("config"), "probes": meta.get("probes"),
             "probes skipped": meta.get("skipped"), "exit code": meta.get("exit_code"),
             "partial": meta.get("partial"), "capture": meta.get("capture")}
+    rows |= {f"host {h}": _host_clock(info) for h, info in sorted(meta.get("hosts", {}).items())}
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_readable(v)}</td></tr>" for k, v in rows.items())
     return f"<section><h2>Run</h2><p class='caption'>What ran, with what, and what was not captured.</p><table>{cells}</table></section>"
+
+
+def _host_clock(h: dict) -> dict:
+    """An agent's host: its clock against the recorder's, how sure, from what; how it was read."""
+    return {"clock offset": f"{h['offset_ns'] / 1e9:+.9f} s ± {h['uncertainty_ns'] / 1e3:.1f} µs (the recorder's "
+                            "CLOCK_MONOTONIC minus this host's, added to its times; estimated from "
+                            + h.get("clock_from", "round trips") + ")",
+            "members": ", ".join(m["name"] for m in h.get("members", [])),
+            "read to the end": h.get("complete"), "skipped": h.get("skipped") or "-"} | (
+        {"error": h["error"]} if h.get("error") else {})
 
 
 def _readable(v) -> str:

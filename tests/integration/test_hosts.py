@@ -214,7 +214,9 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         on_c = both.src.isin(remote.index[remote.host == f"{SUBNET}.3"]) | both.dst.isin(
             remote.index[remote.host == f"{SUBNET}.3"])
         assert on_c.sum() > 50 and (~on_c).sum() > 50, (on_c.sum(), len(both))
-        assert (took_ms >= 0).all(), both[took_ms < 0]
+        assert (took_ms >= 0).all() and meta["capture"]["arrived_before_sent"] == 0, both[took_ms < 0]
+        report = (out / "report.html").read_text()  # each host's clock, with its uncertainty, on the page
+        assert all(f"± {h['uncertainty_ns'] / 1e3:.1f} µs" in report for h in agents.values())
         assert took_ms[on_c].min() > 0.9 * DELAY_MS and took_ms[~on_c].median() < DELAY_MS / 4, took_ms.describe()
         finished = msgs[msgs.op == "task-finished"].key
         assert expected <= set(finished), "a task-finished on the bridge was missed"
