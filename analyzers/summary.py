@@ -128,8 +128,8 @@ def _nothing(t: dict, meta: dict) -> str:
     if unread := meta.get("skipped", {}).get("messages"):
         missing = meta.get("task_stream_missing")
         return (f"{unread}: no critical path, no overhead per task; Dask's own task stream is in "
-                "tables/task_stream.parquet" + (f" (without the first {missing} tasks: it keeps the last "
-                                                "task-stream-length)" if missing else "")
+                "tables/task_stream.parquet" + (f" (without {missing} tasks that fell out of it before they "
+                                                "were read: see run.json task_stream_missing)" if missing else "")
                 + ", the processes' samples in the tables and the trace")
     if t["messages"].empty:
         return "no messages were captured: nothing to measure"

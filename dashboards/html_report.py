@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 
 from ..analyzers.categories import UNCATEGORIZED
@@ -84,7 +85,8 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
     page = _page(run)
     summary = page.summary
     if "error" in summary:
-        sections = [f"<section><h2>Nothing to measure</h2><p>{html.escape(summary['error'])}</p></section>"]
+        heading = "No critical path" if "messages" in page.run.meta().get("skipped", {}) else "Nothing to measure"
+        sections = [f"<section><h2>{heading}</h2><p>{html.escape(summary['error'])}</p></section>"]
         if (stream := dask_task_stream(page))[2] is not None:
             sections.append(section(*stream))
     else:
@@ -217,6 +219,8 @@ def dask_task_stream(p: Page):
     if ts.empty:
         return "Task stream (Dask's)", "", None
     thread_no = ts.thread.fillna(-1).groupby(ts.worker).rank(method="dense").astype(int)
+    procs = p.run.table("processes")
+    ts = ts.assign(worker=ts.worker + " (" + ts.worker.map(dict(zip(procs.name, procs.listen))).fillna("?") + ")")
     compute = ts[ts.action == "compute"]
     spans = compute.assign(row=compute.worker + " / thread " + thread_no[compute.index].astype(str))
     moves = ts[ts.action == "transfer"]
@@ -225,16 +229,21 @@ def dask_task_stream(p: Page):
             _stream(spans, moves, int(ts.start_ns.min()), "the first task began"))
 
 
+# Prefixes are many (dozens in a dataframe ETL): 46 colours, none the transfers' red.
+PREFIX_COLOURS = [c for c in qualitative.Dark24 + qualitative.Light24 if c not in ("#FB0D0D", "#FD3216")]
+
+
 def _stream(spans: pd.DataFrame, moves: pd.DataFrame, start: int, since: str = "the session began") -> go.Figure:
     """Compute spans (row, key, prefix, start_ns, stop_ns) and transfers (worker, key, start_ns, stop_ns)."""
     spans = spans.assign(s=(spans.stop_ns - spans.start_ns) / 1e9).nlargest(MAX_BARS, "s")
-    fig = go.Figure()
+    fig = go.Figure(layout=dict(colorway=PREFIX_COLOURS))
     for prefix, g in spans.groupby("prefix"):
         fig.add_bar(name=prefix, y=g.row, x=g.s, base=(g.start_ns - start) / 1e9, orientation="h", hovertext=g.key)
     moves = moves.assign(s=(moves.stop_ns - moves.start_ns) / 1e9).nlargest(MAX_BARS // 4, "s")
     if len(moves):
         fig.add_bar(name="transfer (fetching inputs)", y=moves.worker + " / transfers", x=moves.s,
                     base=(moves.start_ns - start) / 1e9, orientation="h", hovertext=moves.key, marker_color="#d62728")
+    fig.update_yaxes(categoryorder="category descending")  # worker-0 on top, its threads in order
     return layout(fig.update_layout(barmode="overlay"), f"seconds since {since}", "")
 
 

@@ -58,8 +58,9 @@ class RunDir:
 
     @property
     def task_stream(self) -> Path:
-        """Dask's own task stream, as the scheduler gave it (JSON): an attached tls:// cluster's."""
-        return self.path / "captures" / "task_stream.json"
+        """Dask's own task stream, as the scheduler gave it (a JSON object per line): an attached
+        recording's that cannot read the messages (tls://, no root)."""
+        return self.path / "captures" / "task_stream.jsonl"
 
     @property
     def messages_capture(self) -> Path:

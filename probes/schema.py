@@ -251,8 +251,8 @@ DECODED = {
         PROCESS,
         HOST,
     )),
-    "task_stream": Table("One row per span of a task in Dask's own task stream (captures/task_stream.json): "
-                         "recorded where messages cannot be read (an attached tls:// cluster); empty otherwise.", (
+    "task_stream": Table("One row per span of a task in Dask's own task stream (captures/task_stream.jsonl): "
+                         "recorded where messages cannot be read (attach to tls://, or without root); empty otherwise.", (
         C("key", "str", "", "the task's key"),
         C("prefix", "str", "", "its key prefix (dask's key_split)"),
         C("worker", "str", "", "the worker that ran it (processes.name); its address if not a member"),

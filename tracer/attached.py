@@ -17,7 +17,7 @@ from pathlib import Path
 from ..probes.schema import HOST_PID
 from ..probes.sockets import inodes_of, listen_of, listening
 from ..probes.proxy import start_tap, stop_proxy
-from ..probes.rundir import RunDir, write_new
+from ..probes.rundir import RunDir, open_append
 from .cluster import Member, describe
 
 
@@ -58,7 +58,11 @@ def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
     except OSError:
         raise
     except Exception as e:  # another protocol's bytes read as Dask's frames (an SSH banner: a 2.8 EiB frame)
-        raise RuntimeError(f"it does not speak Dask's protocol ({type(e).__name__})") from None
+        said = f"{e}".splitlines()[0][:300] if f"{e}" else ""
+        if any(w in said.lower() for w in ("tls", "ssl", "encrypt", "certificate")):
+            raise RuntimeError(f"{said} (Dask's TLS config: distributed.comm.tls.*)") from None
+        raise RuntimeError(f"it does not speak Dask's protocol, or refused us ({type(e).__name__}"
+                           + (f": {said})" if said else ")")) from None
     if not isinstance(info, dict):
         raise RuntimeError("it does not speak Dask's protocol (its identity is not a mapping)")
     if info.get("type") != "Scheduler":
@@ -107,7 +111,8 @@ class Attached:
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
         self.agents = None
         self.next_pull = 0.0
-        self.stream_from: dict = {}
+        self.stream_from: dict = {}  # where the next read of Dask's task stream starts; empty: none
+        self.stream_missing, self.stream_error = 0, None
 
     def layout(self) -> None:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
@@ -133,6 +138,8 @@ class Attached:
             return [], []
         if self.agents and time.monotonic() > self.next_pull:
             self._pull()
+        if self.unread and self.stream_from:
+            self._task_stream()
         try:
             workers = workers_of(self.spec.address, timeout=5.0)
         except (OSError, RuntimeError):
@@ -170,8 +177,12 @@ class Attached:
         return [m for m in self.members if m.role == "worker"]
 
     def elsewhere(self) -> list[str]:
-        """Members with no process on this host: their messages are recorded, nothing else."""
-        return [m.name for m in self.members if m.pid is None]
+        """Members on other hosts: their messages with this host's are recorded here, the rest by agents."""
+        return [m.name for m in self.members if m.machine != "local"]
+
+    def unreadable(self) -> list[str]:
+        """Members on this host whose process could not be found: another user's (without root)."""
+        return [m.name for m in self.members if m.machine == "local" and m.pid is None]
 
     def ports(self) -> set[int]:
         return {m.port for m in self.members}
@@ -282,27 +293,42 @@ class Attached:
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Only the tap: the cluster is not ours, and goes on. Without one, its task stream read."""
-        if self.unread:
+        if self.unread and self.stream_from:
             self._task_stream()
+            self.run.update_meta(task_stream_missing=self.stream_missing, task_stream_error=self.stream_error)
+            if self.stream_error:
+                from .session import say
+                say(f"Dask's task stream could not be read at the end: {self.stream_error}")
         return stop_proxy(self.recorder, grace) if self.recorder else []
 
     def _task_stream(self) -> None:
-        """The tasks the scheduler's task stream has seen since start(): what the workers told it of
-        each (worker, thread, compute and transfer spans on their wall clocks), as JSON."""
+        """The tasks the scheduler's task stream has seen since the last read (each FOLLOW_S, and at
+        the end): what the workers told it of each (worker, thread, compute and transfer spans on
+        their wall clocks), appended as JSON lines. Its buffer is bounded: tasks that fell out
+        between two reads are counted and said."""
         from .session import say
+        if not self.stream_from:  # the recording never started
+            return
         try:
             start = self.stream_from.get("start_index")
             end = ask_scheduler(self.spec.address, "get_task_stream_index") if start is not None else None
             tasks = ask_scheduler(self.spec.address, "get_task_stream", 30.0, **self.stream_from)
-            write_new(self.run.task_stream, json.dumps(tasks, default=str).encode())
-        except Exception as e:
-            self.run.update_meta(task_stream_error=f"{type(e).__name__}: {e}")
-            say(f"Dask's task stream could not be read: {type(e).__name__}: {e}")
+            with open_append(self.run.task_stream) as f:
+                f.writelines(json.dumps(t, default=str).encode() + b"\n" for t in tasks)
+        except Exception as e:  # the scheduler busy or gone: the next read, or the last, reads on
+            self.stream_error = f"{type(e).__name__}: {e}"
             return
-        if end is not None and (missing := end - start - len(tasks)) > 0:  # its buffer is bounded
-            self.run.update_meta(task_stream_missing=missing)
-            say(f"{missing} of the {end - start} tasks that ran are no longer in Dask's task stream (it keeps the "
-                "last distributed.scheduler.dashboard.tasks.task-stream-length)")
+        self.stream_error = None
+        if start is None:
+            self.stream_from = {"start": time.time()}
+            return
+        missing = max(0, end - start - len(tasks))
+        self.stream_from = {"start_index": start + missing + len(tasks)}
+        if missing:
+            self.stream_missing += missing
+            say(f"{missing} tasks fell out of Dask's task stream before daskprobe read it (it keeps the last "
+                "distributed.scheduler.dashboard.status.task-stream-length or ...tasks.task-stream-length, "
+                "whichever is larger)")
 
     def describe(self) -> list[dict]:
         return describe(self.members, self.recorder, tap=True)

@@ -247,6 +247,9 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         if why := cluster.unread:
             say(f"{why}; recording the processes' samples and Dask's own task stream instead (no critical path)")
             run.update_meta(skipped={"messages": why})
+        if mine := cluster.unreadable():
+            say(f"on this host but their processes could not be read: {', '.join(mine)} (another user's: run "
+                "attach as the cluster's user, or as root); only Dask's task stream records them")
         if away := cluster.elsewhere():
             say(f"not on this host: {', '.join(away)}: "
                 + cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None))

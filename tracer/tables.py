@@ -226,7 +226,8 @@ def graphs_table(graphs: pd.DataFrame, msgs: pd.DataFrame) -> pd.DataFrame:
 
 def task_stream_table(run: RunDir, procs: pd.DataFrame, anchor: dict) -> pd.DataFrame:
     """Dask's task stream, a row per span of a task, its workers by their members' names."""
-    tasks = json.loads(run.task_stream.read_text()) if run.task_stream.exists() else []
+    lines = run.task_stream.read_text().splitlines() if run.task_stream.exists() else []
+    tasks = [json.loads(line) for line in lines[:-1]] + _whole(lines[-1:])  # a kill may tear the last
     names = dict(zip(procs.listen, procs.name))
     rows = [(key_str(_tuples(t["key"])), names.get(listen_of(t["worker"]), t["worker"]), t.get("thread"),
              s.get("action"), s.get("start"), s.get("stop"), t.get("nbytes"), t.get("status"))
@@ -243,3 +244,10 @@ def task_stream_table(run: RunDir, procs: pd.DataFrame, anchor: dict) -> pd.Data
 def _tuples(key):
     """A key as it was before JSON: a list is a tuple."""
     return tuple(map(_tuples, key)) if isinstance(key, list) else key
+
+
+def _whole(lines: list[str]) -> list:
+    try:
+        return [json.loads(line) for line in lines]
+    except json.JSONDecodeError:
+        return []
