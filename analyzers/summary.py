@@ -24,9 +24,13 @@ from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worke
 
 SCHEMA = 2
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
-          "thread_names")
+          "thread_names", "task_stream")
 FEW_SAMPLES = 20  # a share resting on fewer samples is marked as such
 DEFINITIONS = {
+    "task_stream": "where the messages could not be read (attach to tls://, or without root), what Dask's own task "
+                   "stream says: tasks (distinct keys computed), span_s (seconds from the first compute span's start "
+                   "to the last's end, on the workers' wall clocks), compute_s (seconds of compute spans, summed), "
+                   "compute_s_by_worker and compute_s_by_prefix (the 10 largest), in seconds",
     "session_s": "seconds from the client's first byte to its last at the proxy (widened to hold every job): the "
                  "span the critical-path split covers",
     "makespan_s": "seconds from the first byte of the client's first update-graph at the proxy to the end of its "
@@ -97,7 +101,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     graphs, jobs = graph_jobs(t["graphs"], t["messages"])
     window = session(t["messages"], jobs)
     if jobs.empty or t["attempts"].empty or window is None:
-        return Analysis({}, base | {"error": _nothing(t, meta)})
+        return Analysis({}, base | {"error": _nothing(t, meta)}
+                        | (task_stream_numbers(t["task_stream"]) if "task_stream" in t else {}))
     attempts = assign_jobs(t["attempts"], jobs)
     tasks = tasks_table(attempts, graphs)
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
@@ -122,6 +127,18 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
                                    meta)
     out |= {"attempt_threads": attempt_threads(t["attempts"], threads), "attribution": attr}
     return Analysis(out | ({} if side else sides), summary)
+
+
+def task_stream_numbers(ts: pd.DataFrame) -> dict:
+    """What Dask's own task stream says, where it stands in for the messages."""
+    compute = ts[ts.action == "compute"].assign(s=lambda d: (d.stop_ns - d.start_ns) / 1e9)
+    if compute.empty:
+        return {}
+    return {"task_stream": {
+        "tasks": int(compute.key.nunique()), "span_s": (compute.stop_ns.max() - compute.start_ns.min()) / 1e9,
+        "compute_s": float(compute.s.sum()),
+        "compute_s_by_worker": compute.groupby("worker").s.sum().round(3).to_dict(),
+        "compute_s_by_prefix": compute.groupby("prefix").s.sum().nlargest(10).round(3).to_dict()}}
 
 
 def _nothing(t: dict, meta: dict) -> str:

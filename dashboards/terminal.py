@@ -13,6 +13,11 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     if "error" in summary:
         console.print(f"[yellow]daskprobe: {summary['error']}[/]")
+        if ts := summary.get("task_stream"):
+            console.print(f"Dask's task stream: {ts['tasks']} tasks over {ts['span_s']:.2f} s, {ts['compute_s']:.2f} s "
+                          "of compute (" + ", ".join(f"{w} {v:.2f} s" for w, v in ts["compute_s_by_worker"].items())
+                          + "); largest prefixes: " + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                                list(ts["compute_s_by_prefix"].items())[:3]))
         return
     s = summary
     jobs = s.get("jobs", [])

@@ -276,6 +276,10 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
     except Interrupted as e:
         code = 0 if not command and e.signum == signal.SIGINT else 128 + e.signum  # Ctrl-C: the way to end
         record(run, command_ended_ns=time.monotonic_ns())
+        if duration and not command and (ready := run.meta().get("probes_ready_ns")):
+            took = (time.monotonic_ns() - ready) / 1e9
+            say(f"interrupted after {took:.1f} s of the {duration:g} s asked for")
+            record(run, interrupted_after_s=round(took, 3))
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)

@@ -208,7 +208,9 @@ def test_attach_to_a_tls_cluster_says_its_messages_cannot_be_read_and_records_it
     run = RunDir(out)
     meta = run.meta()
     assert "messages" in meta["skipped"] and not (out / "captures" / "tap.bin").exists()
-    assert "tls://" in json.loads((out / "summary.json").read_text())["error"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "tls://" in summary["error"]
+    assert summary["task_stream"]["tasks"] == 40 and 1.9 < summary["task_stream"]["compute_s"] < 4, summary["task_stream"]
     # Dask's own task stream instead: every task, on the worker that ran it (its pid: ground truth)
     stream = run.table("task_stream")
     compute = stream[stream.action == "compute"].set_index("key")
