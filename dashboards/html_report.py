@@ -85,10 +85,12 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
     page = _page(run)
     summary = page.summary
     if "error" in summary:
-        heading = "No critical path" if "messages" in page.run.meta().get("skipped", {}) else "Nothing to measure"
-        sections = [f"<section><h2>{heading}</h2><p>{html.escape(summary['error'])}</p></section>"]
-        if (stream := dask_task_stream(page))[2] is not None:
-            sections.append(section(*stream))
+        unread = "messages" in page.run.meta().get("skipped", {})
+        sections = [f"<section><h2>{'No critical path' if unread else 'Nothing to measure'}</h2>"
+                    f"<p>{html.escape(summary['error'])}</p></section>"]
+        for figure in SAMPLES_ONLY if unread else ():  # what needs no message
+            if (drawn_one := figure(page))[2] is not None:
+                sections.append(section(*drawn_one))
     else:
         drawn = sorted(figure_sections(run) if drawn is None else drawn)  # no data: left out
         prefixes = prefix_table(page)
@@ -402,6 +404,7 @@ def top_functions(p: Page):
 
 FIGURES = [breakdown, per_job, critical_path, task_stream, bandwidth, scheduler_cpu, overhead_cdf, worker_busy,
            gil_per_thread, top_functions]
+SAMPLES_ONLY = [dask_task_stream, gil_per_thread, top_functions]  # where the messages could not be read
 
 
 def metadata(run: RunDir, summary: dict) -> str:
