@@ -235,8 +235,7 @@ class Agent:
         conn.settimeout(10)
         words = b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode(errors="replace").split()
         verbs = {"pid": lambda: str(os.getpid()).encode(), "watch": self.watch, "ports": self.watch_ports,
-                 "state": self.state,
-                 "stop": self.stop, "read": self.read, "done": lambda: b"ok"}
+                 "state": self.state, "stop": self.stop, "read": self.read, "done": lambda: b"ok"}
         if not words or words[0] not in verbs:
             return None
         try:

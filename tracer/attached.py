@@ -202,8 +202,8 @@ class Attached:
         return None
 
     def start(self) -> None:
-        """The tap; where it cannot read the messages, Dask's own task stream instead (from the
-        scheduler's, at the end)."""
+        """The tap; where it cannot read the messages, Dask's own task stream instead (read from the
+        scheduler's at each look and at the end, from its index now)."""
         if not self.unread:
             self.recorder = start_tap(self.run.tap_capture, self.named_ports(), self.run.log("tap"))
             return
@@ -307,8 +307,6 @@ class Attached:
         their wall clocks), appended as JSON lines. Its buffer is bounded: tasks that fell out
         between two reads are counted and said."""
         from .session import say
-        if not self.stream_from:  # the recording never started
-            return
         try:
             start = self.stream_from.get("start_index")
             end = ask_scheduler(self.spec.address, "get_task_stream_index") if start is not None else None

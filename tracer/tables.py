@@ -30,9 +30,7 @@ def build(run: RunDir) -> dict:
     procs = processes_table(meta)
     run.write_table("processes", procs)
     hosts = meta.get("hosts", {})
-    cap = merged(run, read_capture(run.messages_capture), procs, hosts)  # the agents' taps too, clocks set by them
-    if hosts:
-        run.update_meta(hosts=hosts)
+    cap = _with_agents(run, procs, hosts)
     conns = connections_table(cap, procs, hosts)
     run.write_table("connections", conns)
     with beside(lambda: probe_tables(run, procs, conns)) as probes_done:  # the samplers' tables meanwhile
@@ -52,6 +50,23 @@ def build(run: RunDir) -> dict:
     run.update_meta(capture=stats)
     _tell(stats)
     return stats
+
+
+def _with_agents(run: RunDir, procs: pd.DataFrame, hosts: dict) -> Capture:
+    """The recorder's capture with the agents' taps, the hosts' clocks set by them (run.json's
+    `hosts` updated); if merging them fails, this host's capture alone, and the reason said: the
+    run's own messages are not lost to another host's."""
+    if not hosts:
+        return read_capture(run.messages_capture)
+    try:
+        cap = merged(run, read_capture(run.messages_capture), procs, hosts)
+    except Exception as e:
+        from .session import say
+        run.update_meta(both_ends_error=f"{type(e).__name__}: {e}")
+        say(f"the agents' messages could not be merged ({type(e).__name__}: {e}): this host's only")
+        return read_capture(run.messages_capture)
+    run.update_meta(hosts=hosts)
+    return cap
 
 
 def _arrived_before_sent(msgs: pd.DataFrame) -> int:

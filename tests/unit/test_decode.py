@@ -142,3 +142,15 @@ def test_a_peer_on_another_host_is_the_one_member_there_else_a_client():
     to = pd.Series(["10.0.0.5:4001"] * 3 + ["10.0.0.3:4002", "10.0.0.9:1"])
     listener = tables._listener(to, pd.Series([50 * s, 110 * s, 101_500_000_000, 5 * s, 5 * s]), procs)
     assert listener.tolist() == ["worker-4", "worker-5", None, "worker-2", None]
+
+
+def test_another_hosts_capture_that_cannot_be_merged_costs_only_itself(tmp_path):
+    run = make_run(tmp_path, [(1, 0, 1, {"op": "identity"}), (2, 0, 2, {"op": "heartbeat_worker"})])
+    theirs = run / "hosts" / "10.0.0.2" / "captures"
+    theirs.mkdir(parents=True)
+    (theirs / "tap.bin").write_bytes(run.proxy_capture.read_bytes())
+    meta = run.meta() | {"hosts": {"10.0.0.2": {"offset_ns": 0, "uncertainty_ns": 1}}}  # no number: cannot merge
+    run.write_file("run.json", json.dumps(meta))
+    cap = tables._with_agents(run, tables.processes_table(meta), meta["hosts"])
+    assert len(cap.messages) == 2, "this host's messages, all of them"
+    assert "KeyError" in run.meta()["both_ends_error"]
