@@ -3,17 +3,21 @@ and with py-spy's, reading the same cluster at the same moments.
 
     python -m daskprobe.experiments.sampler_ab --repeat 3
     python -m daskprobe.experiments.sampler_ab --repeat 3 --python /path/to/py3.13-venv/bin/python
+    python -m daskprobe.experiments.sampler_ab --repeat 3 --against /path/to/other/daskprobe-sampler
 
 Each repetition runs GRAPH (default merge-10K, 2 workers x 1 thread,
 worker-saturation=inf) under `daskprobe run --probes proxy` and attaches two
 daskprobe-sampler processes to its scheduler, workers and client: one with
 `--reader auto` (ours, for CPython 3.10 to 3.13) and one with `--reader pyspy`.
-Both see the same workload, so the difference is the readers'. With
+Both see the same workload, so the difference is the readers'. With --against,
+the second is another build of the sampler, with our reader too (a change to
+the sampler, against the build before it). With
 --python, scheduler, workers and client run under that interpreter (it needs
 dask, distributed and numpy). Reported per
 reader, median over repetitions: CPU seconds (utime + stime of the sampler,
 from /proc/PID/stat), thread samples written, CPU microseconds per thread
-sample, and process reads dropped for taking over 2 ms.
+sample, process reads dropped for taking over 2 ms, and the share of thread
+samples on a CPU (the two should agree).
 
 Writes results.csv in --out and prints a table.
 """
@@ -36,7 +40,8 @@ from ..probes.procfs import cpu_s
 from ..probes.procs import spawn, stop
 from ..probes.rundir import RunDir
 
-READERS = ("auto", "pyspy")
+# (label, binary, --reader) of the two samplers
+READERS = (("ours", None, "auto"), ("py-spy's", None, "pyspy"))
 
 
 def _targets(run: RunDir, cluster: subprocess.Popen, timeout: float = 120) -> list[dict]:
@@ -57,8 +62,10 @@ def _used(capture: Path) -> str:
 
 
 def _count(capture: Path) -> dict:
-    kinds = [line[:1] for line in capture.read_text(errors="replace").splitlines()]
-    return {"thread_samples": kinds.count("S"), "dropped_reads": kinds.count("L")}
+    lines = capture.read_text(errors="replace").splitlines()
+    active = [line.split("\t")[4] == "1" for line in lines if line.startswith("S\t")]
+    return {"thread_samples": len(active), "dropped_reads": sum(line[:1] == "L" for line in lines),
+            "on_cpu_share": sum(active) / len(active) if active else float("nan")}
 
 
 def _client(python: str, graph: str) -> list[str]:
@@ -69,8 +76,7 @@ def _client(python: str, graph: str) -> list[str]:
     return [python, "-I", str(Path(__file__).with_name("workloads.py")), graph]
 
 
-def run_once(graph: str, rate: float, out: Path, python: str = sys.executable) -> list[dict]:
-    sampler = native_binary("daskprobe-sampler")
+def run_once(graph: str, rate: float, out: Path, python: str = sys.executable, readers=READERS) -> list[dict]:
     run = RunDir(out / "run")
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", "proxy", "--python", python, "--out", str(run.path), "--",
@@ -79,24 +85,25 @@ def run_once(graph: str, rate: float, out: Path, python: str = sys.executable) -
     samplers = {}
     try:
         targets = _targets(run, cluster)
-        for reader in READERS:
-            p = spawn([sampler, "--out", str(out / f"{reader}.tsv"), "--rate", str(rate), "--reader", reader],
-                      out / f"{reader}.log", nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for i, (label, binary, reader) in enumerate(readers):
+            p = spawn([binary or native_binary("daskprobe-sampler"), "--out", str(out / f"{i}.tsv"), "--rate",
+                       str(rate), "--reader", reader], out / f"{i}.log", nice=HELPER_NICE, stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE)
             p.stdout.readline()  # "ready"
             p.stdin.write("".join(f"{t['pid']} {t['name']}\n" for t in targets).encode())
             p.stdin.flush()
-            samplers[reader] = p
+            samplers[label] = (i, p)
         if cluster.wait(timeout=900) != 0:
             raise RuntimeError(f"{graph} failed: see {out / 'run.log'}")
-        return [{"reader": r, "used": _used(out / f"{r}.tsv"), "cpu_s": cpu_s(p.pid)} | _count(out / f"{r}.tsv")
-                for r, p in samplers.items()]
+        return [{"reader": r, "used": _used(out / f"{i}.tsv"), "cpu_s": cpu_s(p.pid)} | _count(out / f"{i}.tsv")
+                for r, (i, p) in samplers.items()]
     finally:
-        stop([*samplers.values(), cluster])
+        stop([*(p for _, p in samplers.values()), cluster])
 
 
 def summarize(raw: pd.DataFrame) -> pd.DataFrame:
     raw = raw.assign(cpu_us_per_thread_sample=raw.cpu_s / raw.thread_samples * 1e6)
-    cols = ["cpu_s", "thread_samples", "cpu_us_per_thread_sample", "dropped_reads"]
+    cols = ["cpu_s", "thread_samples", "cpu_us_per_thread_sample", "dropped_reads", "on_cpu_share"]
     return raw.groupby(["graph", "python", "reader", "used"])[cols].median().reset_index()
 
 
@@ -106,8 +113,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rate", type=float, default=100.0, help="samples per second, both samplers")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the cluster and client")
+    ap.add_argument("--against", type=Path, help="another daskprobe-sampler build, to compare with this one")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    readers = READERS if args.against is None else (("this build", None, "auto"), (str(args.against), str(args.against), "auto"))
     if native_binary("daskprobe-sampler") is None:
         ap.error("daskprobe-sampler is not built (run ./setup.sh)")
     out = args.out or Path("runs") / f"bench-sampler-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
     for rep in range(args.repeat):
         d = out / f"{args.graph}-{rep}"
         d.mkdir(parents=True, exist_ok=True)
-        for row in run_once(args.graph, args.rate, d, args.python):
+        for row in run_once(args.graph, args.rate, d, args.python, readers):
             rows.append({"graph": args.graph, "python": version, "rep": rep} | row)
             console.log(json.dumps(rows[-1]))
     raw = pd.DataFrame(rows)

@@ -241,3 +241,71 @@ def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, vers
     sampled = samples.groupby("thread_name").ident.unique()
     assert {name: list(idents) for name, idents in sampled.items()} == \
         {name: [int(ident)] for name, ident in printed.items()}
+
+
+CHURN = """
+import sys, threading, time
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+def made(i):
+    # a function made at run time, as a worker unpickles a task's: freed when its thread ends,
+    # so the next one's code object and names may take the same addresses
+    ns = {"spin": spin}
+    exec(f"def job_{i}():\\n    spin(0.15)\\n", ns)
+    return ns[f"job_{i}"]
+
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(12):
+    t = threading.Thread(target=made(i), name=f"churn-{i}")
+    t.start()
+    t.join()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("version", OUR_VERSIONS)
+def test_threads_and_functions_that_come_and_go_are_each_named_right(tmp_path, version):
+    # The reader walks the thread list only when something says it changed, and caches code
+    # objects by address: a thread that starts later, and a function made where another was
+    # freed, must each be read as themselves.
+    if why := PySpy().available():
+        pytest.skip(why)
+    target = _started(_pyenv_python(version), write_flow(tmp_path / "churn.py", CHURN))
+    out = tmp_path / "samples.tsv"
+    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        assert p.stdout.readline().strip() == "ready"
+        p.stdin.write(f"{target.pid} churn\n")
+        p.stdin.flush()
+        time.sleep(0.5)  # attached
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == "done"
+    finally:
+        p.terminate()
+        p.wait()
+        target.kill()
+        target.wait()
+    assert [line.split("\t")[4] for line in out.read_text().splitlines() if line.startswith("A\t")] == \
+        [_our_reader(version)]
+    samples, stacks, frames = read_samples(out)
+    fn = frames.set_index("frame_id").function
+    jobs = samples.stack_id.map(stacks.set_index("stack_id").frame_ids).map(
+        lambda ids: [fn[i] for i in ids if fn[i].startswith("job_")])
+    churn = samples.assign(jobs=jobs)[samples.thread_name.str.startswith("churn-")]
+    per_thread = churn.groupby("thread_name").jobs.apply(lambda js: sorted({j for jl in js for j in jl}))
+    per_tid = samples.assign(jobs=jobs).groupby("tid").jobs.apply(lambda js: {j for jl in js for j in jl})
+    shown = samples.assign(jobs=jobs.map(tuple)).groupby(["thread_name", "tid", "jobs"]).size().to_string()
+    # Each thread spins 150 ms, read about 15 times at 100 Hz; on a loaded machine the sampler can
+    # miss one or name it only after it ended (a name is asked for again 20 ms after a miss).
+    assert len(per_thread) >= 10, shown
+    assert all(js == [f"job_{name[6:]}"] for name, js in per_thread.items()), shown
+    # and no thread's samples carry another's function, the main thread's none
+    assert (per_tid.map(len) <= 1).all() and not per_tid[samples.pid.iloc[0]], shown

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 const MAX_FRAMES: usize = 4096;
 const MAX_THREADS: usize = 4096;
@@ -31,6 +32,8 @@ const MAX_CHUNK: usize = 1 << 18;
 /// more than any layout's thread head, frame or GIL state
 const MAX_STRUCT: usize = 256;
 const PAGE: usize = 4096;
+/// The thread list is walked again at least this often, even when nothing says it changed.
+const RELIST: Duration = Duration::from_secs(1);
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
@@ -115,6 +118,10 @@ pub struct Reader {
     /// by PyThreadState address
     threads: HashMap<u64, Thread>,
     s: Scratch,
+    /// when the thread list was last walked
+    listed: Instant,
+    /// a listed thread could not be read: walk the list again at the next sample
+    relist: bool,
 }
 
 impl Reader {
@@ -122,10 +129,11 @@ impl Reader {
     /// address when it attached (see layout::Gil).
     pub fn new(pid: i32, layout: Layout, interp: usize, gil: usize) -> Result<Reader, String> {
         let mut r = Reader { remote: Remote::new(pid), pid, layout, interp, gil, tid_offset: None,
-                             codes: HashMap::new(), threads: HashMap::new(), s: Scratch::default() };
+                             codes: HashMap::new(), threads: HashMap::new(), s: Scratch::default(),
+                             listed: Instant::now(), relist: true };
         if r.layout.thread.native_tid.is_none() {
             let mut listed = Vec::new();
-            r.list_threads(&mut listed);
+            r.list_threads(&mut listed, true);
             let idents: Vec<u64> = listed.iter().map(|t| t.ident).collect();
             r.tid_offset = Some(pthread::tid_offset(&r.remote, pid, &idents)?);
         }
@@ -139,8 +147,15 @@ impl Reader {
     /// One sample of every Python thread into `samples`; false when the interpreter could not be read.
     pub fn sample(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>) -> bool {
         let mut listed = std::mem::take(&mut self.s.threads);
-        let holder = self.list_threads(&mut listed);
-        for &t in &listed {
+        let walk = self.must_walk();
+        let holder = self.list_threads(&mut listed, walk);
+        for (i, &t) in listed.iter().enumerate() {
+            // A thread state made for a thread not yet started holds no ids, or its maker's (new ones
+            // go first), until it starts: it is left out, and the list walked again until it has its own.
+            if t.ident == 0 || t.native_tid == Some(0) || listed[i + 1..].iter().any(|o| o.ident == t.ident) {
+                self.relist = true;
+                continue;
+            }
             if let Some(s) = self.thread(t, frames, out) {
                 samples.push(ThreadSample { owns_gil: Some(t.tstate) == holder, ..s });
             }
@@ -155,7 +170,7 @@ impl Reader {
     /// structures differ, such as a debug build, would not agree).
     pub fn outermost_functions(&mut self) -> HashMap<u64, String> {
         let mut listed = Vec::new();
-        self.list_threads(&mut listed);
+        self.list_threads(&mut listed, true);
         let mut found = HashMap::new();
         for t in listed {
             let Some(&(code, _)) = self.walk(t.tstate as usize).and_then(|_| self.s.stack.last()) else { continue };
@@ -168,11 +183,22 @@ impl Reader {
         found
     }
 
-    /// Fills `into` with the interpreter's threads. Returns the GIL holder's
-    /// PyThreadState, Some(0) when no thread holds it or it is unknown, and
-    /// None when the interpreter could not be read.
-    fn list_threads(&self, into: &mut Vec<Listed>) -> Option<u64> {
-        into.clear();
+    /// Whether the thread list may have changed in a way its head does not show (CPython puts a
+    /// new thread at the head): a listed thread gone or unreadable, or RELIST since the last walk.
+    fn must_walk(&mut self) -> bool {
+        let walk = self.relist || self.listed.elapsed() >= RELIST;
+        if walk {
+            (self.listed, self.relist) = (Instant::now(), false);
+        }
+        walk
+    }
+
+    /// Fills `into` with the interpreter's threads, walking their list only
+    /// when `walk` or when its head is not the first of `into` (a read per
+    /// thread, most of an idle process's sample otherwise). Returns the GIL
+    /// holder's PyThreadState, Some(0) when no thread holds it or it is
+    /// unknown, and None when the interpreter could not be read.
+    fn list_threads(&self, into: &mut Vec<Listed>, walk: bool) -> Option<u64> {
         let l = &self.layout;
         let gil_len = match l.interp.gil {
             Gil::Current => 8,
@@ -191,6 +217,10 @@ impl Reader {
             Gil::State { holder, locked } => if u32_at(gil, locked) != 0 { u64_at(gil, holder) } else { 0 },
         };
         let mut t = u64_at(&head, 0);
+        if !walk && into.first().map_or(0, |f| f.tstate) == t {
+            return Some(holder);
+        }
+        into.clear();
         let mut ts = [0u8; MAX_STRUCT];
         let ts = &mut ts[..l.thread.head_len()];
         while t != 0 && into.len() < MAX_THREADS && self.remote.read(t as usize, ts) {
@@ -211,10 +241,19 @@ impl Reader {
             self.threads.insert(t.tstate, th);
         }
         let th = self.threads.get_mut(&t.tstate).unwrap();
-        let now = th.stat.as_ref().and_then(ThreadStat::read);
+        let now = th.stat.as_ref().and_then(|s| s.read(th.last));
+        if now.is_none() {
+            // gone, or listed before it had its ids: the list is walked again next time
+            self.relist = true;
+            if th.stat.is_some() {
+                // its /proc files read no more: it has ended, and its thread state may be another's
+                self.threads.remove(&t.tstate);
+                return None;
+            }
+        }
         // Unchanged stack: not running at either read, and not switched in between.
         let reuse = matches!((th.last, now), (Some(a), Some(b))
-            if !a.running && !b.running && a.switches.is_some() && a.switches == b.switches) && th.stack.is_some();
+            if !a.running && !b.running && a.ran.is_some() && a.ran == b.ran) && th.stack.is_some();
         th.last = now;
         let tid = th.tid;
         if !reuse {

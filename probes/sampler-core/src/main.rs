@@ -36,6 +36,8 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const MAX_READ_NS: u64 = 2_000_000;
+/// first and longest wait before asking py-spy again for the name of an unnamed thread
+const NAME_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
 struct Args {
     out: String,
@@ -87,9 +89,11 @@ struct Target {
     fast: Option<Reader>,
     /// which reader reads it, and why, for the capture's `A` line
     reader: String,
-    /// by Python thread identifier, ready for the capture
-    names: HashMap<u64, String>,
-    named_at: Instant,
+    /// by Python thread identifier, ready for the capture, with the native id of the thread named
+    /// (an identifier is a pthread_t: a thread started after another ended often gets its one)
+    names: HashMap<u64, (u64, String)>,
+    /// when names were last asked for, and how long to wait before asking again for an unnamed thread
+    named_at: (Instant, Duration),
 }
 
 impl Target {
@@ -104,7 +108,7 @@ impl Target {
             Some(Err(why)) => (None, format!("py-spy ({why})")),
             None => (None, "py-spy".into()),
         };
-        Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: Instant::now() })
+        Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0) })
     }
 
     /// Appends one sample of every thread to `samples`; false when the process could not be read.
@@ -119,31 +123,39 @@ impl Target {
         for tr in traces {
             let ids: Vec<String> = tr.frames.iter()
                 .map(|f| frames.id(out, &f.name, &f.filename, f.line).to_string()).collect();
-            self.names.insert(tr.thread_id, clean(&tr.thread_name.unwrap_or_default()));
-            samples.push(ThreadSample { tid: tr.os_thread_id.unwrap_or(tr.thread_id), ident: tr.thread_id,
+            let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
+            if self.names.get(&tr.thread_id).is_some_and(|n| n.0 != tid) {
+                // py-spy keeps names by identifier: the next read asks for them again
+                self.spy.python_thread_names.clear();
+            }
+            self.names.insert(tr.thread_id, (tid, clean(&tr.thread_name.unwrap_or_default())));
+            samples.push(ThreadSample { tid, ident: tr.thread_id,
                                         active: tr.active, owns_gil: tr.owns_gil, frame_ids: Rc::from(ids.join(",")) });
         }
         true
     }
 
     /// Thread names come from py-spy (it reads threading's table): asked again
-    /// when a thread we have not seen appears, and at most once a second while
-    /// one is unnamed (a thread can run before threading registers its name).
+    /// when a thread we have not seen appears (a new identifier, or a known one
+    /// on another native thread), and while one is unnamed (a thread runs a
+    /// little before threading registers its name; some never are) after
+    /// NAME_RETRY's first wait, doubled at each miss up to its second.
     fn name_threads(&mut self, samples: &[ThreadSample]) {
         if self.fast.is_none() {
             return; // py-spy's own reads name the threads (Target::read)
         }
-        let new = samples.iter().any(|s| !self.names.contains_key(&s.ident));
-        let unnamed = samples.iter().any(|s| self.names.get(&s.ident).is_some_and(String::is_empty));
-        if !new && !(unnamed && self.named_at.elapsed() >= Duration::from_secs(1)) {
+        let new = samples.iter().any(|s| self.names.get(&s.ident).is_none_or(|n| n.0 != s.tid));
+        let unnamed = samples.iter().any(|s| self.names.get(&s.ident).is_some_and(|n| n.1.is_empty()));
+        if !new && !(unnamed && self.named_at.0.elapsed() >= self.named_at.1) {
             return;
         }
-        self.named_at = Instant::now();
-        for tr in self.spy.get_stack_traces().unwrap_or_default() {
-            self.names.insert(tr.thread_id, clean(&tr.thread_name.unwrap_or_default()));
-        }
+        let wait = if new { NAME_RETRY.0 } else { (self.named_at.1 * 2).min(NAME_RETRY.1) };
+        self.named_at = (Instant::now(), wait);
+        self.spy.python_thread_names.clear(); // its cache, by identifier, would give an ended thread's name
+        let mut named: HashMap<u64, String> = self.spy.get_stack_traces().unwrap_or_default().into_iter()
+            .map(|tr| (tr.thread_id, clean(&tr.thread_name.unwrap_or_default()))).collect();
         for s in samples {
-            self.names.entry(s.ident).or_default();
+            self.names.insert(s.ident, (s.tid, named.remove(&s.ident).unwrap_or_default()));
         }
     }
 }
@@ -219,7 +231,7 @@ impl<W: Write> Sampler<W> {
             true => {
                 t.name_threads(&self.samples);
                 for s in &self.samples {
-                    lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident]);
+                    lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident].1);
                 }
                 true
             }
