@@ -46,25 +46,33 @@ def _recomputed(s: dict) -> dict | None:
     again = s["recomputed"]
     if not again["keys"]:
         return None
-    prefix, top = next(iter(again["by_prefix"].items()))
-    shuffle = any(p in prefix for p in SHUFFLE_PREFIXES)
+    top = list(again["by_prefix"].items())[:3]  # by extra computations, the most first
+    shuffle = any(p in prefix for prefix, _ in top for p in SHUFFLE_PREFIXES)
     advice = ("pass divisions= (or sorted=True) to set_index/sort_values, or persist() the frame before it: Dask "
               "computes the frame once to find its divisions and again for the result") if shuffle else \
         ("persist() what several computations share, or compute the outputs together with dask.compute(a, b)")
     return _finding("recomputed", again["compute_s"],
                     f"{again['keys']} keys were computed more than once",
                     f"{again['times']} extra computations, {again['compute_s']:.2f} s of compute; most in "
-                    f"'{prefix}' ({top['keys']} keys, {top['times']} extra)", advice)
+                    + ", ".join(f"'{p}' ({r['keys']} keys, {r['times']} extra)" for p, r in top), advice)
 
 
 def _saturation(s: dict, meta: dict) -> dict | None:
     sec = _parts(s, "worker saturation")
+    if not sec:
+        return None
     c = meta.get("cluster", {})
+    threads = c.get("workers", 0) * c.get("threads", 0)
+    # more threads than cores, or the path waited for a CPU: more threads would starve more
+    full = (meta.get("cpus") and threads >= meta["cpus"]) or _cat(s, "cpu_starvation") >= MIN_SHARE * s["session_s"]
+    advice = ("the workers were saturated, and so was the machine (as many worker threads as CPUs, or the path "
+              "waited for a CPU): more cores or machines, or cheaper tasks, shorten the path; more threads "
+              "here would not") if full else \
+        "the workers were saturated and the machine has cores to spare: more workers or threads shorten the path"
     return _finding("worker-saturation", sec, "tasks on the critical path waited for a worker thread",
                     f"the path ran through tasks that held the thread the next one waited for (their compute and "
-                    f"the hand-over), with {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)",
-                    "the workers were saturated: more workers or threads shorten the path, if the machine has "
-                    "cores to spare (see cpu_starvation)") if sec else None
+                    f"the hand-over), with {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
+                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""), advice)
 
 
 def _client(s: dict) -> dict | None:

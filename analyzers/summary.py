@@ -154,6 +154,9 @@ def _nothing(t: dict, meta: dict) -> str:
         if meta.get("attached"):
             return ("no client submitted a computation while recording (no update-graph reached the scheduler): "
                     "nothing to measure")
+        if meta.get("exit_code"):
+            return (f"the command failed (exit code {meta['exit_code']}, see its output above) before a client "
+                    "submitted a computation through daskprobe's proxy: nothing to measure")
         return ("no update-graph from a client went through daskprobe's proxy: nothing to measure (did the "
                 "command connect to another scheduler than DASK_SCHEDULER_ADDRESS?)")
     return "no task was dispatched: nothing to measure"
@@ -223,4 +226,4 @@ def _recomputed(again: pd.DataFrame) -> dict:
     by = again.groupby("prefix").agg(n_keys=("key", "nunique"), times=("key", "size"), compute_s=("compute_s", "sum"))
     return {"keys": int(again.key.nunique()), "times": len(again), "compute_s": float(again.compute_s.sum()),
             "by_prefix": {p: {"keys": int(r.n_keys), "times": int(r.times), "compute_s": float(r.compute_s)}
-                          for p, r in by.sort_values("compute_s", ascending=False).iterrows()}}
+                          for p, r in by.sort_values(["times", "compute_s"], ascending=False).iterrows()}}

@@ -80,6 +80,17 @@ def recomputed(attempts: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"key": again.key, "job": again.job, "prefix": again.prefix, "compute_s": span.fillna(0.0)})
 
 
+def moved_bytes(tasks: pd.DataFrame) -> pd.Series:
+    """By prefix, bytes of results that other workers needed: each result's size once per other worker
+    that ran, in the same job, a task depending on it (from where tasks ran, not from the wire)."""
+    t = tasks.dropna(subset=["worker"])
+    uses = t[["job", "worker", "deps"]].explode("deps").dropna(subset=["deps"])
+    made = t.set_index(["job", "key"])[["worker", "prefix", "nbytes"]]
+    uses = uses.join(made, on=["job", "deps"], rsuffix="_made").dropna(subset=["worker_made"])
+    moved = uses[uses.worker != uses.worker_made].drop_duplicates(["job", "deps", "worker"])
+    return moved.nbytes.astype("float64").groupby(moved.prefix).sum()
+
+
 def task_overheads(tasks: pd.DataFrame) -> np.ndarray:
     """Per finished task, seconds: (task-finished reaching the scheduler - ready) - compute span."""
     t = tasks[(tasks.outcome == "finished")].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
@@ -88,15 +99,19 @@ def task_overheads(tasks: pd.DataFrame) -> np.ndarray:
 
 
 def prefix_costs(tasks: pd.DataFrame, path: pd.DataFrame, session_s: float) -> pd.DataFrame:
-    """Per prefix (table prefixes): tasks, attempts, compute, overhead per task, bytes, critical path."""
+    """Per prefix (table prefixes): tasks, attempts, compute, overhead and waiting per task, bytes, critical path."""
     t = tasks.assign(compute_s=(tasks.compute_stop_ns - tasks.compute_start_ns).astype("float64") / 1e9,
                      nbytes=tasks.nbytes.astype("float64"))
     done = t[t.outcome == "finished"].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
     t["overhead_s"] = pd.Series(task_overheads(tasks), index=done.index)
+    f = done[["ready_ns", "compute_sent_ns", "compute_recv_ns", "transfer_stop_ns", "compute_start_ns"]].astype("float64")
+    queued = (f.compute_sent_ns - f.ready_ns).clip(lower=0)
+    t["wait_s"] = (queued + (f.compute_start_ns - np.fmax(f.compute_recv_ns, f.transfer_stop_ns)).clip(lower=0)) / 1e9
     on_path = ((path.end_ns - path.start_ns) / 1e9).groupby(path.key.map(dict(zip(t.key, t.prefix)))).sum()
     g = t.groupby("prefix").agg(tasks=("key", "size"), attempts=("attempts", "sum"), compute_s=("compute_s", "sum"),
                                 compute_per_task_s=("compute_s", "mean"), overhead_per_task_s=("overhead_s", "median"),
-                                result_bytes=("nbytes", "sum"))
+                                wait_per_task_s=("wait_s", "median"), result_bytes=("nbytes", "sum"))
+    g["moved_bytes"] = moved_bytes(t).reindex(g.index).fillna(0.0)
     g["critical_path_s"] = on_path.reindex(g.index).fillna(0.0)
     g["critical_path_share"] = g.critical_path_s / session_s if session_s else np.nan
     return g.sort_values("critical_path_s", ascending=False).reset_index()

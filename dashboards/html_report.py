@@ -178,16 +178,20 @@ def prefix_table(p: Page) -> str:
         return ""
     rows = "".join(f"<tr><td>{html.escape(str(r.prefix))}</td><td>{r.tasks:.0f}</td><td>{r.attempts:.0f}</td>"
                    f"<td>{r.compute_s:.2f}</td><td>{1e3 * r.compute_per_task_s:.2f}</td>"
-                   f"<td>{1e3 * r.overhead_per_task_s:.2f}</td><td>{r.result_bytes / 1e6:.1f}</td>"
+                   f"<td>{1e3 * r.overhead_per_task_s:.2f}</td><td>{1e3 * r.wait_per_task_s:.2f}</td>"
+                   f"<td>{r.result_bytes / 1e6:.1f}</td><td>{r.moved_bytes / 1e6:.1f}</td>"
                    f"<td>{100 * r.critical_path_share:.1f}%</td></tr>" for r in g.itertuples())
     head = ("<tr><th>prefix</th><th>tasks</th><th>attempts</th><th>compute, s</th><th>compute per task, ms</th>"
-            "<th>overhead per task, ms (median)</th><th>result bytes, MB</th><th>share of the session on the "
-            "critical path</th></tr>")
+            "<th>overhead per task, ms (median)</th><th>of which waiting, ms (median)</th><th>result bytes, MB</th>"
+            "<th>moved to other workers, MB</th><th>share of the session on the critical path</th></tr>")
     return (f"<section id='{anchor('Task prefixes')}'><h2>Task prefixes</h2><p class='caption'>Per key prefix (the 30 with most of the critical "
             "path): tasks (a key per job), attempts (dispatches; more than tasks when stolen or recomputed), compute "
             "seconds summed, mean compute per task, median overhead per task ((task-finished reaching the "
-            "scheduler - ready) - compute), the results' sizes, and the share of the session its segments take on "
-            f"the critical path (table prefixes).</p><table>{head}{rows}</table></section>")
+            "scheduler - ready) - compute) and the part of it spent waiting (queued on the scheduler, or on the "
+            "worker for a thread: a saturated cluster, not a slow runtime), the results' sizes and what other "
+            "workers needed of them (each result once per other worker that ran a task depending on it), and the "
+            "share of the session its segments take on the critical path (table prefixes).</p>"
+            f"<table>{head}{rows}</table></section>")
 
 
 def task_stream(p: Page):
@@ -205,14 +209,18 @@ def task_stream(p: Page):
                           "stop_ns": t.compute_stop_ns})
     x = a.dropna(subset=["transfer_start_ns", "transfer_stop_ns"])
     moves = pd.DataFrame({"worker": x.worker, "key": x.key, "start_ns": x.transfer_start_ns, "stop_ns": x.transfer_stop_ns})
-    return "Task stream", STREAM_CAPTION, _stream(spans, moves, p.summary["session_window_ns"][0])
+    return "Task stream", stream_caption(spans, moves), _stream(spans, moves, p.summary["session_window_ns"][0])
 
 
-STREAM_CAPTION = (
-    "Each task's compute span on the worker thread that ran it, coloured by key prefix, and in red, on a row per "
-    f"worker, the spans in which a worker fetched a task's inputs from other workers; in seconds since the session "
-    f"began (at most the {MAX_BARS} longest tasks and {MAX_BARS // 4} longest transfers); gaps are a thread without "
-    "work.")
+def stream_caption(spans: pd.DataFrame, moves: pd.DataFrame, since: str = "the session began") -> str:
+    shown = (f"all {len(spans)} tasks and {len(moves)} transfers are drawn, so gaps are a thread without work"
+             if len(spans) <= MAX_BARS and len(moves) <= MAX_BARS // 4 else
+             f"the longest {min(len(spans), MAX_BARS)} of {len(spans)} tasks and {min(len(moves), MAX_BARS // 4)} "
+             f"of {len(moves)} transfers are drawn (a page stays quick to draw), so a gap may hold shorter tasks")
+    median_ms = (spans.stop_ns - spans.start_ns).median() / 1e6 if len(spans) else 0.0
+    return ("Each task's compute span on the worker thread that ran it, coloured by key prefix, and in red, on a "
+            "row per worker, the spans in which a worker fetched a task's inputs from other workers; in seconds "
+            f"since {since}. The median task took {median_ms:.2f} ms (zoom in on short ones); {shown}.")
 
 
 def dask_task_stream(p: Page):
@@ -226,7 +234,7 @@ def dask_task_stream(p: Page):
     compute = ts[ts.action == "compute"]
     spans = compute.assign(row=compute.worker + " / thread " + thread_no[compute.index].astype(str))
     moves = ts[ts.action == "transfer"]
-    return ("Task stream (Dask's)", STREAM_CAPTION.replace("session began", "first task began") + " From the task "
+    return ("Task stream (Dask's)", stream_caption(spans, moves, "the first task began") + " From the task "
             "stream the scheduler keeps, on the workers' wall clocks; threads numbered per worker.",
             _stream(spans, moves, int(ts.start_ns.min()), "the first task began"))
 
@@ -273,13 +281,20 @@ def per_job(p: Page):
     jobs = p.summary.get("jobs", [])
     if len(jobs) < 2:
         return "Where each job's time went", "", None
-    cats = [c for c in COLOURS if any(j["critical_path_s"].get(c) for j in jobs)]
-    x = [f"job {j['job']} ({j['tasks']} tasks)" for j in jobs[:50]]
-    fig = go.Figure([go.Bar(name=c, x=x, y=[j["critical_path_s"].get(c, 0) for j in jobs[:50]],
-                            marker_color=COLOURS[c]) for c in cats])
+    jobs = jobs[:50]
+    total = {c: sum(j["critical_path_s"].get(c, 0) for j in jobs) for c in COLOURS}
+    cats = sorted((c for c in COLOURS if total[c] > 0), key=lambda c: -total[c])  # the largest at the bottom
+    x = [f"job {j['job']} ({j['tasks']} tasks)" for j in jobs]
+    share = [[j["critical_path_s"].get(c, 0) / (sum(j["critical_path_s"].values()) or 1) for j in jobs] for c in cats]
+    fig = go.Figure([go.Bar(name=c, x=x, y=[j["critical_path_s"].get(c, 0) for j in jobs], marker_color=COLOURS[c],
+                            text=[f"{v:.0%}" if v >= 0.05 else "" for v in sh], textposition="inside", customdata=sh,
+                            hovertemplate="%{x}: " + c + " %{y:.3f} s (%{customdata:.1%})<extra></extra>")
+                     for c, sh in zip(cats, share)])
     return ("Where each job's time went", "Each job's makespan split along its critical path by category, in "
-            "seconds (the first 50 jobs); a job is a computation the client submitted (a compute() or a batch of "
-            "futures in the cluster together).", layout(fig.update_layout(barmode="stack"), "", "seconds"))
+            "seconds, with each category's share of that job (shown from 5%); categories stacked from the largest "
+            "over all jobs at the bottom (the first 50 jobs). A job is a computation the client submitted (a "
+            "compute() or a batch of futures in the cluster together).",
+            layout(fig.update_layout(barmode="stack"), "", "seconds"))
 
 
 def findings_section(summary: dict, drawn: set[str] = frozenset()) -> str:
@@ -341,10 +356,14 @@ def overhead_cdf(p: Page):
     if not len(over):
         return "Per-task overhead", "", None
     step = max(1, len(over) // MAX_POINTS)
-    fig = go.Figure(go.Scatter(x=over[::step], y=np.arange(1, len(over) + 1)[::step] / len(over), mode="lines"))
+    # overheads span microseconds to seconds: a log axis (with what is below 1 µs at 1 µs)
+    fig = go.Figure(go.Scatter(x=np.maximum(over[::step], 1e-6), y=np.arange(1, len(over) + 1)[::step] / len(over),
+                               mode="lines"))
+    fig.update_xaxes(type="log")
     return ("Per-task overhead (CDF)",
-            "Share of tasks whose overhead is at most x seconds; overhead = (task-finished reaching the "
-            "scheduler - the task being ready) - its compute span.", layout(fig, "seconds", "share of tasks"))
+            "Share of tasks whose overhead is at most x seconds (log scale); overhead = (task-finished reaching the "
+            "scheduler - the task being ready) - its compute span. It includes waiting, queued on the scheduler or "
+            "for a worker thread (see the task prefixes' table).", layout(fig, "seconds", "share of tasks"))
 
 
 def worker_busy(p: Page):
@@ -373,7 +392,7 @@ def gil_per_thread(p: Page):
         return "GIL wait per thread", "", None
     per = waits.groupby(["process", "tid"]).ns.sum().sort_values(ascending=False).head(30) / 1e9
     names = run.table("threads").set_index(["process", "tid"]).name.to_dict() if run.has_table("threads") else {}
-    labels = [f"{p} / {names.get((p, tid)) or tid}" for p, tid in per.index]
+    labels = [f"{p} / {names.get((p, tid)) or f'thread {tid}'}" for p, tid in per.index]
     return ("GIL wait per thread",
             "Seconds each thread waited in take_gil over the whole run (eBPF; short waits included), "
             "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread", "seconds"))
@@ -381,25 +400,48 @@ def gil_per_thread(p: Page):
 
 def top_functions(p: Page):
     run = p.run
-    s, procs = run.table("samples", columns=["pid", "active", "stack_id"]), run.table("processes")
+    s, procs = run.table("samples", columns=["pid", "active", "stack_id", "source"]), run.table("processes")
     s = s[s.pid.isin(procs[procs.role == "scheduler"].pid) & s.active.astype(bool)]
     if s.empty:
         return "Top functions in each category", "", None
+    # Python stacks where the scheduler is Python (eBPF's native frames would hide them), else native ones (RSDS)
+    source = "pyspy" if (s.source == "pyspy").any() else "ebpf"
+    s = s[s.source == source]
     stacks = run.table("stacks").set_index("stack_id").frame_ids
     function = run.table("frames", columns=["frame_id", "function"]).set_index("frame_id").function
-    used = s.stack_id.unique()  # far fewer stacks than samples: the leaf is looked up once per stack
-    leaf = pd.Series([function.get(f[0], "?") if len(f) else "?" for f in stacks.reindex(used)], index=used)
+    used = s.stack_id.unique()  # far fewer stacks than samples: leaf and caller are looked up once per stack
+    frames = stacks.reindex(used)
+    leaf = pd.Series([function.get(f[0], "?") if len(f) else "?" for f in frames], index=used)
+    caller = pd.Series([function.get(f[1], "?") if len(f) > 1 else "(none)" for f in frames], index=used)
     counts = pd.DataFrame({"category": s.stack_id.map(p.category).fillna(UNCATEGORIZED),
-                           "function": s.stack_id.map(leaf)})
-    top = counts.value_counts().groupby(level=0, group_keys=False).head(10).reset_index(name="n")
-    ids = list(top.category.unique()) + [f"{c}/{f}" for c, f in zip(top.category, top.function)]
-    parents = [""] * top.category.nunique() + list(top.category)
-    values = list(top.groupby("category").n.sum()[top.category.unique()]) + list(top.n)
-    labels = list(top.category.unique()) + list(top.function)
-    fig = go.Figure(go.Icicle(ids=ids, labels=labels, parents=parents, values=values, branchvalues="total"))
+                           "function": s.stack_id.map(leaf), "caller": s.stack_id.map(caller)})
     return ("Top functions in each category (scheduler)",
-            "Scheduler CPU samples by category, then by the function on top of the stack (the 10 commonest "
-            "per category); sizes are sample counts.", fig.update_layout(height=500, margin=dict(t=10)))
+            f"The scheduler's {len(s)} on-CPU {'Python' if source == 'pyspy' else 'native (eBPF)'} samples by category, then by the function on top of the stack (the 10 "
+            "commonest per category), then by the function that called it (the 5 commonest); sizes are sample "
+            "counts, percentages of all. Click a box to zoom into it; hover for names too small to print.",
+            _icicle(counts).update_layout(height=600, margin=dict(t=10, l=10, r=10)))
+
+
+def _icicle(counts: pd.DataFrame) -> go.Figure:
+    """Root, category, function, caller: the commonest 10 functions per category and 5 callers per function."""
+    n = counts.value_counts().reset_index(name="n")
+    top = n.groupby(["category", "function"]).n.sum().groupby(level=0, group_keys=False).nlargest(10)
+    n = n.join(top.rename("f_n"), on=["category", "function"], how="inner")
+    n = n.sort_values("n", ascending=False).groupby(["category", "function"]).head(5)
+    cats = counts.category.value_counts()  # all of each category's samples: the boxes below may not fill it
+    root = f"scheduler CPU ({len(counts)} samples)"
+    ids = [root, *cats.index, *[f"{c}/{f}" for c, f in top.index], *[f"{c}/{f}/{k}" for c, f, k in
+                                                                       zip(n.category, n.function, n.caller)]]
+    labels = [root, *cats.index, *[f for _, f in top.index], *[f"← {k}" for k in n.caller]]
+    parents = ["", *[root] * len(cats), *top.index.get_level_values(0), *[f"{c}/{f}" for c, f in
+                                                                         zip(n.category, n.function)]]
+    values = [len(counts), *cats.values, *top.values, *n.n]
+    colours = {c: COLOURS.get(c, "#7f7f7f") for c in cats.index}
+    return go.Figure(go.Icicle(ids=ids, labels=labels, parents=parents, values=values, branchvalues="total",
+                               textinfo="label+percent root", marker=dict(colors=["#ffffff", *[colours[c] for c in
+                               cats.index], *[colours[c] for c in top.index.get_level_values(0)],
+                               *[colours[c] for c in n.category]]), tiling=dict(orientation="h"))
+                     ).update_layout(uniformtext=dict(minsize=10, mode="hide"))
 
 
 FIGURES = [breakdown, per_job, critical_path, task_stream, bandwidth, scheduler_cpu, overhead_cdf, worker_busy,

@@ -314,8 +314,16 @@ ANALYSIS = {
         C("compute_s", "float64", "s", "their compute spans, summed"),
         C("compute_per_task_s", "float64", "s", "compute span per task, mean"),
         C("overhead_per_task_s", "float64", "s", "overhead per finished task, median: (task-finished reaching the "
-                                                 "scheduler - ready) - compute; null if none finished"),
+                                                 "scheduler - ready) - compute; null if none finished. It includes "
+                                                 "waiting (wait_per_task_s)"),
+        C("wait_per_task_s", "float64", "s", "the part of overhead_per_task_s spent waiting, median: from ready to "
+                                             "its compute-task leaving the scheduler (queued there, with the "
+                                             "scheduler's own handling), plus from its compute-task (or its inputs, "
+                                             "when fetched) reaching the worker to its compute's start"),
         C("result_bytes", "float64", "bytes", "their results' sizes, summed (as the workers reported them)"),
+        C("moved_bytes", "float64", "bytes", "bytes of its results other workers needed: each result's size once per "
+                                             "other worker that ran a task of the same job depending on it (from "
+                                             "where tasks ran, not from the wire)"),
         C("critical_path_s", "float64", "s", "seconds of the critical path's segments that name one of its keys"),
         C("critical_path_share", "float64", "fraction", "critical_path_s over the session"),
     )),

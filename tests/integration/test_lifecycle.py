@@ -132,8 +132,13 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
     assert typo.returncode == 2 and "did you mean --workers?" in typo.stderr
     verb = daskprobe("rnu")
     assert verb.returncode != 0 and "did you mean 'run'?" in verb.stderr
-    no_dashes = daskprobe("run", "--out", str(out), "python", "flow.py")
+    no_dashes = daskprobe("run", "--out", str(out), "python", "-c", "print(1)")
     assert no_dashes.returncode == 2 and "goes after '--'" in no_dashes.stderr
+    assert "daskprobe run -- python -c 'print(1)'" in no_dashes.stderr, "the hint must run as shown"
+    # read by a pager or `head` that stopped reading: no error of ours
+    head = subprocess.run(f"{sys.executable} -m daskprobe.tracer.cli explain | true", shell=True,
+                          capture_output=True, text=True, timeout=60)
+    assert head.returncode == 0 and "Traceback" not in head.stderr, head.stderr
     started = time.monotonic()
     missing = daskprobe("run", "--out", str(out), "--", sys.executable, str(tmp_path / "nothere.py"))
     assert missing.returncode != 0 and "nothere.py: no such file" in missing.stderr

@@ -138,6 +138,9 @@ def test_nothing_to_measure_says_why():
     s.message("client", "scheduler", 0, 1, "register-client")
     s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
     assert "no update-graph" in split(s)["error"]
+    # a command that failed is not taken for one that connected elsewhere
+    failed = analyze(s.tables(), META | {"exit_code": 1}).summary["error"]
+    assert "the command failed (exit code 1" in failed and "another scheduler" not in failed
 
 
 def test_a_client_waiting_for_the_scheduler_to_answer_is_not_the_clients_own_time():

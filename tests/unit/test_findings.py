@@ -23,8 +23,23 @@ def test_recomputed_keys_name_their_prefix_and_a_single_computation_names_none()
         s.task("y-0", "worker-0", t + 17, t + 18, t + 19, t + 29, t + 30, t + 31, deps=["x-0"])
         s.told("y-0", t + 32, t + 33)
     f = found(s)["recomputed"]
-    assert "2 keys" in f["title"] and "'x'" in f["evidence"] or "'y'" in f["evidence"]
+    assert "2 keys" in f["title"] and "'x'" in f["evidence"] and "'y'" in f["evidence"]
     assert "recomputed" not in found(short_session(Scenario()))
+
+
+def test_recomputed_keys_are_named_by_the_prefix_computed_again_most_often():
+    # three cheap keys computed twice, and one dear key: the cheap ones are the more frequent cause
+    s = Scenario()
+    for t in (0, 200):
+        s.graph(t, t + 1, ["dear-0", "cheap-2"])
+        for i in range(3):
+            u = t + 2 + 6 * i
+            s.task(f"cheap-{i}", "worker-0", u, u + 1, u + 2, u + 3, u + 4, u + 5, deps=[f"cheap-{i - 1}"] * (i > 0))
+        s.task("dear-0", "worker-1", t + 2, t + 3, t + 4, t + 64, t + 65, t + 66)
+        s.told("dear-0", t + 67, t + 68)
+        s.told("cheap-2", t + 21, t + 22)
+    evidence = found(s)["recomputed"]["evidence"]
+    assert "'cheap' (3 keys, 3 extra)" in evidence and evidence.index("'cheap'") < evidence.index("'dear'")
 
 
 def test_client_time_between_computations_is_a_finding_only_when_it_is_large():
@@ -48,6 +63,11 @@ def test_a_task_waiting_for_a_busy_thread_is_worker_saturation():
     s.told("b-0", 67, 68)
     assert "worker-saturation" in found(s)
     assert "worker-saturation" not in found(short_session(Scenario()))
+    # what to change depends on whether the machine had cores to spare
+    advice = {cpus: analyze(s.tables(), META | {"cpus": cpus, "cluster": {"workers": 2, "threads": 1}})
+              .summary["findings"] for cpus in (2, 8)}
+    advice = {cpus: next(f["advice"] for f in fs if f["id"] == "worker-saturation") for cpus, fs in advice.items()}
+    assert "would not" in advice[2] and "more workers or threads shorten" in advice[8]
 
 
 def test_gil_contention_names_the_thread_that_held_the_gil():

@@ -8,9 +8,11 @@ Verbs of the experiments layer (bench) come from its registry, by name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
+import shlex
 import sys
 
 from ..registry import experiments
@@ -46,8 +48,8 @@ def _unknown(verb: argparse.ArgumentParser, extra: list[str]) -> str:
         known = [o for a in verb._actions for o in a.option_strings]
         near = difflib.get_close_matches(name, known, n=1)
         return f"unknown option {name}" + (f": did you mean {near[0]}?" if near else "")
-    return (f"unexpected {' '.join(extra)!r}: the command to profile goes after '--', as in "
-            f"'{verb.prog} -- {' '.join(extra)}'")
+    return f"unexpected {shlex.join(extra)}: the command to profile goes after '--', as in: " \
+           f"{verb.prog} -- {shlex.join(extra)}"
 
 
 def _verb_typo(argv: list[str]) -> str | None:
@@ -77,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The console script: main(), then an exit that skips the interpreter's teardown of pandas,
     pyarrow and plotly (0.35 s after a run's finalize, measured); every file is closed by then."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # read by a pager or `head` that stopped reading: not an error of ours
+        code = 0
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
     os._exit(int(code or 0))
