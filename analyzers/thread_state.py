@@ -11,6 +11,8 @@ time, so they count as on-CPU here: a bound on the error, not a guess.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -82,10 +84,35 @@ def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFra
     with_states = set(states.pid.unique())
     t["ebpf_states"] = t.pid.isin(with_states)
     t["main"] = t.pid == t.tid
-    comm = t.set_index(["pid", "tid"]).index.map(comms.set_index(["pid", "tid"]).comm.to_dict().get)
-    t["name"] = t.name.where(t.name.notna(), pd.Series(comm, index=t.index))
-    t["name"] = t.name.where(t.name.notna(), np.where(t.main, "main", "thread " + t.tid.astype(str)))
+    t["name"] = thread_names(t, comms)
     return t[["pid", "tid", "process", "name", "ident", "main", "ebpf_states", "first_ns", "last_ns"]]
+
+
+# A kernel name (comm) a thread has only because it never set one: a Python process's threads keep
+# the interpreter's ("python3.11"; CPython before 3.14 names none of its threads).
+DEFAULT_COMM = re.compile(r"python[0-9.]*")
+
+
+def thread_names(t: pd.DataFrame, comms: pd.DataFrame) -> pd.Series:
+    """Each thread's name (t: pid, tid, process, name: Python's or null), unique within its process: Python's
+    name, else the kernel's where the thread set one (not a Python process's "python3.11", nor, on a thread
+    other than the main one, its process's own name, as the proxy's threads have), else "main" or its
+    process's name and a number in tid order ("worker-0 thread 3"). Names several threads of a process share
+    (a thread pool's, a thread started again) get " #1", " #2"... in tid order."""
+    comm = dict(zip(zip(comms.pid, comms.tid), comms.comm))
+    kernel = pd.Series([comm.get((p, i)) for p, i in zip(t.pid, t.tid)], index=t.index, dtype="object")
+    own = pd.Series([comm.get((p, p)) for p in t.pid], index=t.index, dtype="object")
+    inherited = kernel.fillna("").str.fullmatch(DEFAULT_COMM.pattern) | ((t.tid != t.pid) & (kernel == own))
+    name = t.name.where(t.name.fillna("").str.strip() != "", kernel.where(~inherited))
+    name = name.where(name.notna() | (t.tid != t.pid), "main")
+    order = t.sort_values(["pid", "tid"]).index
+    unnamed = name.isna()
+    k = t.loc[order][unnamed.loc[order]].groupby("pid").cumcount() + 1
+    name[k.index] = t.process[k.index].fillna("process") + " thread " + k.astype(str)
+    shared = name.groupby([t.pid, name]).transform("size") > 1
+    n = t.loc[order][shared.loc[order]].groupby([t.pid, name]).cumcount() + 1
+    name[n.index] = name[n.index] + " #" + n.astype(str)
+    return name
 
 
 def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:

@@ -21,10 +21,12 @@ BEGIN, END, COUNTER = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_E
 
 
 class Tracks:
-    """Track descriptors, written as soon as a track is first needed."""
+    """Track descriptors, handed to the Writer as soon as a track is first needed (it serializes
+    them when the events are written, so a name may be settled later: rename, unique)."""
 
     def __init__(self, out: "Writer"):
         self.out, self.uuids, self.next = out, {}, itertools.count(1)
+        self.made: dict[int, pb.TrackDescriptor] = {}
 
     def get(self, key, name: str, parent=None, pid=None, counter=False, thread=None) -> int:
         """The uuid of the track for key. pid makes a process track; thread=(pid, tid)
@@ -40,8 +42,34 @@ class Tracks:
                 d.counter.SetInParent()
             if thread is not None:
                 d.thread.pid, d.thread.tid, d.thread.thread_name = int(thread[0]), int(thread[1]), name
+            self.made[uuid] = d
             self.out.descriptor(d)
         return self.uuids[key]
+
+    def rename(self, uuid: int, name: str) -> None:
+        """A track's name, settled after it was made (before the events are written)."""
+        d = self.made[uuid]
+        d.name = name
+        if d.HasField("process"):
+            d.process.process_name = name
+        if d.HasField("thread"):
+            d.thread.thread_name = name
+
+    def unique(self) -> None:
+        """Sibling tracks (one parent, or none) named alike would look like one in the UI, each
+        with half the events: every one but the first gets " (2)", " (3)"... (the names given are
+        meant to be unique already: this is the last guard)."""
+        taken = {(d.parent_uuid, d.name) for d in self.made.values()}
+        seen = set()
+        for d in self.made.values():
+            key = (d.parent_uuid, d.name)
+            if key in seen:
+                n = 2
+                while (d.parent_uuid, f"{d.name} ({n})") in taken:
+                    n += 1
+                self.rename(d.uuid, f"{d.name} ({n})")
+                taken.add((d.parent_uuid, d.name))
+            seen.add(key)
 
 
 class Writer:
@@ -55,9 +83,14 @@ class Writer:
         self.named = 0  # event names interned so far
 
     def descriptor(self, d: pb.TrackDescriptor) -> None:
+        """A track, in the order made (a parent before its children); serialized by events(), so
+        its name may still change (Tracks.rename)."""
+        self.chunks.append(d)
+
+    def _packet(self, d: pb.TrackDescriptor) -> bytes:
         flags = W.T.flags + W.varint(pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED) if self.first else b""
         self.first = False
-        self.chunks.append(W.sub(W.T.packet, SEQ_HEAD + flags + W.sub(W.T.descriptor, d.SerializeToString())))
+        return W.sub(W.T.packet, SEQ_HEAD + flags + W.sub(W.T.descriptor, d.SerializeToString()))
 
     def _intern(self, field: bytes, inner: list) -> None:
         """Interned entries of one field, a row each; inner starts with their iids."""
@@ -100,10 +133,11 @@ class Writer:
     def events(self, buf: np.ndarray, starts: np.ndarray, length: np.ndarray, order: np.ndarray) -> None:
         """The descriptors, then event packets (byte ranges of buf) in `order`. The interned data rides
         in the first descriptor's packet, so every event after it may use it."""
-        if self.chunks and self.new:
-            self.chunks[0] = W.sub(W.T.packet, _body(self.chunks[0]) + W.sub(W.T.interned, b"".join(self.new)))
+        chunks = [self._packet(d) for d in self.chunks]
+        if chunks and self.new:
+            chunks[0] = W.sub(W.T.packet, _body(chunks[0]) + W.sub(W.T.interned, b"".join(self.new)))
             self.new = []
-        self.f.write(b"".join(self.chunks))
+        self.f.write(b"".join(chunks))
         self.chunks.clear()
         for lo in range(0, len(order), CHUNK):
             at = order[lo:lo + CHUNK]

@@ -8,6 +8,11 @@ connection direction (each message's send joined to its receive by a flow
 arrow), scheduler dispatch slices per worker, and counters (tasks in flight
 per worker, messages per second).
 
+Sibling tracks never share a name. A thread track has the analysis' name for its thread (the threads
+table: Python's name, else one the thread set itself, else its process's and a number; unique within
+the process). A process's connection to itself names the end that sends or receives on each of its
+tracks.
+
 Each kind of event is a table (slices, counters, samples), which
 trace_packets encodes in bulk and writes in time order.
 """
@@ -38,8 +43,8 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         proc_track = {r.name: tracks.get(("proc", r.name), r.name + ("" if r.host == "local" else f" @ {r.host}"),
                                          pid=r.pid)
                       for r in procs.itertuples() if pd.notna(r.pid)}
-        samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process", "thread_name"])
-        threads = _Threads(samples, run.table("thread_names", missing_ok=True), tracks, proc_track)
+        samples = run.table("samples", columns=["t_ns", "pid", "tid", "active", "stack_id", "process"])
+        threads = _Threads(tracks, proc_track)
         flows = _task_flows(tasks, msgs)
         decoded = _named(w, [_message_slices(msgs, tracks, proc_track, flows),  # none on an analysed one's track
                              _dispatch_slices(msgs, run.table("graphs"), tracks, proc_track),
@@ -53,7 +58,11 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         ran_on = run.table("attempt_threads", missing_ok=True).set_index("attempt").tid.reindex(range(len(tasks)))
         slices = _named(w, [_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids,
                                             flows), _path_slices(run, tracks)])
-        emit(w, decoded, encode(slices, _in_flight(run, tracks, proc_track), samples.iloc[:0], {}))
+        rest = encode(slices, _in_flight(run, tracks, proc_track), samples.iloc[:0], {})
+        comms = run.table("thread_names", missing_ok=True)
+        threads.name(thread_track_names(_threads_table(run, comms), threads.made))
+        tracks.unique()
+        emit(w, decoded, rest)
 
 
 def _named(w: Writer, slices: list[pd.DataFrame]) -> pd.DataFrame:
@@ -124,9 +133,9 @@ def _message_slices(msgs, tracks, proc_track, task_flows: _TaskFlows) -> pd.Data
     names = _batch_names(msgs).reindex(m.index)
     keys = ops.n_keys.sum()
     ends = ["conn", "direction", "src", "dst"]
-    send = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("send", c, d), f"send → {dst} (conn {c})",
+    send = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("send", c, d), _conn_track_name("send", c, d, src, dst),
                                                                parent=proc_track.get(src)))
-    recv = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("recv", c, d), f"recv ← {src} (conn {c})",
+    recv = _per_key(m, ends, lambda c, d, src, dst: tracks.get(("recv", c, d), _conn_track_name("recv", c, d, src, dst),
                                                                parent=proc_track.get(dst)))
     flow = m.index.to_numpy() + 1
     args = {"bytes": m.msg_bytes.astype("int64"), "ops": m.batch_size.astype("int64"), "keys": keys.astype("int64")}
@@ -136,6 +145,21 @@ def _message_slices(msgs, tracks, proc_track, task_flows: _TaskFlows) -> pd.Data
         _slices(recv, m.t_last_ns, m.t_last_ns, names.to_numpy(), flow_in=flow,
                 flow_out=_at(task_flows.starts, m.index), args=args),
     ], ignore_index=True)
+
+
+def _conn_track_name(kind: str, conn, direction, src, dst) -> str:
+    """"send → worker-1 (conn 15)" under the sender, "recv ← worker-0 (conn 15)" under the receiver.
+    A process's connection to itself (a worker fetching from itself through the proxy) puts both
+    directions' send tracks, and both receive tracks, under that one process: they are told apart by
+    the end that sends (receives), the one that connected (direction 0, peer -> upstream, carries its
+    requests) or the one that listened (direction 1, its replies)."""
+    if kind == "send":
+        name = f"send → {dst} (conn {conn}"
+        end = "from its connecting end" if direction == 0 else "from its listening end"
+    else:
+        name = f"recv ← {src} (conn {conn}"
+        end = "at its listening end" if direction == 0 else "at its connecting end"
+    return name + (f", {end})" if src == dst else ")")
 
 
 def _path_slices(run: RunDir, tracks) -> pd.DataFrame:
@@ -211,25 +235,49 @@ def _proc_counters(proc, tracks, proc_track) -> pd.DataFrame:
 
 
 class _Threads:
-    """Thread tracks (named by the Python sampler where it saw the thread, else by the kernel), made on first use,
-    with child tracks for the thread's GIL waits and off-CPU time."""
+    """Thread tracks, made on first use, with child tracks for the thread's GIL waits and off-CPU time;
+    named once every one is made (name(): by thread_track_names, which needs the analysis' threads)."""
 
-    def __init__(self, samples: pd.DataFrame, comms: pd.DataFrame, tracks: Tracks, proc_track: dict):
+    def __init__(self, tracks: Tracks, proc_track: dict):
         self.tracks, self.proc_track = tracks, proc_track
-        named = samples.dropna(subset=["thread_name"])
-        named = named[named.thread_name != ""].drop_duplicates(["pid", "tid"], keep="last")
-        self.names = dict(zip(zip(comms.pid, comms.tid), comms.comm)) | dict(zip(zip(named.pid, named.tid),
-                                                                                named.thread_name))
+        self.made: dict[tuple[int, int], str] = {}  # (pid, tid) -> its process, of each thread track
 
     def track(self, process: str, pid: int, tid: int) -> int | None:
         if process not in self.proc_track:
             return None
-        name = self.names.get((pid, tid)) or f"thread {tid}"
-        return self.tracks.get(("thread", pid, tid), name, parent=self.proc_track[process], thread=(pid, tid))
+        self.made.setdefault((int(pid), int(tid)), process)
+        return self.tracks.get(("thread", pid, tid), f"thread {tid}", parent=self.proc_track[process],
+                               thread=(pid, tid))
 
     def child(self, kind: str, process: str, pid: int, tid: int) -> int | None:
         parent = self.track(process, pid, tid)
         return None if parent is None else self.tracks.get((kind, pid, tid), kind, parent=parent)
+
+    def name(self, names: dict) -> None:
+        for (pid, tid) in self.made:
+            self.tracks.rename(self.tracks.uuids[("thread", pid, tid)], names[(pid, tid)])
+
+
+def _threads_table(run: RunDir, comms: pd.DataFrame) -> pd.DataFrame:
+    """The analysis' threads table (pid, tid, name: Python's, else the kernel's), written while the
+    trace's first part was built; where the analysis wrote none, the same table worked out here."""
+    if run.has_table("threads"):
+        return run.table("threads", columns=["pid", "tid", "name"])
+    from ..analyzers.thread_state import threads_table
+    samples = run.table("samples", columns=["t_ns", "pid", "tid", "thread_name", "source", "process"])
+    gil, off = run.table("gil_waits"), run.table("offcpu")
+    off = off.rename(columns={"out_ns": "start_ns", "in_ns": "end_ns"})
+    seen = pd.concat([d[["pid", "tid", "start_ns", "end_ns"]] for d in (gil, off)],  # which threads: no states needed
+                     ignore_index=True)
+    return threads_table(samples, seen, comms)
+
+
+def thread_track_names(threads: pd.DataFrame, made: dict) -> dict:
+    """(pid, tid) -> the name of its track, for each thread of made ((pid, tid) -> its process): the
+    analysis' name (threads.name: unique within a process, see thread_state.thread_names), else its
+    process's and its tid."""
+    given = dict(zip(zip(threads.pid.astype("int64"), threads.tid.astype("int64")), threads.name))
+    return {key: given.get(key) or f"{process} thread {key[1]}" for key, process in made.items()}
 
 
 def _cpu_samples(run: RunDir, s: pd.DataFrame, threads: _Threads) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:

@@ -1,6 +1,7 @@
 """trace.pftrace parsed with Perfetto's own protos, checked for what the UI relies on."""
 
 import json
+import re
 from collections import Counter
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -54,3 +55,50 @@ def test_validator_catches_broken_traces(pinned_run):
     except AssertionError:
         return
     raise AssertionError("a trace missing a slice end passed the checks")
+
+
+def track_name_problems(packets: list, py_names: dict, comms: dict) -> list[str]:
+    """What makes the trace's track names hard to read: two sibling tracks (same parent, or both at the
+    top) named alike, a thread track without a name, or named only by its tid ("thread 1234") or by
+    its interpreter's default ("python3.11") while the thread has a Python or kernel name.
+    py_names and comms: (pid, tid) -> the thread's Python name (the sampler's) and kernel name."""
+    tracks = [p.track_descriptor for p in packets if p.HasField("track_descriptor")]
+    name = {d.uuid: (d.thread.thread_name or d.name) if d.HasField("thread") else
+            (d.process.process_name or d.name) if d.HasField("process") else d.name for d in tracks}
+    problems = [f"{n} sibling tracks named {k[1]!r} (parent {k[0]})"
+                for k, n in Counter((d.parent_uuid, name[d.uuid]) for d in tracks).items() if n > 1]
+    for d in tracks:
+        if not d.HasField("thread"):
+            continue
+        thread, got = (d.thread.pid, d.thread.tid), name[d.uuid]
+        if not got.strip():
+            problems.append(f"thread track {thread} has no name")
+        elif re.fullmatch(r"thread \d+", got):
+            problems.append(f"thread track {thread} named only by its tid ({got!r}; Python name "
+                            f"{py_names.get(thread)!r}, kernel name {comms.get(thread)!r})")
+        elif GENERIC_COMM.fullmatch(got):
+            problems.append(f"thread track {thread} named by its interpreter's default, {got!r}")
+    return problems
+
+
+GENERIC_COMM = re.compile(r"python[0-9.]*")
+
+
+def _known_names(run) -> tuple[dict, dict]:
+    s = run.table("samples", columns=["pid", "tid", "thread_name"]).dropna(subset=["thread_name"])
+    s = s[s.thread_name != ""].drop_duplicates(["pid", "tid"], keep="last")
+    comms = run.table("thread_names", missing_ok=True)
+    return (dict(zip(zip(s.pid, s.tid), s.thread_name)), dict(zip(zip(comms.pid, comms.tid), comms.comm)))
+
+
+def test_track_names_are_unique_and_name_every_thread(pinned_run):
+    run, _, _ = pinned_run
+    packets = load(run.trace)
+    py_names, comms = _known_names(run)
+    assert py_names and comms  # the samples name Python threads; the kernel names every thread it listed
+    assert track_name_problems(packets, py_names, comms) == []
+    threads = [p.track_descriptor for p in packets if p.track_descriptor.HasField("thread")]
+    # a Python thread is named by Python (each worker's MainThread at least)
+    workers = run.table("processes").query("role == 'worker'").pid.astype(int)
+    for pid in workers:
+        assert any(d.thread.pid == pid and d.thread.thread_name.startswith("MainThread") for d in threads), pid
