@@ -22,7 +22,8 @@ POINT = ["graph", "workers", "scheduler", "worker", "server"]
 
 def medians(results: pd.DataFrame) -> pd.DataFrame:
     ok = results[results.status == "ok"].astype({"makespan_s": float, "aot_s": float, "tasks": float})
-    return ok.groupby(POINT, as_index=False).agg(makespan_s=("makespan_s", "median"),
+    return ok.groupby(POINT, as_index=False).agg(makespan_s=("makespan_s", "median"), makespan_lo=("makespan_s", "min"),
+                                                 makespan_hi=("makespan_s", "max"),
                                                  aot_s=("aot_s", "median"), aot_lo=("aot_s", "min"),
                                                  aot_hi=("aot_s", "max"), tasks=("tasks", "median"),
                                                  runs=("makespan_s", "size"))
@@ -36,14 +37,14 @@ def random_vs_ws(med: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, by: list[str]) -> go.Figure | None:
-    """One line per group; AOT lines carry the spread over repeats (min to max) as error bars."""
+    """One line per group, carrying the spread over repeats (columns y_lo to y_hi: min to max) as error bars."""
     if df.empty:
         return None
     fig = go.Figure()
     for key, g in df.sort_values(x).groupby(by):
         label = " ".join(map(str, key if isinstance(key, tuple) else (key,)))
-        spread = dict(type="data", symmetric=False, array=g.aot_hi - g[y], arrayminus=g[y] - g.aot_lo) \
-            if y == "aot_s" else None
+        lo, hi = y.removesuffix("_s") + "_lo", y.removesuffix("_s") + "_hi"
+        spread = dict(type="data", symmetric=False, array=g[hi] - g[y], arrayminus=g[y] - g[lo])
         fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=label, error_y=spread))
     if x == "workers":  # whole workers only, at the counts that ran
         fig.update_xaxes(tickmode="array", tickvals=sorted(df.workers.unique()))
@@ -74,7 +75,10 @@ def strong_scaling(med: pd.DataFrame) -> go.Figure | None:
         return None
     base = normal.loc[normal.groupby(["graph", "scheduler", "server"]).workers.idxmin()]
     base = base.set_index(["graph", "scheduler", "server"]).makespan_s.rename("base_s")
-    normal = normal.join(base, on=["graph", "scheduler", "server"]).assign(speedup=lambda d: d.base_s / d.makespan_s)
+    normal = normal.join(base, on=["graph", "scheduler", "server"])
+    # the spread of a speedup: the baseline's median over the slowest repeat, and over the fastest
+    normal = normal.assign(speedup=normal.base_s / normal.makespan_s, speedup_lo=normal.base_s / normal.makespan_hi,
+                           speedup_hi=normal.base_s / normal.makespan_lo)
     fig = _lines(normal, "workers", "speedup", ["graph", "scheduler"])
     w = sorted(normal.workers.unique())
     return fig.add_trace(go.Scatter(x=w, y=[v / w[0] for v in w], mode="lines", name="ideal (linear)",
@@ -104,7 +108,8 @@ def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
          (f := aot_vs_workers(med)) and layout(f, "workers", "AOT (s / task)"),
          "zero-worker runs: --worker zero"),
         ("Strong scaling", "Speedup against the fewest workers run: median makespan there / median "
-         "makespan, per graph and scheduler, normal worker only (dimensionless); dotted: linear speedup.",
+         "makespan, per graph and scheduler, normal worker only (dimensionless); bars: the spread over repeats, "
+         "min to max (that median / the slowest repeat, to / the fastest); dotted: linear speedup.",
          (f := strong_scaling(med)) and layout(f, "workers", "speedup"),
          "normal-worker runs at two or more worker counts: --workers 1,2,4"),
     ]
@@ -112,7 +117,8 @@ def write_bench_report(results: pd.DataFrame, out: Path) -> pd.DataFrame:
                   f"<th>workers</th><th>worker</th><th>server</th><th>geometric mean speedup</th><th>graphs</th></tr>"
                   f"{rows}</table></section>")
     # a figure without data is left out; one line at the end says which sweep would draw it
-    sections = [section(t, c, f) for t, c, f, _ in figures[:1] if f is not None] + [table_html]
+    sections = [section(t, c, f) for t, c, f, _ in figures[:1] if f is not None]
+    sections += [table_html] if len(table) else []  # no random runs: no table, the line at the end says why
     sections += [section(t, c, f) for t, c, f, _ in figures[1:] if f is not None]
     missing = [f"{t} (needs {n})" for t, _, f, n in figures if f is None]
     if missing:

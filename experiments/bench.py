@@ -1,5 +1,5 @@
 """`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server,
-one `daskprobe run` per point, into one results table.
+--repeat `daskprobe run`s per point (default 3), into one results table.
 
     DIR/<graph>-w<W>-<scheduler>-<worker>-<server>-r<R>/   the run directory of each run
     DIR/results.csv, DIR/results.parquet                 one row per run, rewritten after each

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..tracer.commands import options
 from . import registry
 
-HELP = "sweep graphs x workers x scheduler x worker mode, one run each, into results.csv/.parquet and bench.html"
+HELP = ("sweep graphs x workers x scheduler x worker mode, --repeat runs of each (default 3), into "
+        "results.csv/.parquet and bench.html")
 EXAMPLES = """examples:
   daskprobe bench --graphs merge-10K,tree-15 --workers 1,2,4,8 --scheduler ws,random --worker normal,zero --repeat 3
   daskprobe bench --graphs merge-1K,merge-5K,merge-20K --workers 2 --worker zero --probes none --out runs/aot
