@@ -56,6 +56,7 @@ def test_wire_delay_goes_to_network_and_an_unperturbed_loopback_has_none(tmp_pat
     assert more > 1.0, "2 rounds x 40 hops x 2 messages x 10 ms"
     # at most twice: a hop whose input is on the other worker fetches it, two more messages
     holds(net, 0.85, more, 2 * 40 * 2 * 0.010, pert, most=2.2)
+    assert "network" in finding_ids(pert) and "network" not in finding_ids(base), (pert["findings"], base["findings"])
 
 
 def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
