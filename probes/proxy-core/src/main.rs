@@ -141,7 +141,7 @@ fn pump(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<V
 fn pump_delayed(conn: u32, dir: u8, mut src: TcpStream, mut dst: TcpStream, tx: Sender<Vec<u8>>, delay: Duration,
                 open: Open) {
     let (held_tx, held_rx) = sync_channel::<(u64, Vec<u8>)>(DELAY_QUEUE);
-    let reader = thread::spawn(move || {
+    let reader = thread::Builder::new().name(format!("c{conn}-delay")).spawn(move || {
         let mut buf = vec![0u8; READ_BUF];
         while let Some(n) = read_some(&mut src, &mut buf) {
             if held_tx.send((now_ns(), buf[..n].to_vec())).is_err() {
@@ -227,6 +227,16 @@ fn start(route: &Route, down: TcpStream, shared: &Shared) -> Result<(), (&'stati
     Ok(())
 }
 
+/// The thread's kernel name (at most 15 bytes), which the run's thread table and trace show: a pump's
+/// connection is known only once it runs.
+fn name_this_thread(name: &str) {
+    let mut bytes = [0u8; 16];
+    let n = name.len().min(15);
+    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `bytes` is.
+    unsafe { libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
 /// A pump thread that starts when sent its connection's id, so that both
 /// directions' threads exist before the connection is recorded; dropping the
 /// sender instead ends it and closes its sockets.
@@ -235,6 +245,7 @@ fn spawn_pump(dir: u8, src: TcpStream, dst: TcpStream, shared: &Shared) -> io::R
     let (tx, delay, open) = (shared.tx.clone(), shared.delay, shared.open.clone());
     thread::Builder::new().spawn(move || {
         if let Ok(conn) = wait.recv() {
+            name_this_thread(&format!("c{conn}-to-{}", ["srv", "cli"][dir as usize]));
             pump(conn, dir, src, dst, tx, delay, open);
         }
     })?;
@@ -253,7 +264,8 @@ fn main() {
     let (tx, rx) = channel();
     let stopping = Arc::new(AtomicBool::new(false));
     let stop_flag = stopping.clone();
-    let writer_thread = thread::spawn(move || out.run(rx, &stop_flag));
+    let writer_thread = thread::Builder::new().name("capture".into()).spawn(move || out.run(rx, &stop_flag))
+        .expect("cannot start the capture thread");
     let open: Open = Arc::default();
     let shared = Arc::new(Shared { ids: AtomicU32::new(1), tx: tx.clone(), delay, failures: Failures::default(),
                                    open: open.clone() });
@@ -263,7 +275,7 @@ fn main() {
             std::process::exit(1);
         });
         let shared = shared.clone();
-        thread::spawn(move || serve(route, listener, shared));
+        let _ = thread::Builder::new().name(format!("accept {}", route.label)).spawn(move || serve(route, listener, shared));
     }
     drop(shared);
     println!("ready");

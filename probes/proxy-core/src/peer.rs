@@ -114,7 +114,7 @@ fn pid_of(peer: &SocketAddr, ours: &SocketAddr) -> Option<i32> {
 /// process's fds, and the forwarding or packet loop must not wait for it. Without a
 /// thread for it the pid stays unknown (-1), as when it is not found.
 pub fn record_pid_of(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
-    let _ = thread::Builder::new().spawn(move || {
+    let _ = thread::Builder::new().name(format!("c{conn}-peer-pid")).spawn(move || {
         let _ = tx.send(record::peer(conn, pid_of(&peer, &ours).unwrap_or(-1)));
     });
 }
