@@ -141,10 +141,20 @@ def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen |
     return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
 
 
-def _client_python(command: list[str]) -> str | None:
-    """The command's interpreter, if it is a Python."""
+def _client_python(command: list[str], depth: int = 0) -> str | None:
+    """The command's interpreter, if it is a Python: the command itself, or the one a script's
+    shebang names (`#!/usr/bin/env python3` or a path)."""
     exe = shutil.which(command[0])
-    return exe if exe and re.fullmatch(r"python[\d.]*", Path(exe).name) else None
+    if exe and re.fullmatch(r"python[\d.]*", Path(exe).name):
+        return exe
+    try:
+        with open(exe or command[0], "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    words = words[1:] if words[:1] and Path(words[0]).name == "env" else words
+    return _client_python(words[:1], depth + 1) if words and depth < 2 else None
 
 
 def _check_client_python(command: list[str], mine: dict, cluster: dict) -> None:
