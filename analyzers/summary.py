@@ -31,6 +31,9 @@ DEFINITIONS = {
                    "stream says: tasks (distinct keys computed), span_s (seconds from the first compute span's start "
                    "to the last's end, on the workers' wall clocks), compute_s (seconds of compute spans, summed), "
                    "compute_s_by_worker and compute_s_by_prefix (the 10 largest), in seconds",
+    "command_s": "seconds from the command's start to its process's exit (wall time, on run's clock; not for an "
+                 "attach), with its interpreter's start and imports: what a run without probes (--probes none) "
+                 "still measures",
     "session_s": "seconds from the client's first byte to its last at the proxy (widened to hold every job): the "
                  "span the critical-path split covers",
     "makespan_s": "seconds from the first byte of the client's first update-graph at the proxy to the end of its "
@@ -97,7 +100,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     """side(): the SAMPLED tables, if computed (and written) elsewhere; else they are computed here,
     by sampled(), and are among the tables returned."""
     base = {"schema": SCHEMA, "definitions": DEFINITIONS | {
-        f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}}
+        f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}} | command_seconds(meta)
     graphs, jobs = graph_jobs(t["graphs"], t["messages"])
     window = session(t["messages"], jobs)
     if jobs.empty or t["attempts"].empty or window is None:
@@ -139,6 +142,11 @@ def task_stream_numbers(ts: pd.DataFrame) -> dict:
         "compute_s": float(compute.s.sum()),
         "compute_s_by_worker": compute.groupby("worker").s.sum().round(3).to_dict(),
         "compute_s_by_prefix": compute.groupby("prefix").s.sum().nlargest(10).round(3).to_dict()}}
+
+
+def command_seconds(meta: dict) -> dict:
+    start, end = meta.get("command_started_ns"), meta.get("command_ended_ns")
+    return {"command_s": (end - start) / 1e9} if start and end else {}
 
 
 def _nothing(t: dict, meta: dict) -> str:

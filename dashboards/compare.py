@@ -28,7 +28,7 @@ def run_row(run: RunDir) -> dict:
     meta, summary = run.meta(), json.loads((run / "summary.json").read_text())
     cluster, config = meta.get("cluster", {}), meta.get("config", {})
     traced = summary.get("makespan_s") is not None  # no messages captured: no makespan, no split
-    clock = {} if traced else workload_clock(run)
+    clock = {} if traced else (workload_clock(run) or _command_clock(summary))
     tasks = summary.get("tasks") or np.nan
     sched_cpu = summary.get("cpu_by_category_s", {}).get("scheduler", {})
     command = meta.get("command", [])
@@ -37,7 +37,7 @@ def run_row(run: RunDir) -> dict:
            "server": cluster.get("server_cmd") or "dask",
            "scheduler": cluster.get("scheduler") or _policy(config), "worker-mode": cluster.get("worker", "normal"),
            "probes": ",".join(meta.get("probes") or []) or "none",
-           "makespan_from": "trace" if traced else ("workload" if clock else None),
+           "makespan_from": "trace" if traced else (clock.get("from", "workload") if clock else None),
            "makespan_s": summary.get("makespan_s", clock.get("makespan_s")),
            "tasks": summary.get("tasks", clock.get("tasks")), "aot_s": summary.get("aot_s", clock.get("aot_s")),
            "scheduler_cpu_per_task_s": summary.get("scheduler_cpu_per_task_s")}
@@ -66,6 +66,11 @@ def workload_clock(run: RunDir) -> dict:
         except (ValueError, KeyError, TypeError, ZeroDivisionError):
             continue
     return {}
+
+
+def _command_clock(summary: dict) -> dict:
+    """An untraced run outside bench: the command's wall time (summary's command_s), imports and all."""
+    return {"makespan_s": summary["command_s"], "from": "command"} if summary.get("command_s") else {}
 
 
 def workload_name(command: list) -> str:
@@ -184,6 +189,11 @@ def _untraced(df: pd.DataFrame) -> list[str]:
     elif untraced.any():
         out.append(f"{int(untraced.sum())} of {len(df)} runs are untraced (--probes none): the session split, "
                    "scheduler CPU and task prefixes are compared over the traced runs only")
+    if (df.makespan_from == "command").any():
+        n = int((df.makespan_from == "command").sum())
+        out.append(f"{n} untraced run(s) outside bench: their makespan is the command's wall time (summary.json "
+                   "command_s: interpreter start and imports included), longer than a traced run's makespan "
+                   "(first update-graph to last result) of the same work")
     if missing.any():
         names = df[missing].run.str.rsplit("/", n=1).str[-1]
         out.append(f"no makespan for {int(missing.sum())} run(s): untraced, and not from daskprobe bench, so "
@@ -321,13 +331,19 @@ def makespans(df: pd.DataFrame, by: str) -> pd.DataFrame:
         hi=("makespan_s", "max"), tasks=("tasks", "median"), aot_s=("aot_s", "median")).reset_index()
 
 
+def _num(v, fmt: str) -> str:
+    """A number as `fmt`, or - where it is unknown (a command's wall time has no task count)."""
+    return "-" if v is None or pd.isna(v) else format(v, fmt)
+
+
 def _makespan_table(df: pd.DataFrame, by: str) -> str:
     m = makespans(df, by)
     if m.empty:
         return ""
     rows = "".join(f"<tr><td>{html.escape(str(r['workload']))}</td><td>{html.escape(str(r[by]))}</td>"
                    f"<td>{r['runs']}</td><td>{r['makespan_s']:.3f}</td><td>{r['lo']:.3f} to {r['hi']:.3f}</td>"
-                   f"<td>{r['tasks']:.0f}</td><td>{r['aot_s'] * 1e3:.3f}</td></tr>" for r in m.to_dict("records"))
+                   f"<td>{_num(r['tasks'], '.0f')}</td><td>{_num(r['aot_s'] * 1e3, '.3f')}</td></tr>"
+                   for r in m.to_dict("records"))
     return (f"<section><h2>Makespan per command</h2><p class='caption'>Per command and {html.escape(by)}: the median "
             "makespan over its runs and their spread (fastest to slowest), the median task count and AOT "
             f"(makespan / tasks).</p><table><tr><th>command</th><th>{html.escape(by)}</th><th>runs</th><th>median "

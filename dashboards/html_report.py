@@ -100,11 +100,13 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
 
 
 def page_html(title: str, subtitle: str, sections: list[str]) -> str:
-    """A self-contained page: plotly.js inline, so it opens offline."""
+    """A self-contained page: plotly.js inline (4.8 MB, only where a figure needs it), so it opens offline."""
+    body = "".join(sections)
+    script = f"<script>{get_plotlyjs()}</script>" if "plotly-graph-div" in body else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}: {html.escape(subtitle)}"
-            f"</title><script>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
+            f"</title>{script}<style>{CSS}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><p class='run'>{html.escape(subtitle)}</p>"
-            f"{''.join(sections)}{READY_SCRIPT}</body></html>")
+            f"{body}{READY_SCRIPT}</body></html>")
 
 
 CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}.headline{font-size:120%}"
@@ -127,7 +129,7 @@ def section(title: str, caption: str, figure: go.Figure | None, empty: str = "no
 # The figure (or table) that shows each finding's evidence, by its title; the first one drawn is linked.
 EVIDENCE = {"recomputed": ["Task prefixes"], "worker-saturation": ["Task stream", "Per-worker tasks in flight (busy vs idle)"],
             "client": ["The critical path on a timeline"], "cpu-starvation": ["Where each job's time went"],
-            "gil-contention": ["GIL wait per thread"], "scheduler-decisions": ["Top functions in each category (scheduler)",
+            "gil-contention": ["GIL wait per thread"], "scheduler-decisions": ["Scheduler CPU by category and call path",
                                                                                 "Scheduler CPU over time, by category"],
             "task-overhead": ["Per-task overhead (CDF)", "Task prefixes"],
             "graph-materialization": ["The critical path on a timeline"],
@@ -400,48 +402,62 @@ def gil_per_thread(p: Page):
 
 def top_functions(p: Page):
     run = p.run
-    s, procs = run.table("samples", columns=["pid", "active", "stack_id", "source"]), run.table("processes")
-    s = s[s.pid.isin(procs[procs.role == "scheduler"].pid) & s.active.astype(bool)]
+    s = run.table("cpu_samples", columns=["role", "source", "stack_id", "on_cpu", "category"])
+    s = s[(s.role == "scheduler") & s.on_cpu.fillna(False).astype(bool)]
     if s.empty:
-        return "Top functions in each category", "", None
+        return "Scheduler CPU by category and call path", "", None
     # Python stacks where the scheduler is Python (eBPF's native frames would hide them), else native ones (RSDS)
     source = "pyspy" if (s.source == "pyspy").any() else "ebpf"
     s = s[s.source == source]
     stacks = run.table("stacks").set_index("stack_id").frame_ids
     function = run.table("frames", columns=["frame_id", "function"]).set_index("frame_id").function
-    used = s.stack_id.unique()  # far fewer stacks than samples: leaf and caller are looked up once per stack
-    frames = stacks.reindex(used)
-    leaf = pd.Series([function.get(f[0], "?") if len(f) else "?" for f in frames], index=used)
-    caller = pd.Series([function.get(f[1], "?") if len(f) > 1 else "(none)" for f in frames], index=used)
-    counts = pd.DataFrame({"category": s.stack_id.map(p.category).fillna(UNCATEGORIZED),
-                           "function": s.stack_id.map(leaf), "caller": s.stack_id.map(caller)})
-    return ("Top functions in each category (scheduler)",
-            f"The scheduler's {len(s)} on-CPU {'Python' if source == 'pyspy' else 'native (eBPF)'} samples by category, then by the function on top of the stack (the 10 "
-            "commonest per category), then by the function that called it (the 5 commonest); sizes are sample "
-            "counts, percentages of all. Click a box to zoom into it; hover for names too small to print.",
-            _icicle(counts).update_layout(height=600, margin=dict(t=10, l=10, r=10)))
+    n = s.groupby([s.category.fillna(UNCATEGORIZED), "stack_id"]).size()
+    paths = {sid: [function.get(f, "?") for f in reversed(list(fr))] for sid, fr in stacks.reindex(
+        n.index.get_level_values(1).unique()).items()}  # outermost first
+    return ("Scheduler CPU by category and call path",
+            f"The scheduler's {len(s)} {'Python' if source == 'pyspy' else 'native (eBPF)'} samples taken on a CPU "
+            "(per eBPF's thread states where the run has them, else the sampler's), by category (as in "
+            "cpu_by_category_s), then by call path from the outermost function in: a box's width is its share of "
+            f"the samples; paths under {MIN_PATH_SHARE:.1%} are left out, and a chain that every sample below it "
+            "shares is one box (first … last function). Click a box to zoom into it; hover for names too small "
+            "to print.", _flame(n, paths).update_layout(height=650, margin=dict(t=10, l=10, r=10)))
 
 
-def _icicle(counts: pd.DataFrame) -> go.Figure:
-    """Root, category, function, caller: the commonest 10 functions per category and 5 callers per function."""
-    n = counts.value_counts().reset_index(name="n")
-    top = n.groupby(["category", "function"]).n.sum().groupby(level=0, group_keys=False).nlargest(10)
-    n = n.join(top.rename("f_n"), on=["category", "function"], how="inner")
-    n = n.sort_values("n", ascending=False).groupby(["category", "function"]).head(5)
-    cats = counts.category.value_counts()  # all of each category's samples: the boxes below may not fill it
-    root = f"scheduler CPU ({len(counts)} samples)"
-    ids = [root, *cats.index, *[f"{c}/{f}" for c, f in top.index], *[f"{c}/{f}/{k}" for c, f, k in
-                                                                       zip(n.category, n.function, n.caller)]]
-    labels = [root, *cats.index, *[f for _, f in top.index], *[f"← {k}" for k in n.caller]]
-    parents = ["", *[root] * len(cats), *top.index.get_level_values(0), *[f"{c}/{f}" for c, f in
-                                                                         zip(n.category, n.function)]]
-    values = [len(counts), *cats.values, *top.values, *n.n]
-    colours = {c: COLOURS.get(c, "#7f7f7f") for c in cats.index}
+MIN_PATH_SHARE = 0.005
+
+
+def _flame(counts: pd.Series, paths: dict) -> go.Figure:
+    """An icicle of (category, stack id) sample counts: root, category, then each stack's functions
+    outermost first; nodes under MIN_PATH_SHARE left out, and single-child chains of equal count merged."""
+    total = int(counts.sum())
+    value: dict[tuple, int] = {}
+    for (cat, sid), k in counts.items():
+        path = (cat, *paths.get(sid, []))
+        for depth in range(1, len(path) + 1):
+            value[path[:depth]] = value.get(path[:depth], 0) + int(k)
+    keep = {p: v for p, v in value.items() if v >= MIN_PATH_SHARE * total}
+    children: dict[tuple, list] = {}
+    for p in keep:
+        children.setdefault(p[:-1], []).append(p)
+    root = f"scheduler CPU ({total} samples)"
+    ids, labels, parents, values = [root], [root], [""], [total]
+
+    def add(node: tuple, parent: str) -> None:
+        first, last = node, node
+        while len(children.get(last, [])) == 1 and keep[children[last][0]] == keep[last]:
+            last = children[last][0]  # every sample below goes this way: one box
+        label = first[-1] if last == first else f"{first[-1]} … {last[-1]}"
+        me = "\x1f".join(last)
+        ids.append(me), labels.append(label), parents.append(parent), values.append(keep[last])
+        for child in sorted(children.get(last, []), key=lambda c: -keep[c]):
+            add(child, me)
+
+    for cat in sorted(children.get((), []), key=lambda c: -keep[c]):
+        add(cat, root)
+    colour = [COLOURS.get(i.split("\x1f")[0], "#7f7f7f") if i != root else "#ffffff" for i in ids]
     return go.Figure(go.Icicle(ids=ids, labels=labels, parents=parents, values=values, branchvalues="total",
-                               textinfo="label+percent root", marker=dict(colors=["#ffffff", *[colours[c] for c in
-                               cats.index], *[colours[c] for c in top.index.get_level_values(0)],
-                               *[colours[c] for c in n.category]]), tiling=dict(orientation="h"))
-                     ).update_layout(uniformtext=dict(minsize=10, mode="hide"))
+                               maxdepth=7, textinfo="label+percent root", marker=dict(colors=colour),
+                               tiling=dict(orientation="v"))).update_layout(uniformtext=dict(minsize=10, mode="hide"))
 
 
 FIGURES = [breakdown, per_job, critical_path, task_stream, bandwidth, scheduler_cpu, overhead_cdf, worker_busy,

@@ -13,6 +13,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     if "error" in summary:
         console.print(f"[yellow]daskprobe: {summary['error']}[/]")
+        if "command_s" in summary:
+            console.print(f"the command took {summary['command_s']:.2f} s (wall time, its start to its exit)")
         if ts := summary.get("task_stream"):
             console.print(f"Dask's task stream: {ts['tasks']} tasks over {ts['span_s']:.2f} s, {ts['compute_s']:.2f} s "
                           "of compute (" + ", ".join(f"{w} {v:.2f} s" for w, v in ts["compute_s_by_worker"].items())

@@ -53,10 +53,13 @@ def _stage(run: RunDir, name: str, fn, spinner: bool = True) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
-def analysis(run: RunDir, rules=()) -> None:
-    """The analysis stage: the decoded tables in, its tables and summary.json out. What the
+def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
+    """The analysis stage: the decoded tables in, its tables and summary.json out, the summary printed
+    (on stderr while a run finalizes, beside the command's output; on stdout for `report`). What the
     samples say is worked out in a child beside the messages' side, and read back from its tables."""
     from ..analyzers.summary import INPUTS, SAMPLED, analyze, sampled
+    from rich.console import Console
+
     from ..dashboards.terminal import print_summary
     tables, meta = {name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta()
 
@@ -74,7 +77,7 @@ def analysis(run: RunDir, rules=()) -> None:
     summary = result.summary | {"run": str(run.path)}
     run.write_file("summary.json", json.dumps(summary, indent=2, default=_json))
     with contextlib.suppress(OSError):  # a closed terminal costs the printout, not the run
-        print_summary(summary)
+        print_summary(summary, Console(stderr=not stdout))
 
 
 def _json(v):
@@ -94,7 +97,8 @@ def _html(run: RunDir) -> None:
 
 
 def report(run: RunDir, rules=(), html: bool = False) -> bool:
-    ok = _stage(run, "analysis", lambda r: analysis(r, rules)) is None
+    """`daskprobe report`: the analysis again, its summary on stdout, and report.html if asked."""
+    ok = _stage(run, "analysis", lambda r: analysis(r, rules, stdout=True)) is None
     return ok and (not html or _stage(run, "html", _html) is None)
 
 

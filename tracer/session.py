@@ -217,7 +217,9 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
         signals.check()
+        started_ns = time.monotonic_ns()
         client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+        run.update_meta(command_started_ns=started_ns)
         phases.append(("command started", time.perf_counter()))
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})
         _watch(started, [_client_row(client, command)])

@@ -7,7 +7,7 @@ import pandas as pd
 from daskprobe.analyzers.summary import INPUTS, analyze
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
-from daskprobe.tracer.build import _json, analysis
+from daskprobe.tracer.build import _json, analysis, report
 from scenario import META, Scenario, two_task_chain
 
 
@@ -36,3 +36,18 @@ def test_the_stage_split_over_two_processes_says_what_one_process_says(tmp_path)
     assert summary["critical_path_s"]["gil_contention"] > 0 and len(run.table("cpu_samples")) == 3  # the side's part
     for name in expected.tables:
         pd.testing.assert_frame_equal(run.table(name), one.table(name))
+
+
+def test_report_prints_the_summary_on_stdout_and_a_finalizing_run_on_stderr(tmp_path, capfd):
+    # `daskprobe report RUN > file` keeps the summary; `run` keeps stdout for the command's own output
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.write_file("run.json", json.dumps(META))
+    for name, df in two_task_chain(Scenario()).tables().items():
+        run.write_table(name, df.reindex(columns=TABLES[name].names))
+    assert report(run)
+    out, err = capfd.readouterr()
+    assert "where the session went" in out and "where the session went" not in err
+    analysis(run)
+    out, err = capfd.readouterr()
+    assert "where the session went" in err and "where the session went" not in out

@@ -152,3 +152,14 @@ def test_run_dirs_and_by_have_help():
     compare_verb.add_arguments(p)
     helps = {a.dest: a.help for a in p._actions}
     assert helps["run_dirs"] and helps["by"]
+
+
+def test_an_untraced_run_outside_bench_is_compared_by_the_command_s_wall_time(tmp_path):
+    runs = [make_run(tmp_path / f"w{w}", w, 0, traced=False, command=[PY, "flow.py"]) for w in (1, 2)]
+    for run, seconds in zip(runs, (6.0, 4.0)):
+        (tmp_path / run / "summary.json").write_text(json.dumps(UNTRACED | {"command_s": seconds}))
+    table, notes = cmp.compare(runs, "workers", tmp_path / "cmp")
+    df = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert list(df.makespan_s) == [6.0, 4.0] and set(df.makespan_from) == {"command"}
+    assert table.set_index("workers").geometric_mean_speedup[2] == pytest.approx(1.5)
+    assert any("command's wall time" in n for n in notes), notes

@@ -173,7 +173,7 @@ impl Reader {
         self.list_threads(&mut listed, true);
         let mut found = HashMap::new();
         for t in listed {
-            let Some(&(code, _)) = self.walk(t.tstate as usize).and_then(|_| self.s.stack.last()) else { continue };
+            let Some(&(code, _)) = self.walk(t.tstate as usize, None).and_then(|_| self.s.stack.last()) else { continue };
             let (at, len) = self.layout.code.fields();
             let mut fields = vec![0u8; len];
             if let Some(code) = self.remote.read(code as usize + at, &mut fields).then(|| self.load_code(&fields)).flatten() {
@@ -258,7 +258,7 @@ impl Reader {
         let tid = th.tid;
         if !reuse {
             // a failed read leaves no stack to reuse: the thread may have run since the last one
-            let stack = self.read_stack(t.tstate as usize, frames, out);
+            let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
             self.threads.get_mut(&t.tstate).unwrap().stack = stack;
         }
         let (frame_ids, idle_leaf) = self.threads[&t.tstate].stack.clone()?;
@@ -271,9 +271,11 @@ impl Reader {
         Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids })
     }
 
-    /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait.
-    fn read_stack(&mut self, tstate: usize, frames: &mut Frames, out: &mut impl Write) -> Option<(Rc<str>, bool)> {
-        self.walk(tstate)?;
+    /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait;
+    /// None unless the thread state still holds the thread `ident` (see walk).
+    fn read_stack(&mut self, tstate: usize, ident: u64, frames: &mut Frames, out: &mut impl Write)
+                  -> Option<(Rc<str>, bool)> {
+        self.walk(tstate, Some(ident))?;
         self.check_codes();
         let mut ids = String::new();
         let mut idle_leaf = None;
@@ -326,9 +328,17 @@ impl Reader {
     /// 3.12 it is reached through a _PyCFrame on the thread's C stack, which
     /// goes stale as soon as the thread returns from that evaluation. It is
     /// read once more when what it leads to is not a frame, or no frame.
-    fn walk(&mut self, tstate: usize) -> Option<()> {
+    /// With `ident`, a thread state that holds another thread now (the list
+    /// was not walked: a thread started where one that ended had its state,
+    /// while that one's native thread still ran) is not walked, and the list
+    /// is walked again at the next sample.
+    fn walk(&mut self, tstate: usize, ident: Option<u64>) -> Option<()> {
         for attempt in 0..2 {
-            let (first, chunk) = self.current_frame(tstate)?;
+            let (first, chunk, holds) = self.current_frame(tstate)?;
+            if ident.is_some_and(|i| i != holds) {
+                self.relist = true;
+                return None;
+            }
             self.s.stack.clear();
             if first == Some(0) && attempt == 1 {
                 return Some(()); // twice: no Python frame on this thread
@@ -343,10 +353,11 @@ impl Reader {
         None
     }
 
-    /// The thread's current frame (None: unreadable) and the address of its
-    /// data-stack chunk, whose used part (3.11+) is copied to the scratch.
-    fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize)> {
-        let (ptr, chunk, chunk_len) = self.frame_pointers(tstate)?;
+    /// The thread's current frame (None: unreadable), the address of its
+    /// data-stack chunk, whose used part (3.11+) is copied to the scratch, and
+    /// the thread identifier its state holds.
+    fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize, u64)> {
+        let (ptr, chunk, chunk_len, ident) = self.frame_pointers(tstate)?;
         let cframe = self.layout.thread.cframe_frame;
         // one call: (3.11, 3.12) the current frame's pointer in the _PyCFrame, then
         // the chunk, so that the frames copied are no older than the pointer; a
@@ -364,23 +375,30 @@ impl Reader {
             None => Some(ptr),
         };
         buf.truncate(if ok[1] { 8 + chunk_len } else { 8 }); // no copy: every frame is read on its own
-        Some((first, chunk))
+        Some((first, chunk, ident))
     }
 
     /// What the thread state says of its frames: the current frame's pointer
-    /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length.
-    fn frame_pointers(&self, tstate: usize) -> Option<(usize, usize, usize)> {
+    /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length;
+    /// and the thread identifier it holds, in the same call.
+    fn frame_pointers(&self, tstate: usize) -> Option<(usize, usize, usize, u64)> {
         let t = &self.layout.thread;
-        let mut head = [0u8; 24];
-        let mut ok = [false; 2];
-        let chunk = (tstate + t.chunk.unwrap_or(0), if t.chunk.is_some() { 16 } else { 0 });
-        self.remote.read_many(&[(tstate + t.frame, 8), chunk], &mut head, &mut ok);
-        if !(ok[0] && ok[1]) {
+        let mut head = [0u8; 32];
+        let mut ok = [false; 3];
+        let chunk_len = if t.chunk.is_some() { 16 } else { 0 };
+        let ranges = [(tstate + t.frame, 8), (tstate + t.chunk.unwrap_or(0), chunk_len), (tstate + t.ident, 8)];
+        self.remote.read_many(&ranges, &mut head, &mut ok);
+        if !ok.iter().all(|&o| o) {
             return None;
         }
-        let (ptr, chunk, top) = (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize);
+        let ident = u64_at(&head, 8 + chunk_len);
+        let (ptr, chunk, top) = if chunk_len > 0 {
+            (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize)
+        } else {
+            (u64_at(&head, 0) as usize, 0, 0)
+        };
         let used = if chunk != 0 && top > chunk && top - chunk <= MAX_CHUNK { top - chunk } else { 0 };
-        Some((ptr, chunk, used))
+        Some((ptr, chunk, used, ident))
     }
 
     /// The frames from `frame` back into the scratch stack, taken from the
@@ -478,8 +496,11 @@ impl Reader {
     }
 }
 
-/// py-spy's heuristic for threads parked in a wait that /proc shows as running.
-fn is_idle_leaf(function: &str, filename: &str) -> bool {
+/// py-spy's heuristic for threads parked in a wait that /proc shows as running (woken, not yet on a
+/// CPU), on the function's own name: from 3.11 a frame is named by its qualified name
+/// ("EpollSelector.select"), which py-spy's test of the name misses.
+fn is_idle_leaf(qualname: &str, filename: &str) -> bool {
+    let function = qualname.rsplit('.').next().unwrap_or(qualname);
     (function == "wait" && filename.ends_with("threading.py"))
         || (function == "select" && filename.ends_with("selectors.py"))
         || (function == "poll"
@@ -488,7 +509,16 @@ fn is_idle_leaf(function: &str, filename: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::offset_in;
+    use super::{is_idle_leaf, offset_in};
+
+    #[test]
+    fn a_wait_is_idle_by_its_own_name_or_its_qualified_one() {
+        assert!(is_idle_leaf("select", "/usr/lib/python3.10/selectors.py"));
+        assert!(is_idle_leaf("EpollSelector.select", "/usr/lib/python3.11/selectors.py"));
+        assert!(is_idle_leaf("Condition.wait", "/usr/lib/python3.11/threading.py"));
+        assert!(!is_idle_leaf("Condition.notify", "/usr/lib/python3.11/threading.py"));
+        assert!(!is_idle_leaf("select", "/home/me/my_flow.py"));
+    }
 
     #[test]
     fn only_addresses_wholly_inside_a_copy_index_it() {
