@@ -48,9 +48,10 @@ def _recomputed(s: dict) -> dict | None:
         return None
     top = list(again["by_prefix"].items())[:3]  # by extra computations, the most first
     shuffle = any(p in prefix for prefix, _ in top for p in SHUFFLE_PREFIXES)
+    shared = "persist() what several computations share, or compute the outputs together with dask.compute(a, b)"
     advice = ("pass divisions= (or sorted=True) to set_index/sort_values, or persist() the frame before it: Dask "
-              "computes the frame once to find its divisions and again for the result") if shuffle else \
-        ("persist() what several computations share, or compute the outputs together with dask.compute(a, b)")
+              f"computes the frame once to find its divisions and again for the result; and {shared}") if shuffle \
+        else shared
     return _finding("recomputed", again["compute_s"],
                     f"{again['keys']} keys were computed more than once",
                     f"{again['times']} extra computations, {again['compute_s']:.2f} s of compute; most in "

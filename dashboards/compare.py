@@ -260,8 +260,9 @@ def aot_boxes(df: pd.DataFrame, by: str) -> go.Figure | None:
 
 
 def speedup_bars(table: pd.DataFrame, by: str) -> go.Figure | None:
-    """The geometric mean speedup per value of `by`, its error bar the spread over repeats (min to max)."""
-    if table.empty:
+    """The geometric mean speedup per value of `by`, its error bar the spread over repeats (min to max); None
+    unless some command has runs at two values or more (the baseline's own 1.0 alone says nothing)."""
+    if table[by].nunique() < 2:
         return None
     spread = dict(type="data", symmetric=False, array=table.speedup_hi - table.geometric_mean_speedup,
                   arrayminus=table.geometric_mean_speedup - table.speedup_lo)

@@ -201,7 +201,7 @@ def task_stream(p: Page):
     coloured by prefix, and each input transfer on a row of its worker's own."""
     a = p.run.table("attempts")
     t = a.dropna(subset=["compute_start_ns", "compute_stop_ns"])
-    if t.empty or "session_window_ns" not in p.summary:
+    if t.empty or "window_ns" not in p.summary:
         return "Task stream", "", None
     names = p.run.table("attempt_threads", missing_ok=True).set_index("attempt").name.reindex(t.index)
     thread_no = t.thread.fillna(-1).groupby(t.worker).rank(method="dense").astype(int)  # Dask's idents are long
@@ -211,7 +211,8 @@ def task_stream(p: Page):
                           "stop_ns": t.compute_stop_ns})
     x = a.dropna(subset=["transfer_start_ns", "transfer_stop_ns"])
     moves = pd.DataFrame({"worker": x.worker, "key": x.key, "start_ns": x.transfer_start_ns, "stop_ns": x.transfer_stop_ns})
-    return "Task stream", stream_caption(spans, moves), _stream(spans, moves, p.summary["session_window_ns"][0])
+    return ("Task stream", stream_caption(spans, moves, "the first update-graph"),
+            _stream(spans, moves, p.summary["window_ns"][0], "the first update-graph"))
 
 
 def stream_caption(spans: pd.DataFrame, moves: pd.DataFrame, since: str = "the session began") -> str:
@@ -317,6 +318,11 @@ def _see(finding: str, drawn: set[str]) -> str:
     return f" <a href='#{anchor(title)}'>See: {html.escape(title.lower())}.</a>" if title else ""
 
 
+# the critical path's kinds in the colours of the categories they mostly are
+KIND_COLOURS = {"compute": COLOURS["compute"], "network": COLOURS["network"], "client": COLOURS["client"],
+                "scheduler": COLOURS["runtime_bookkeeping"], "worker": "#bcbd22", "queueing": COLOURS["queueing"]}
+
+
 def critical_path(p: Page):
     run, summary = p.run, p.summary
     path = run.table("critical_path")
@@ -328,7 +334,7 @@ def critical_path(p: Page):
     for kind, seg in path.groupby("kind"):
         seg = seg.nlargest(MAX_BARS // max(1, path.kind.nunique()), "seconds")
         fig.add_bar(name=kind, y=[kind] * len(seg), x=seg.seconds, base=(seg.start_ns - start) / 1e9,
-                    orientation="h", hovertext=seg.part + " " + seg.key.fillna(""))
+                    orientation="h", hovertext=seg.part + " " + seg.key.fillna(""), marker_color=KIND_COLOURS.get(kind))
     return ("The critical path on a timeline",
             "Each segment of the critical path, by kind, at its time in seconds since the makespan began "
             f"(at most the {MAX_BARS} longest segments are drawn, shared out evenly between kinds).",
