@@ -337,31 +337,34 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None or pd.isna(v) else format(v, fmt)
 
 
+def _table_section(title: str, caption: str, head: list[str], rows: list[list]) -> str:
+    """An HTML section: a title, its caption (HTML) and a table (cells escaped)."""
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return (f"<section><h2>{html.escape(title)}</h2><p class='caption'>{caption}</p><table><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{cells}</table></section>")
+
+
 def _makespan_table(df: pd.DataFrame, by: str) -> str:
     m = makespans(df, by)
     if m.empty:
         return ""
-    rows = "".join(f"<tr><td>{html.escape(str(r['workload']))}</td><td>{html.escape(str(r[by]))}</td>"
-                   f"<td>{r['runs']}</td><td>{r['makespan_s']:.3f}</td><td>{r['lo']:.3f} to {r['hi']:.3f}</td>"
-                   f"<td>{_num(r['tasks'], '.0f')}</td><td>{_num(r['aot_s'] * 1e3, '.3f')}</td></tr>"
-                   for r in m.to_dict("records"))
-    return (f"<section><h2>Makespan per command</h2><p class='caption'>Per command and {html.escape(by)}: the median "
-            "makespan over its runs and their spread (fastest to slowest), the median task count and AOT "
-            f"(makespan / tasks).</p><table><tr><th>command</th><th>{html.escape(by)}</th><th>runs</th><th>median "
-            "makespan, s</th><th>min to max, s</th><th>tasks</th><th>AOT, ms / task</th></tr>"
-            f"{rows}</table></section>")
+    return _table_section(
+        "Makespan per command", f"Per command and {html.escape(by)}: the median makespan over its runs and their "
+        "spread (fastest to slowest), the median task count and AOT (makespan / tasks).",
+        ["command", by, "runs", "median makespan, s", "min to max, s", "tasks", "AOT, ms / task"],
+        [[r["workload"], r[by], r["runs"], f"{r['makespan_s']:.3f}", f"{r['lo']:.3f} to {r['hi']:.3f}",
+          _num(r["tasks"], ".0f"), _num(r["aot_s"] * 1e3, ".3f")] for r in m.to_dict("records")])
 
 
 def _speedup_table(table: pd.DataFrame, by: str) -> str:
     if table.empty:
         return ""
-    rows = "".join(f"<tr><td>{html.escape(str(r[by]))}</td><td>{r['geometric_mean_speedup']:.3f}</td>"
-                   f"<td>{r['speedup_lo']:.3f} to {r['speedup_hi']:.3f}</td><td>{r['graphs']}</td></tr>"
-                   for r in table.to_dict("records"))
-    return (f"<section><h2>Speedups (as the paper's Table II)</h2><p class='caption'>Dimensionless; the spread is "
-            "over repeats (the baseline's median / the slowest run to / the fastest run), as a geometric mean over "
-            f"commands.</p><table><tr><th>{html.escape(by)}</th><th>geometric mean speedup</th><th>spread (min to "
-            f"max)</th><th>commands</th></tr>{rows}</table></section>")
+    return _table_section(
+        "Speedups (as the paper's Table II)", "Dimensionless; the spread is over repeats (the baseline's median / "
+        "the slowest run to / the fastest run), as a geometric mean over commands.",
+        [by, "geometric mean speedup", "spread (min to max)", "commands"],
+        [[r[by], f"{r['geometric_mean_speedup']:.3f}", f"{r['speedup_lo']:.3f} to {r['speedup_hi']:.3f}",
+          r["graphs"]] for r in table.to_dict("records")])
 
 
 def _shown(diff: pd.DataFrame, names: pd.Series) -> pd.DataFrame:
@@ -378,16 +381,14 @@ def _not_drawn(missing: list[str]) -> str:
 def _diff_table(diff: pd.DataFrame, by: str, baseline, item: str, title: str, csv: str) -> str:
     if diff.empty:
         return ""
-    rows = "".join(f"<tr><td>{html.escape(str(r['graph']))}</td><td>{html.escape(str(r[by]))}</td>"
-                   f"<td>{html.escape(str(r[item]))}</td><td>{r['baseline_median']:.3f}</td><td>{r['median']:.3f}</td>"
-                   f"<td>{r['difference_s']:+.3f}</td><td>{_spread(r)}{' (noisy)' if r['noisy'] else ''}</td></tr>"
-                   for r in diff.to_dict("records"))
-    return (f"<section><h2>{html.escape(title)}</h2><p class='caption'>Per command and {item}, the median "
-            f"seconds with {by} = {baseline} and with each other value, their difference, and "
-            "the larger spread (max - min over runs) of the two: where the spread exceeds the difference, the "
-            f"difference is within run-to-run noise (the 20 largest differences; all in {csv}).</p>"
-            f"<table><tr><th>command</th><th>{by}</th><th>{item}</th><th>baseline, s</th><th>median, s</th>"
-            f"<th>difference, s</th><th>spread, s</th></tr>{rows}</table></section>")
+    return _table_section(
+        title, f"Per command and {html.escape(item)}, the median seconds with {html.escape(by)} = "
+        f"{html.escape(str(baseline))} and with each other value, their difference, and the larger spread (max - min "
+        "over runs) of the two: where the spread exceeds the difference, the difference is within run-to-run noise "
+        f"(the 20 largest differences; all in {csv}).",
+        ["command", by, item, "baseline, s", "median, s", "difference, s", "spread, s"],
+        [[r["graph"], r[by], r[item], f"{r['baseline_median']:.3f}", f"{r['median']:.3f}", f"{r['difference_s']:+.3f}",
+          _spread(r) + (" (noisy)" if r["noisy"] else "")] for r in diff.to_dict("records")])
 
 
 def _spread(r: dict) -> str:
