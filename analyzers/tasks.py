@@ -85,8 +85,8 @@ def moved_bytes(tasks: pd.DataFrame) -> pd.Series:
     that ran, in the same job, a task depending on it (from where tasks ran, not from the wire)."""
     t = tasks.dropna(subset=["worker"])
     uses = t[["job", "worker", "deps"]].explode("deps").dropna(subset=["deps"])
-    made = t.set_index(["job", "key"])[["worker", "prefix", "nbytes"]]
-    uses = uses.join(made, on=["job", "deps"], rsuffix="_made").dropna(subset=["worker_made"])
+    made = t[["job", "key", "worker", "prefix", "nbytes"]].rename(columns={"key": "deps", "worker": "worker_made"})
+    uses = uses.merge(made, on=["job", "deps"])
     moved = uses[uses.worker != uses.worker_made].drop_duplicates(["job", "deps", "worker"])
     return moved.nbytes.astype("float64").groupby(moved.prefix).sum()
 
