@@ -11,8 +11,6 @@ time, so they count as on-CPU here: a bound on the error, not a guess.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -90,7 +88,7 @@ def threads_table(samples: pd.DataFrame, states: pd.DataFrame, comms: pd.DataFra
 
 # A kernel name (comm) a thread has only because it never set one: a Python process's threads keep
 # the interpreter's ("python3.11"; CPython before 3.14 names none of its threads).
-DEFAULT_COMM = re.compile(r"python[0-9.]*")
+DEFAULT_COMM = r"python[0-9.]*"
 
 
 def thread_names(t: pd.DataFrame, comms: pd.DataFrame) -> pd.Series:
@@ -99,20 +97,20 @@ def thread_names(t: pd.DataFrame, comms: pd.DataFrame) -> pd.Series:
     other than the main one, its process's own name, as the proxy's threads have), else "main" or its
     process's name and a number in tid order ("worker-0 thread 3"). Names several threads of a process share
     (a thread pool's, a thread started again) get " #1", " #2"... in tid order."""
+    s = t.sort_values(["pid", "tid"])  # numbers go in tid order
     comm = dict(zip(zip(comms.pid, comms.tid), comms.comm))
-    kernel = pd.Series([comm.get((p, i)) for p, i in zip(t.pid, t.tid)], index=t.index, dtype="object")
-    own = pd.Series([comm.get((p, p)) for p in t.pid], index=t.index, dtype="object")
-    inherited = kernel.fillna("").str.fullmatch(DEFAULT_COMM.pattern) | ((t.tid != t.pid) & (kernel == own))
-    name = t.name.where(t.name.fillna("").str.strip() != "", kernel.where(~inherited))
-    name = name.where(name.notna() | (t.tid != t.pid), "main")
-    order = t.sort_values(["pid", "tid"]).index
+    kernel = pd.Series([comm.get((p, i)) for p, i in zip(s.pid, s.tid)], index=s.index, dtype="object")
+    own = pd.Series([comm.get((p, p)) for p in s.pid], index=s.index, dtype="object")
+    inherited = kernel.fillna("").str.fullmatch(DEFAULT_COMM) | ((s.tid != s.pid) & (kernel == own))
+    name = s.name.where(s.name.fillna("").str.strip() != "", kernel.where(~inherited))
+    name = name.where(name.notna() | (s.tid != s.pid), "main")
     unnamed = name.isna()
-    k = t.loc[order][unnamed.loc[order]].groupby("pid").cumcount() + 1
-    name[k.index] = t.process[k.index].fillna("process") + " thread " + k.astype(str)
-    shared = name.groupby([t.pid, name]).transform("size") > 1
-    n = t.loc[order][shared.loc[order]].groupby([t.pid, name]).cumcount() + 1
-    name[n.index] = name[n.index] + " #" + n.astype(str)
-    return name
+    k = unnamed.groupby(s.pid).cumsum()
+    name[unnamed] = s.process[unnamed].fillna("process") + " thread " + k[unnamed].astype(str)
+    shared = name.groupby([s.pid, name]).transform("size") > 1
+    n = name.groupby([s.pid, name]).cumcount() + 1
+    name[shared] = name[shared] + " #" + n[shared].astype(str)
+    return name.reindex(t.index)
 
 
 def on_cpu_ns(states: pd.DataFrame, thread, starts, ends) -> np.ndarray:

@@ -263,13 +263,9 @@ def _threads_table(run: RunDir, comms: pd.DataFrame) -> pd.DataFrame:
     trace's first part was built; where the analysis wrote none, the same table worked out here."""
     if run.has_table("threads"):
         return run.table("threads", columns=["pid", "tid", "name"])
-    from ..analyzers.thread_state import threads_table
-    samples = run.table("samples", columns=["t_ns", "pid", "tid", "thread_name", "source", "process"])
-    gil, off = run.table("gil_waits"), run.table("offcpu")
-    off = off.rename(columns={"out_ns": "start_ns", "in_ns": "end_ns"})
-    seen = pd.concat([d[["pid", "tid", "start_ns", "end_ns"]] for d in (gil, off)],  # which threads: no states needed
-                     ignore_index=True)
-    return threads_table(samples, seen, comms)
+    from ..analyzers.thread_state import thread_states, threads_table
+    samples = run.table("samples", columns=["t_ns", "pid", "tid", "thread_name", "source", "process", "ident"])
+    return threads_table(samples, thread_states(run.table("offcpu"), run.table("gil_waits")), comms)
 
 
 def thread_track_names(threads: pd.DataFrame, made: dict) -> dict:
