@@ -406,7 +406,7 @@ def gil_per_thread(p: Page):
             "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread", "seconds"))
 
 
-def top_functions(p: Page):
+def scheduler_call_paths(p: Page):
     run = p.run
     s = run.table("cpu_samples", columns=["role", "source", "stack_id", "on_cpu", "category"])
     s = s[(s.role == "scheduler") & s.on_cpu.fillna(False).astype(bool)]
@@ -467,8 +467,8 @@ def _flame(counts: pd.Series, paths: dict) -> go.Figure:
 
 
 FIGURES = [breakdown, per_job, critical_path, task_stream, bandwidth, scheduler_cpu, overhead_cdf, worker_busy,
-           gil_per_thread, top_functions]
-SAMPLES_ONLY = [dask_task_stream, gil_per_thread, top_functions]  # where the messages could not be read
+           gil_per_thread, scheduler_call_paths]
+SAMPLES_ONLY = [dask_task_stream, gil_per_thread, scheduler_call_paths]  # where the messages could not be read
 
 
 def metadata(run: RunDir, summary: dict) -> str:
