@@ -112,7 +112,7 @@ def _by_samples(segs: pd.DataFrame, loop: pd.DataFrame, pool: str, fallback: pd.
 def _by_states(segs: pd.DataFrame, states: pd.DataFrame, st: dict, proc_cpu: pd.DataFrame, threads: pd.DataFrame,
                pid: int, pool: str, fallback: pd.Series) -> pd.DataFrame:
     """st: the loop thread's states (of_thread)."""
-    segs = segs.sort_values("start_ns").reset_index(drop=True)
+    segs = segs.sort_values("start_ns", kind="stable").reset_index(drop=True)
     s0, s1 = segs.start_ns.to_numpy("int64"), segs.end_ns.to_numpy("int64")
     total = (s1 - s0).astype("float64")
     gil = overlap_ns(s0, s1, *st["gil"]).astype("float64")

@@ -109,15 +109,17 @@ class _Index:
     def __init__(self, tasks, attempts, graphs, told, exchanges):
         self.tasks = _Rows(tasks, ["job", "key"])
         done = attempts[attempts.outcome == "finished"]
-        self.finished = _Rows(done.sort_values("finished_recv_ns").drop_duplicates("key", keep="last"), ["key"])
+        last = done.sort_values("finished_recv_ns", kind="stable").drop_duplicates("key", keep="last")
+        self.finished = _Rows(last, ["key"])
         self.same_thread = _Lookup(done.assign(ref=list(zip(done.job, done.key))), ["worker", "thread"],
                                    "compute_stop_ns", "ref")
         self.same_worker = _Lookup(done.assign(ref=list(zip(done.job, done.key))), ["worker"], "finished_recv_ns", "ref")
-        moved = attempts[~attempts.outcome.isin(["finished", "erred", "unfinished"])].sort_values("compute_sent_ns")
+        moved = attempts[~attempts.outcome.isin(["finished", "erred", "unfinished"])]
+        moved = moved.sort_values("compute_sent_ns", kind="stable")
         self.moved = {k: list(g.itertuples(index=False)) for k, g in moved.groupby(["job", "key"])}
         self.graphs = _Rows(graphs, ["graph_id"])
-        self.first_graph = graphs.sort_values("t_first_ns").groupby("job").graph_id.first().to_dict()
-        self.last_graph = graphs.sort_values("done_ns").groupby("job").graph_id.last().to_dict()
+        self.first_graph = graphs.sort_values("t_first_ns", kind="stable").groupby("job").graph_id.first().to_dict()
+        self.last_graph = graphs.sort_values("done_ns", kind="stable").groupby("job").graph_id.last().to_dict()
         self.asks = _Lookup(asks(graphs), ["job", "key"], "t_last_ns", "graph_id")
         self.told = _Rows(told, ["told_id"])
         self.told_to = _Lookup(told, ["dst"], "t_last_ns", "told_id")

@@ -53,10 +53,10 @@ def asks(graphs: pd.DataFrame) -> pd.DataFrame:
 def _done(g: pd.DataFrame, t: pd.DataFrame) -> pd.DataFrame:
     """Per graph, the last of its keys' first telling after the graph was sent."""
     want = asks(g)[["graph_id", "src", "t_first_ns", "key"]].rename(columns={"src": "dst"})
-    want = want.astype({"dst": "str"}).sort_values("t_first_ns")
+    want = want.astype({"dst": "str"}).sort_values("t_first_ns", kind="stable")
     t = t[["key", "dst", "t_first_ns", "t_last_ns", "told_id"]].rename(
         columns={"t_first_ns": "told_first", "t_last_ns": "told_ns"}).astype({"key": "str", "dst": "str"})
-    hit = pd.merge_asof(want, t.sort_values("told_first"), left_on="t_first_ns", right_on="told_first",
+    hit = pd.merge_asof(want, t.sort_values("told_first", kind="stable"), left_on="t_first_ns", right_on="told_first",
                         by=["key", "dst"], direction="forward").dropna(subset=["told_ns"])
     last = hit.loc[hit.groupby("graph_id").told_ns.idxmax()].set_index("graph_id")
     done = last.told_ns.reindex(g.graph_id).to_numpy("float64")
@@ -111,7 +111,7 @@ def client_waits(msgs: pd.DataFrame) -> pd.DataFrame:
     rep_first = np.maximum(nxt.t_first_ns[hit].astype("int64"), req_last)
     w = pd.DataFrame({"op": c.op[hit], "req_first": c.t_first_ns[hit], "req_last": req_last,
                       "rep_first": rep_first, "rep_last": np.maximum(nxt.t_last_ns[hit].astype("int64"), rep_first)})
-    w = w.sort_values("req_first", ignore_index=True)
+    w = w.sort_values("req_first", kind="stable", ignore_index=True)
     return w[w.req_first.to_numpy() >= np.r_[0, np.maximum.accumulate(w.rep_last.to_numpy())[:-1]]]
 
 

@@ -109,7 +109,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     attempts = assign_jobs(t["attempts"], jobs)
     tasks = tasks_table(attempts, graphs)
     path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
-    path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True).sort_values("start_ns", ignore_index=True)
+    path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True)
+    path = path.sort_values("start_ns", kind="stable", ignore_index=True)
     if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send
         path["batch_ns"] = path.batch_ns.where(path.kind != "scheduler", 0)  # interval to hold its messages
     numbers, again, span = _numbers(t, jobs, tasks, attempts, window), recomputed(attempts), _makespan(jobs)

@@ -38,11 +38,11 @@ def tasks_table(attempts: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
 
 def _with_graph(t: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
     """The graph that brought each task: the one asking for its key, else the latest before its dispatch."""
-    g = graphs.sort_values("t_last_ns")
+    g = graphs.sort_values("t_last_ns", kind="stable")
     asked = asks(g).drop_duplicates(["job", "key"], keep="last")
     t = t.merge(asked[["job", "key", "graph_id", "t_last_ns"]].rename(
         columns={"graph_id": "graph", "t_last_ns": "graph_ns"}), on=["job", "key"], how="left")
-    latest = pd.merge_asof(t[["first_sent_ns"]].reset_index().sort_values("first_sent_ns"),
+    latest = pd.merge_asof(t[["first_sent_ns"]].reset_index().sort_values("first_sent_ns", kind="stable"),
                            g[["t_last_ns", "graph_id"]].astype("int64"), left_on="first_sent_ns",
                            right_on="t_last_ns", direction="backward").set_index("index").sort_index()
     late = t.graph_ns.isna() | (t.graph_ns > t.first_sent_ns)
@@ -56,10 +56,10 @@ def _with_ready(t: pd.DataFrame, attempts: pd.DataFrame) -> pd.DataFrame:
     fin = attempts[attempts.outcome == "finished"][["key", "finished_recv_ns"]].astype(
         {"finished_recv_ns": "int64", "key": "str"})
     deps = t[["job", "key", "first_sent_ns", "deps"]].explode("deps").dropna(subset=["deps"]).reset_index()
-    deps = deps.rename(columns={"deps": "dep"}).astype({"dep": "str"}).sort_values("first_sent_ns")
+    deps = deps.rename(columns={"deps": "dep"}).astype({"dep": "str"}).sort_values("first_sent_ns", kind="stable")
     # each dependency's latest finish at or before the task's first dispatch
-    hit = pd.merge_asof(deps, fin.rename(columns={"key": "dep", "finished_recv_ns": "dep_ns"}).sort_values("dep_ns"),
-                        left_on="first_sent_ns", right_on="dep_ns", by="dep", direction="backward")
+    fin = fin.rename(columns={"key": "dep", "finished_recv_ns": "dep_ns"}).sort_values("dep_ns", kind="stable")
+    hit = pd.merge_asof(deps, fin, left_on="first_sent_ns", right_on="dep_ns", by="dep", direction="backward")
     hit = hit.dropna(subset=["dep_ns"])
     last = hit.loc[hit.groupby("index").dep_ns.idxmax()].set_index("index") if len(hit) else hit.set_index("index")
     dep_ns = last.dep_ns.reindex(t.index).to_numpy("float64")

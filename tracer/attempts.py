@@ -50,10 +50,11 @@ def _with_results(a: pd.DataFrame, f: pd.DataFrame, first: pd.DataFrame, anchor:
         r = r.drop_duplicates(["key", "run_id"], keep="first").drop(columns="worker")
         out = a.merge(r, on=["key", "run_id"], how="left")
     else:  # the first result from the attempt's worker after its dispatch
-        out = pd.merge_asof(a.reset_index().sort_values("compute_sent_ns"),
-                            r.rename(columns={"finished_sent_ns": "t"}).dropna(subset=["t"]).astype({"t": "int64"})
-                            .sort_values("t"), left_on="compute_sent_ns", right_on="t", by=["key", "worker"],
-                            direction="forward").sort_values("index").drop(columns=["index", "run_id_y"])
+        r = r.rename(columns={"finished_sent_ns": "t"}).dropna(subset=["t"]).astype({"t": "int64"})
+        out = pd.merge_asof(a.reset_index().sort_values("compute_sent_ns", kind="stable"),
+                            r.sort_values("t", kind="stable"), left_on="compute_sent_ns", right_on="t",
+                            by=["key", "worker"], direction="forward")
+        out = out.sort_values("index", kind="stable").drop(columns=["index", "run_id_y"])
         out = out.rename(columns={"t": "finished_sent_ns", "run_id_x": "run_id"})
         out = _one_result_per_event(out)
     for col in ("finished_sent_ns", "finished_recv_ns", *SPAN_COLUMNS):
@@ -83,8 +84,8 @@ def _with_moves(a: pd.DataFrame, moves: pd.DataFrame, first: pd.DataFrame) -> pd
                        # a worker's own reschedule comes from it; the scheduler's steals and releases go to it
                        "worker": np.where(moves.how.to_numpy() == "rescheduled", src, dst),
                        "t": first.t_first_ns.reindex(moves.message).to_numpy()}).dropna(subset=["t"])
-    mv = mv.astype({"t": "int64"}).sort_values("t")
-    left = a[open_].reset_index().sort_values("compute_sent_ns")
+    mv = mv.astype({"t": "int64"}).sort_values("t", kind="stable")
+    left = a[open_].reset_index().sort_values("compute_sent_ns", kind="stable")
     hit = pd.merge_asof(left, mv, left_on="compute_sent_ns", right_on="t", by=["key", "worker"],
                         direction="forward").set_index("index")
     found = hit.t.notna()
@@ -130,9 +131,9 @@ def undo_scheduler_delay(a: pd.DataFrame, clock: pd.DataFrame, anchor: dict) -> 
     steps = clock.dropna().assign(delay_ns=lambda c: ((c.time - (c.now + c.t_last_ns / 1e9 + offset_s) / 2) * 1e9)
                                   .round().astype("int64"))
     steps = steps.assign(epoch=np.arange(len(steps)), finished_sent_ns=steps.t_last_ns.astype("int64"))
-    steps = steps.rename(columns={"src": "worker"}).sort_values("finished_sent_ns")
+    steps = steps.rename(columns={"src": "worker"}).sort_values("finished_sent_ns", kind="stable")
     t = a[a.compute_stop_ns.notna() & a.finished_sent_ns.notna()].reset_index()
-    t = t.assign(finished_sent_ns=t.finished_sent_ns.astype("int64")).sort_values("finished_sent_ns")
+    t = t.assign(finished_sent_ns=t.finished_sent_ns.astype("int64")).sort_values("finished_sent_ns", kind="stable")
     t = pd.merge_asof(t, steps[["worker", "finished_sent_ns", "delay_ns", "epoch"]], on="finished_sent_ns",
                       by="worker", direction="backward")
     t["delay_ns"], t["epoch"] = t.delay_ns.fillna(0), t.epoch.fillna(-1)

@@ -29,7 +29,8 @@ SIZES = [0, 10, 70_000, 3_000_000, 5, 200_000]
 
 def ops(cap, direction: int) -> list[str]:
     """The op of each message of a direction, from its frame 0 as the tap kept it."""
-    m = cap.messages[cap.messages.direction == direction].sort_values("t_first_ns")
+    # messages that start in one segment share its time: a stable sort keeps them in stream order
+    m = cap.messages[cap.messages.direction == direction].sort_values("t_first_ns", kind="stable")
     heads = [msgpack.unpackb(cap.frames(at)[0], raw=False, strict_map_key=False) for at in m["at"]]
     return [h.get("op") for h in heads if isinstance(h, dict) and "op" in h]
 

@@ -52,7 +52,7 @@ def test_each_message_is_timed_from_its_senders_host_to_its_receivers_on_a_clock
     assert len(cap.messages) == 60, "each message once"
     h = hosts["10.0.0.2"]
     assert abs(h["offset_ns"] + error) <= h["uncertainty_ns"] < 400_000, h  # within the quickest round trip
-    m = cap.messages.sort_values("t_first_ns")
+    m = cap.messages.sort_values("t_first_ns", kind="stable")
     both = m[m.both_ends]
     assert len(both) == 55, "the 5 before its tap joined were seen at one end only"
     took = (both.t_last_ns - both.t_first_ns).to_numpy()
