@@ -1,7 +1,9 @@
 //! A stack reader for CPython 3.10 to 3.13 on x86_64, cheaper per sample than
 //! py-spy's (which reads each frame's code object, names and line table anew,
 //! about eight reads per frame):
-//! - a thread that has not run since its last read keeps its stack: no read;
+//! - a thread that has not run since its last read keeps its stack: no read; one
+//!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since (on-CPU
+//!   samples are the ones whose stacks count);
 //! - from 3.11 on, the thread's frame stack is read in one piece (its
 //!   data-stack chunk), so only generator and coroutine frames, which live
 //!   elsewhere, cost a read; 3.10's frames are objects linked by f_back, a
@@ -32,8 +34,12 @@ const MAX_CHUNK: usize = 1 << 18;
 /// more than any layout's thread head, frame or GIL state
 const MAX_STRUCT: usize = 256;
 const PAGE: usize = 4096;
+/// bytes read at once from a code object's name, file name and line table (each a header, then its data)
+const PEEK: usize = 384;
 /// The thread list is walked again at least this often, even when nothing says it changed.
 const RELIST: Duration = Duration::from_secs(1);
+/// How long a thread found off a CPU keeps the stack last read, though it ran since.
+const OFF_CPU_REREAD: Duration = Duration::from_millis(100);
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
@@ -79,6 +85,8 @@ struct Thread {
     last: Option<State>,
     /// its last stack read: frame ids, and whether the leaf is a known wait
     stack: Option<(Rc<str>, bool)>,
+    /// when that stack was read
+    read_at: Option<Instant>,
 }
 
 /// One entry of the interpreter's thread list.
@@ -237,7 +245,8 @@ impl Reader {
             .is_some_and(|th| th.ident == t.ident && t.native_tid.is_none_or(|n| n == th.tid));
         if !same {
             let tid = t.native_tid.or_else(|| pthread::tid(&self.remote, t.ident, self.tid_offset?))?;
-            let th = Thread { tid, ident: t.ident, stat: ThreadStat::open(self.pid, tid), last: None, stack: None };
+            let th = Thread { tid, ident: t.ident, stat: ThreadStat::open(self.pid, tid), last: None, stack: None,
+                              read_at: None };
             self.threads.insert(t.tstate, th);
         }
         let th = self.threads.get_mut(&t.tstate).unwrap();
@@ -251,23 +260,30 @@ impl Reader {
                 return None;
             }
         }
+        // as py-spy: running per /proc (a thread we cannot stat counts as running)
+        let running = now.is_none_or(|s| s.running);
         // Unchanged stack: not running at either read, and not switched in between.
-        let reuse = matches!((th.last, now), (Some(a), Some(b))
-            if !a.running && !b.running && a.ran.is_some() && a.ran == b.ran) && th.stack.is_some();
+        let unchanged = matches!((th.last, now),
+                                 (Some(a), Some(b)) if !a.running && !b.running && a.ran.is_some() && a.ran == b.ran);
+        // Off a CPU but run since: Dask's threads (event loops, its profiler) mostly wake between two
+        // reads to sleep again at once, and only on-CPU samples' stacks say what the CPU did. Such a
+        // thread keeps the stack last read for up to OFF_CPU_REREAD.
+        let recent = th.read_at.is_some_and(|at| at.elapsed() < OFF_CPU_REREAD);
+        let keep = th.stack.is_some() && (unchanged || (!running && recent));
         th.last = now;
         let tid = th.tid;
-        if !reuse {
+        if !keep {
             // a failed read leaves no stack to reuse: the thread may have run since the last one
             let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
-            self.threads.get_mut(&t.tstate).unwrap().stack = stack;
+            let th = self.threads.get_mut(&t.tstate).unwrap();
+            (th.stack, th.read_at) = (stack, Some(Instant::now()));
         }
         let (frame_ids, idle_leaf) = self.threads[&t.tstate].stack.clone()?;
         if now.is_none() && t.native_tid.is_none() {
             // 3.10: a new thread can have the old one's pthread_t; its tid is found anew next time
             self.threads.remove(&t.tstate);
         }
-        // as py-spy: running per /proc (a thread we cannot stat counts as running), unless parked in a known wait
-        let running = now.is_none_or(|s| s.running);
+        // on a CPU unless parked in a known wait
         Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids })
     }
 
@@ -450,9 +466,20 @@ impl Reader {
         let c = &self.layout.code;
         let start = c.fields().0;
         let field = |at: usize| u64_at(fields, at - start) as usize;
-        let function = c.qualname.and_then(|q| self.string(field(q))).or_else(|| self.string(field(c.name)))?;
-        let filename = self.string(field(c.filename))?;
-        let table = self.bytes(field(c.linetable))?;
+        let (name, filename, table) = (field(c.qualname.unwrap_or(c.name)), field(c.filename), field(c.linetable));
+        // A task's function is a new code object at each task (unpickled): its texts are read in
+        // one call, PEEK bytes each, and one that does not fit is read again on its own.
+        let mut peek = [0u8; 3 * PEEK];
+        let mut ok = [false; 3];
+        self.remote.read_many(&[(name, PEEK), (filename, PEEK), (table, PEEK)], &mut peek, &mut ok);
+        let part = |i: usize| if ok[i] && [name, filename, table][i] != 0 { &peek[i * PEEK..][..PEEK] } else { &[][..] };
+        let function = self.string_in(part(0)).or_else(|| self.string(name))
+            .or_else(|| c.qualname.and_then(|_| self.string(field(c.name))))?;
+        let filename = self.string_in(part(1)).or_else(|| self.string(filename))?;
+        let t = &self.layout.text;
+        let table = part(2).get(t.bytes_size..t.bytes_size + 8).map(|b| u64_at(b, 0) as usize)
+            .and_then(|size| part(2).get(t.bytes_data..t.bytes_data.checked_add(size)?)).map(<[u8]>::to_vec)
+            .or_else(|| self.bytes(table))?;
         Some(Code {
             idle_leaf: is_idle_leaf(&function, &filename),
             shim: filename.is_empty() || filename == "<shim>",
@@ -461,28 +488,33 @@ impl Reader {
         })
     }
 
-    fn string(&self, addr: usize) -> Option<String> {
+    /// Where a str's characters lie, from its header: (offset in the object, bytes), and bytes per character.
+    fn str_shape(&self, h: &[u8]) -> Option<(usize, usize, usize)> {
         let t = &self.layout.text;
-        let mut h = [0u8; MAX_STRUCT];
-        let h = &mut h[..t.str_compact_data];
-        if addr == 0 || !self.remote.read(addr, h) {
-            return None;
-        }
         let len = u64_at(h, t.str_length) as usize;
         let state = u32_at(h, t.str_state);
         let (kind, compact, ascii) = (((state >> 2) & 7) as usize, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
         if !compact || len >= 4096 || !matches!(kind, 1 | 2 | 4) {
             return None;
         }
-        let mut data = vec![0u8; len * kind];
-        let at = addr + if ascii { t.str_ascii_data } else { t.str_compact_data };
-        if !self.remote.read(at, &mut data) {
+        Some((if ascii { t.str_ascii_data } else { t.str_compact_data }, len * kind, kind))
+    }
+
+    fn string(&self, addr: usize) -> Option<String> {
+        let mut h = [0u8; MAX_STRUCT];
+        let h = &mut h[..self.layout.text.str_compact_data];
+        if addr == 0 || !self.remote.read(addr, h) {
             return None;
         }
-        data.chunks_exact(kind)
-            .map(|c| char::from_u32(match kind { 1 => c[0] as u32, 2 => u16::from_ne_bytes([c[0], c[1]]) as u32,
-                                                 _ => u32::from_ne_bytes(c.try_into().unwrap()) }))
-            .collect()
+        let (at, len, kind) = self.str_shape(h)?;
+        let mut data = vec![0u8; len];
+        self.remote.read(addr + at, &mut data).then(|| decode(&data, kind))?
+    }
+
+    /// The str whose copy, from its start, `b` is, if the copy holds all of it.
+    fn string_in(&self, b: &[u8]) -> Option<String> {
+        let (at, len, kind) = self.str_shape(b.get(..self.layout.text.str_compact_data)?)?;
+        decode(b.get(at..at + len)?, kind)
     }
 
     fn bytes(&self, addr: usize) -> Option<Vec<u8>> {
@@ -494,6 +526,13 @@ impl Reader {
         let mut data = vec![0u8; size];
         self.remote.read(addr + t.bytes_data, &mut data).then_some(data)
     }
+}
+
+fn decode(data: &[u8], kind: usize) -> Option<String> {
+    data.chunks_exact(kind)
+        .map(|c| char::from_u32(match kind { 1 => c[0] as u32, 2 => u16::from_ne_bytes([c[0], c[1]]) as u32,
+                                             _ => u32::from_ne_bytes(c.try_into().unwrap()) }))
+        .collect()
 }
 
 /// py-spy's heuristic for threads parked in a wait that /proc shows as running (woken, not yet on a

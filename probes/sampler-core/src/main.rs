@@ -7,9 +7,10 @@
 //!
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
-//! per round. An S line's t_ns is the midpoint of the read of that process's
-//! stacks, so it is within read_ns / 2 <= 1 ms of every stack it reports; a
-//! read that took longer is dropped, as an L line.
+//! every FLUSH_EVERY and when told to stop (SIGTERM, SIGINT, SIGHUP). An S line's t_ns is the midpoint of the read of that process's
+//! stacks, so it is within read_ns / 2 <= 1 ms of every stack it reports of a
+//! running thread (one off a CPU may keep a stack up to 100 ms old: cpython.rs);
+//! a read that took longer is dropped, as an L line.
 
 mod cpython;
 mod frames;
@@ -32,10 +33,26 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::io::{BufRead, BufWriter, Write};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const MAX_READ_NS: u64 = 2_000_000;
+/// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn stop(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// A signal to end sets STOP: the loop flushes what it holds, then exits.
+fn stop_on_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        unsafe { libc::signal(sig, stop as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
 /// first and longest wait before asking py-spy again for the name of an unnamed thread
 const NAME_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
@@ -265,6 +282,8 @@ fn main() {
     let mut targets: Vec<Target> = Vec::new();
     let period = Duration::from_secs_f64(1.0 / args.rate);
     let mut next = Instant::now();
+    let mut flushed = next;
+    stop_on_signals();
     println!("ready");
     loop {
         while let Ok((pid, name)) = new_pids.try_recv() {
@@ -279,7 +298,14 @@ fn main() {
             }
         }
         targets.retain_mut(|t| s.sample(t));
-        let _ = s.out.flush();
+        if STOP.load(Ordering::Relaxed) {
+            let _ = s.out.flush();
+            std::process::exit(0);
+        }
+        if flushed.elapsed() >= FLUSH_EVERY {
+            let _ = s.out.flush();
+            flushed = Instant::now();
+        }
         next += period;
         let now = Instant::now();
         if next > now {
