@@ -12,12 +12,13 @@ never wakes it: a wake-up per event would cost more than the event) and
 appends to DIR:
     ebpf_events.bin  ring records, each a header and a struct event (ebpf_format.py: the framing,
                      the fields, and the kinds GIL wait, off-CPU and TCP segment), as BPF wrote
-                     them, in bulk; symbolizing CPU samples is the only per-record work done here
+                     them, in bulk; CPU samples' kernel stacks are symbolized here, user stacks after the run
     ebpf_cpu.tsv     t_ns pid tid cpu user_frames kernel_frames   (frames leaf first, ';'-joined;
-                     user_frames @N: the Nth record of ebpf_ustacks.bin, unwound after the run)
+                     user_frames #ADDR,...: its addresses, hex, symbolized after the run;
+                     @N: the Nth record of ebpf_ustacks.bin, unwound after the run)
     ebpf_ustacks.bin struct ustack records (ebpf_format.py): CPU samples of the native processes,
                      with their user registers and the top of their user stack, as BPF copied them
-    ebpf_maps.tsv    t_ns pid start end offset path   (their executable mappings, hex, when they change)
+    ebpf_maps.tsv    t_ns pid start end offset path   (a sampled process's executable mappings, hex, when they change)
     ebpf_programs.tsv  name runs run_time_ns        (each BPF program's cost, if the kernel counts it)
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
@@ -26,6 +27,7 @@ All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
 """
 
 import argparse
+import bisect
 import ctypes
 import mmap
 import os
@@ -36,8 +38,7 @@ import struct
 import sys
 import time
 
-from bcc import BPF, PerfSWConfig, PerfType, SymbolCache
-from bcc.libbcc import bcc_symbol_option, lib
+from bcc import BPF, PerfSWConfig, PerfType
 
 import ebpf_format  # a sibling: sys.path[0] is this script's folder
 
@@ -50,7 +51,7 @@ def kernel_now() -> int:
 
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
-POLL_S = 0.1
+POLL_S = 0.25  # a drain costs the same whether it finds 400 records or 1,000
 EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*)")  # start end offset path
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 
@@ -60,7 +61,7 @@ PROGRAM = r"""
 struct agg { u64 ns; u64 n; };
 
 // Two rings: events, all one size, which the agent appends in bulk without looking at them
-// (4 MiB: 65K records; merge-10K emits about 5K a second, drained every 100 ms), and CPU samples,
+// (4 MiB: 65K records; merge-10K emits about 5K a second, drained every 250 ms), and CPU samples,
 // which it symbolizes one by one (8 MiB: 500 copied native stacks)
 BPF_RINGBUF_OUTPUT(events, 1 << 10);
 BPF_RINGBUF_OUTPUT(samples, 1 << 11);
@@ -245,20 +246,11 @@ def take_gil_symbol(path: str) -> str | None:
     return found[0][0].decode() if found else None
 
 
-def eager_symbols(pid: int) -> None:
-    """By default bcc reads a symbol's name only when asked, from the module's file: at each lookup
-    it read libpython's whole string table again (385 KB, hundreds of times a second, most of this
-    agent's CPU). This process's symbol cache loads the names with the tables instead, once."""
-    everything = bcc_symbol_option(use_debug_file=1, check_debug_file_crc=1, lazy_symbolize=0, use_symbol_type=0xFFFF)
-    cache = SymbolCache.__new__(SymbolCache)
-    cache.cache = lib.bcc_symcache_new(pid, ctypes.byref(everything))
-    BPF._sym_caches[pid] = cache  # where BPF.sym looks a process's cache up
-
-
 class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.symbols, self.gil_libs = args, {}, {}, {}, {}
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
+        self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
@@ -292,8 +284,6 @@ class Agent:
 
     def watch(self, pid: int, name: str, python: bool) -> None:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-        if self.args.cpu:
-            eager_symbols(pid)
         if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
             self.b["unwound"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         if self.args.offcpu:
@@ -346,22 +336,35 @@ class Agent:
         return f"A\t{pid}\tgil: {name}: {lib}:{sym}\n"
 
     def frames(self, stack_id: int, pid: int) -> str:
+        """A kernel stack (pid -1) symbolized; a user stack as "#" and its addresses (hex, leaf first),
+        symbolized after the run from the process's mappings (ebpf_maps.tsv), which are written
+        again when an address falls outside the last ones."""
         if stack_id < 0:
             return "[lost]" if stack_id != -14 else ""  # -EFAULT: no such stack (e.g. kernel-only)
         key = (pid, stack_id)
         if key not in self.stacks_cache:
-            self.stacks_cache[key] = ";".join(self.symbol(addr, pid) for addr in self.b["stacks"].walk(stack_id))
+            addrs = list(self.b["stacks"].walk(stack_id))
+            if pid < 0:
+                self.stacks_cache[key] = ";".join(self.symbol(addr) for addr in addrs)
+            else:
+                self.stacks_cache[key] = "#" + ",".join(f"{addr:x}" for addr in addrs)
+                if not self.mapped(pid, addrs):
+                    self.snapshot_maps(pid)
         return self.stacks_cache[key]
 
-    def symbol(self, addr: int, pid: int) -> str:
-        """Each address is looked up once per process: bcc stats the process's executable at every
-        lookup (strace: about a hundred a second on merge-10K), and the same return addresses
-        recur in stack after stack."""
-        key = (pid, addr)
-        if key not in self.symbols:
-            sym = self.b.sym(addr, pid, show_module=True) if pid >= 0 else self.b.ksym(addr)
-            self.symbols[key] = sym.decode("utf-8", "replace").replace(";", ":").replace("\t", " ")
-        return self.symbols[key]
+    def mapped(self, pid: int, addrs: list[int]) -> bool:
+        starts, ends = self.ranges.get(pid, ((), ()))
+        for addr in addrs:
+            i = bisect.bisect_right(starts, addr) - 1
+            if i < 0 or addr >= ends[i]:
+                return False
+        return True
+
+    def symbol(self, addr: int) -> str:
+        """A kernel address, looked up once."""
+        if addr not in self.symbols:
+            self.symbols[addr] = self.b.ksym(addr).decode("utf-8", "replace").replace(";", ":").replace("\t", " ")
+        return self.symbols[addr]
 
     def drain(self) -> None:
         self.events.take(ebpf_format.RECORD_SIZE, self.out("ebpf_events.bin", "ab"))
@@ -393,6 +396,8 @@ class Agent:
         rows = [m.groups() for m in found if m]
         if rows != self.maps.get(pid):
             self.maps[pid], t = rows, kernel_now()
+            spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in rows)
+            self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans])
             self.out("ebpf_maps.tsv").writelines(f"{t}\t{pid}\t" + "\t".join(r) + "\n" for r in rows)
 
     def finish(self) -> None:

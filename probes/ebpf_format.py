@@ -18,7 +18,7 @@ TYPES = {"u32": (ctypes.c_uint32, "<u4"), "u64": (ctypes.c_uint64, "<u8"), "s64"
 # kind: (number, what its fields hold, named as the readers' columns, notes)
 KINDS = {
     "cpu": (1, {"pid": "pid", "tid": "tid", "cpu": "cpu", "t0": "t_ns", "v1": "user_stack", "v2": "kernel_stack"},
-            "symbolized by the agent into ebpf_cpu.tsv, never written to ebpf_events.bin"),
+            "written to ebpf_cpu.tsv (the kernel stack symbolized, the user stack as addresses), never to ebpf_events.bin"),
     "gil": (2, {"pid": "pid", "tid": "tid", "t0": "start_ns", "t1": "end_ns"},
             "a wait in take_gil of at least GIL_MIN_NS; shorter ones are summed into ebpf_small.tsv"),
     "offcpu": (3, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns", "t2": "in_ns", "v1": "prev_state"},

@@ -34,6 +34,22 @@ def unwind(captures: Path) -> dict[str, str]:
     return {f"@{n}": frames for n, frames in (line.split("\t", 1) for line in done.stdout.splitlines())}
 
 
+def symbolize(captures: Path, rows: pd.DataFrame) -> dict[tuple[int, str], str]:
+    """(pid, "#ADDR,...") -> the frames of that stack, symbolized by daskprobe-unwind from the process's
+    mappings (those of its first sample's time)."""
+    first = rows[rows.user.str.startswith("#")].groupby(["pid", "user"], sort=False).t.min()
+    binary = native_binary("daskprobe-unwind")
+    if binary is None:
+        return dict.fromkeys(first.index, "[not symbolized: daskprobe-unwind is not built (run ./setup.sh)]")
+    lines = "".join(f"{pid}\t{t}\t{user[1:]}\n" for (pid, user), t in first.items())
+    done = subprocess.run([binary, "--maps", str(captures / MAPS), "--addresses"], input=lines,
+                          capture_output=True, text=True, errors="replace")
+    if done.returncode != 0:
+        return dict.fromkeys(first.index, f"[not symbolized: {done.stderr.strip()[-200:]}]")
+    frames = [line.split("\t", 1)[1] for line in done.stdout.splitlines()]
+    return dict(zip(first.index, frames))
+
+
 def _not_unwound(captures: Path, why: str) -> dict[str, str]:
     count = (captures / USTACKS).stat().st_size // ebpf_format.USTACK_SIZE
     return {f"@{n}": f"[not unwound: {why}]" for n in range(count)}
@@ -48,6 +64,9 @@ def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame
     if rows.user.str.startswith("@").any():
         unwound = unwind(path.parent)
         rows["user"] = rows.user.map(lambda u: unwound.get(u, "[lost]") if u.startswith("@") else u)
+    if rows.user.str.startswith("#").any():
+        named = symbolize(path.parent, rows)
+        rows["user"] = [named.get((pid, u), u) for pid, u in zip(rows.pid, rows.user)]
     for t, pid, tid, cpu, user, kernel in rows.itertuples(index=False):
         ids = []
         for kind, part in (("kernel", kernel), ("native", user)):

@@ -92,6 +92,51 @@ def test_native_program_hot_functions_are_found(tmp_path):
     assert module.endswith("hot"), module
 
 
+SPIN_LIB = r"""
+__attribute__((noinline)) double spin_leaf(long n) {
+    volatile double x = 1.0;
+    for (long i = 0; i < n; i++) x = x * 1.0000001 + 1e-9;
+    return x;
+}
+__attribute__((noinline)) double spin_outer(long n) { return spin_leaf(n) * 0.5 + 1.0; }
+"""
+
+CALLS_LIB = """
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.spin_outer.restype = ctypes.c_double
+sys.stdin.readline()
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    lib.spin_outer(ctypes.c_long(200_000))
+"""
+
+
+def test_a_python_processs_native_stacks_are_symbolized_after_the_run(tmp_path):
+    # A Python process's native stacks are walked by frame pointers in BPF and written as addresses;
+    # they are named only when the tables are made, from the mappings the agent saw. Ground truth:
+    # the C functions it spends its time in, in a library loaded after it was watched.
+    (tmp_path / "spin.c").write_text(SPIN_LIB)
+    lib = tmp_path / "libspin.so"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o", str(lib),
+                    str(tmp_path / "spin.c")], check=True)
+    with probe_session(tmp_path, Ebpf(["cpu"], cpu_hz=199)) as s:
+        target = started([sys.executable, str(write_flow(tmp_path / "calls.py", CALLS_LIB)), str(lib)])
+        s.watch(target.pid, "calls", "worker")
+        target.communicate("\n", timeout=30)
+    raw = [line.split("\t") for line in (s.run / "captures" / "ebpf_cpu.tsv").read_text().splitlines()]
+    assert all(f[4].startswith("#") for f in raw if f[1] == str(target.pid)), "symbolized during the run"
+    samples, stacks, frames = ebpf_tables.read_cpu(s.run / "captures" / "ebpf_cpu.tsv", 0, 0)
+    names = frames.set_index("frame_id")[["function", "filename"]].apply(tuple, axis=1)
+    mine = samples[samples.pid == target.pid].stack_id.map(stacks.set_index("stack_id").frame_ids)
+    user = mine.map(lambda ids: [names[i] for i in ids if frames.kind[i] == "native"])
+    assert len(user) > 100, len(user)
+    in_leaf = user.map(lambda fs: bool(fs) and fs[0] == ("spin_leaf", "libspin.so"))
+    under_outer = user.map(lambda fs: ("spin_leaf", "libspin.so") in fs[:1] and ("spin_outer", "libspin.so") in fs[1:3])
+    assert in_leaf.mean() >= 0.8, user.map(lambda fs: fs[:2]).value_counts().head()
+    assert under_outer.mean() >= 0.7, user.map(lambda fs: fs[:3]).value_counts().head()
+
+
 # A call chain in a native program built without frame pointers (as stock release builds are),
 # in C and in Rust: its stacks can only be walked from the unwind tables (.eh_frame). The leaf
 # runs a few milliseconds a call, so nearly every sample lands in it, under the whole chain.

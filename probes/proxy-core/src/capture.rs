@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread;
 use std::time::Duration;
 
-const FLUSH_EVERY: Duration = Duration::from_millis(50);
+const FLUSH_EVERY: Duration = Duration::from_millis(100); // a write costs more than the records it holds
 const WRITE_AT: usize = 1 << 20;
 
 // <fcntl.h>'s O_NOFOLLOW (std has no libc constants, and it differs by architecture)

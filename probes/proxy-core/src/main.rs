@@ -8,7 +8,7 @@
 //! the bytes it forwarded), writes what is queued, and exits. One thread per
 //! direction of each connection: read, forward at once, then parse lengths.
 //! Records go through a channel to a single writer that drains and flushes
-//! every 50 ms. Nothing a peer or the OS does (resets, fd limits, a full
+//! every 100 ms. Nothing a peer or the OS does (resets, fd limits, a full
 //! disk) ends a route: such failures are logged by kind, and connections
 //! dropped for them are recorded as lost.
 

@@ -3,16 +3,18 @@
 //! `perf --call-graph dwarf` does, after the run) and symbolized.
 //!
 //!     daskprobe-unwind --stacks FILE --maps FILE --record BYTES --offsets pid=4,t0=16,ip=56,...
+//!     daskprobe-unwind --maps FILE --addresses < LINES
 //!
 //! The record layout comes from its one definition, probes/ebpf_format.py. Prints one line per
 //! record: N, a tab, its frames leaf first as "function [module]", ';'-joined, as the agent
-//! writes the stacks it symbolizes itself.
+//! writes the kernel stacks it symbolizes itself. With --addresses, the stacks BPF walked by
+//! frame pointers (stdin: "pid<TAB>t_ns<TAB>addr,addr,...", hex, leaf first) are symbolized the same way.
 
 mod maps;
 mod module;
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufRead, BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::rc::Rc;
 
@@ -25,10 +27,9 @@ use module::Elf;
 const MAX_FRAMES: usize = 128;
 
 struct Args {
-    stacks: PathBuf,
     maps: PathBuf,
-    record: usize,
-    offsets: HashMap<String, usize>,
+    /// None: --addresses
+    stacks: Option<(PathBuf, usize, HashMap<String, usize>)>,
 }
 
 fn need<T>(o: Option<T>, what: &str) -> Result<T, String> {
@@ -36,9 +37,13 @@ fn need<T>(o: Option<T>, what: &str) -> Result<T, String> {
 }
 
 fn args() -> Result<Args, String> {
-    let (mut stacks, mut maps, mut record, mut offsets) = (None, None, None::<usize>, HashMap::new());
+    let (mut stacks, mut maps, mut record, mut offsets, mut addresses) = (None, None, None::<usize>, HashMap::new(), false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--addresses" {
+            addresses = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--stacks" => stacks = Some(PathBuf::from(value)),
@@ -53,10 +58,14 @@ fn args() -> Result<Args, String> {
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
+    let maps = need(maps, "maps")?;
+    if addresses {
+        return Ok(Args { maps, stacks: None });
+    }
     for field in ["pid", "t0", "ip", "sp", "bp", "size", "stack"] {
         need(offsets.get(field), &format!("offsets {field}=N"))?;
     }
-    Ok(Args { stacks: need(stacks, "stacks")?, maps: need(maps, "maps")?, record: need(record, "record")?, offsets })
+    Ok(Args { maps, stacks: Some((need(stacks, "stacks")?, need(record, "record")?, offsets)) })
 }
 
 /// A process's modules at one snapshot: framehop's unwinder, and for symbols each
@@ -125,28 +134,69 @@ fn field(rec: &[u8], at: usize, width: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// The processes' modules, built once per (pid, snapshot).
+struct Modules<'a> {
+    snapshots: &'a Snapshots,
+    elves: HashMap<String, Option<Rc<Elf>>>,
+    processes: HashMap<(u32, usize), Process>,
+}
+
+impl Modules<'_> {
+    fn at(&mut self, pid: u32, t: u64) -> Option<&Process> {
+        let (i, mappings) = self.snapshots.at(pid, t)?;
+        let elves = &mut self.elves;
+        Some(self.processes.entry((pid, i)).or_insert_with(|| Process::new(mappings, elves)))
+    }
+}
+
 fn main() {
     let a = args().unwrap_or_else(|e| {
         eprintln!("daskprobe-unwind: {e}");
         std::process::exit(2)
     });
     let snapshots = Snapshots::read(&a.maps).expect("reading the maps");
-    let mut input = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(&a.stacks).expect("the stacks"));
+    let mut modules = Modules { snapshots: &snapshots, elves: HashMap::new(), processes: HashMap::new() };
     let mut out = BufWriter::new(std::io::stdout().lock());
-    let (mut elves, mut processes, mut cache) = (HashMap::new(), HashMap::new(), CacheX86_64::new());
-    let o = |k: &str| a.offsets[k];
-    let mut rec = vec![0u8; a.record];
+    match &a.stacks {
+        Some((stacks, record, offsets)) => unwind(stacks, *record, offsets, &mut modules, &mut out),
+        None => symbolize(&mut modules, &mut out),
+    }
+}
+
+/// Each stack a "pid<TAB>t_ns<TAB>addr,..." line of stdin holds, symbolized.
+fn symbolize(modules: &mut Modules, out: &mut impl Write) {
+    for (n, line) in std::io::stdin().lock().lines().map_while(Result::ok).enumerate() {
+        let f: Vec<&str> = line.splitn(3, '\t').collect();
+        let parsed = match f[..] {
+            [pid, t, addrs] => pid.parse::<u32>().ok().zip(t.parse::<u64>().ok()).map(|k| (k, addrs)),
+            _ => None,
+        };
+        let frames = match parsed {
+            Some(((pid, t), addrs)) => match modules.at(pid, t) {
+                Some(p) => addrs.split(',').filter_map(|x| u64::from_str_radix(x, 16).ok())
+                    .map(|avma| p.symbolize(avma)).collect::<Vec<_>>().join(";"),
+                None => "[no mappings]".to_string(),  // it exited before the agent read them
+            },
+            None => "[unreadable]".to_string(),
+        };
+        writeln!(out, "{n}\t{frames}").expect("writing");
+    }
+}
+
+fn unwind(stacks: &PathBuf, record: usize, offsets: &HashMap<String, usize>, modules: &mut Modules,
+          out: &mut impl Write) {
+    let mut input = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(stacks).expect("the stacks"));
+    let mut cache = CacheX86_64::new();
+    let o = |k: &str| offsets[k];
+    let mut rec = vec![0u8; record];
     let mut n = 0usize;
     while input.read_exact(&mut rec).is_ok() {  // a record torn by a kill ends the file
         let (pid, t) = (field(&rec, o("pid"), 4) as u32, field(&rec, o("t0"), 8));
         let (ip, sp, bp) = (field(&rec, o("ip"), 8), field(&rec, o("sp"), 8), field(&rec, o("bp"), 8));
-        let size = (field(&rec, o("size"), 8) as usize).min(a.record - o("stack"));
-        let frames = match snapshots.at(pid, t) {
+        let size = (field(&rec, o("size"), 8) as usize).min(record - o("stack"));
+        let frames = match modules.at(pid, t) {
             Some(_) if ip == 0 => vec!["[lost]".to_string()],  // BPF could not read the user registers
-            Some((i, mappings)) => processes
-                .entry((pid, i))
-                .or_insert_with(|| Process::new(mappings, &mut elves))
-                .frames(&mut cache, ip, sp, bp, &rec[o("stack")..o("stack") + size]),
+            Some(p) => p.frames(&mut cache, ip, sp, bp, &rec[o("stack")..o("stack") + size]),
             None => vec!["[no mappings]".to_string()],  // it exited before the agent read them
         };
         writeln!(out, "{n}\t{}", frames.join(";")).expect("writing");
