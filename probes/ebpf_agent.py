@@ -51,6 +51,7 @@ def kernel_now() -> int:
 
 GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
+MAPS_EVERY_S = 1.0
 POLL_S = 0.25  # a drain costs the same whether it finds 400 records or 1,000
 EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*)")  # start end offset path
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
@@ -250,7 +251,7 @@ class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.symbols, self.gil_libs = args, {}, {}, {}, {}
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
-        self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted
+        self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted, and when they were read
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
@@ -348,17 +349,17 @@ class Agent:
                 self.stacks_cache[key] = ";".join(self.symbol(addr) for addr in addrs)
             else:
                 self.stacks_cache[key] = "#" + ",".join(f"{addr:x}" for addr in addrs)
-                if not self.mapped(pid, addrs):
+                if addrs and not self.mapped(pid, addrs[0]):
                     self.snapshot_maps(pid)
         return self.stacks_cache[key]
 
-    def mapped(self, pid: int, addrs: list[int]) -> bool:
-        starts, ends = self.ranges.get(pid, ((), ()))
-        for addr in addrs:
-            i = bisect.bisect_right(starts, addr) - 1
-            if i < 0 or addr >= ends[i]:
-                return False
-        return True
+    def mapped(self, pid: int, ip: int) -> bool:
+        """Whether the last mappings written hold the sample's instruction (only the leaf: a walk by
+        frame pointers through code built without them goes on through garbage), or were read in
+        the last MAPS_EVERY_S (what the vDSO runs is in no file)."""
+        starts, ends, read_at = self.ranges.get(pid, ((), (), -MAPS_EVERY_S))
+        i = bisect.bisect_right(starts, ip) - 1
+        return (i >= 0 and ip < ends[i]) or time.monotonic() - read_at < MAPS_EVERY_S
 
     def symbol(self, addr: int) -> str:
         """A kernel address, looked up once."""
@@ -394,10 +395,10 @@ class Agent:
         except OSError:
             return  # it has exited: its earlier snapshot stands
         rows = [m.groups() for m in found if m]
+        spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in rows)
+        self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans], time.monotonic())
         if rows != self.maps.get(pid):
             self.maps[pid], t = rows, kernel_now()
-            spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in rows)
-            self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans])
             self.out("ebpf_maps.tsv").writelines(f"{t}\t{pid}\t" + "\t".join(r) + "\n" for r in rows)
 
     def finish(self) -> None:
