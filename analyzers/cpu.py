@@ -74,6 +74,11 @@ def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
     for (pid, tid), idx in s[py & s.pid.isin(known).to_numpy()].groupby(["pid", "tid"]).groups.items():
         st = per_thread.get((pid, tid), empty)
         on[idx] = ~inside(s.t_ns.loc[idx].to_numpy(), st.start_ns.to_numpy(), st.end_ns.to_numpy())
+    # A stale stack (the sampler found the thread off a CPU, so kept the one it read before) of a thread
+    # on a CPU by eBPF at t_ns, which it reached between its read and t_ns: what it does is unknown, and
+    # whether it woke in that window has nothing to do with what it does, so the sample is left out.
+    if "stale" in s:
+        on &= ~s.stale.fillna(False).astype(bool).to_numpy()
     return on
 
 

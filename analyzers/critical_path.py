@@ -66,8 +66,8 @@ class _Lookup:
 
 
 def _by_time(rows: list[tuple]) -> tuple[list, list]:
-    """(times, values) in time order; equal times in the order pandas' sort_values gives them."""
-    order = np.argsort(np.array([t for t, _ in rows]), kind="quicksort") if len(rows) > 1 else [0]
+    """(times, values) in time order; equal times (ops of one message) in the order of `rows`."""
+    order = np.argsort(np.array([t for t, _ in rows]), kind="stable") if len(rows) > 1 else [0]
     return [rows[i][0] for i in order], [rows[i][1] for i in order]
 
 

@@ -135,7 +135,8 @@ def _gil(s: dict, t: dict) -> dict | None:
 
 
 def gil_holder(t: dict) -> str | None:
-    """The function most often on top of a non-main thread's on-CPU, GIL-holding samples, with its process."""
+    """The function most often on top of a non-main thread's GIL-holding samples (the sampler reads the
+    holder's stack at every sample), with its process."""
     smp = t["samples"]
     if smp.empty or "owns_gil" not in smp:
         return None

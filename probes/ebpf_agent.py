@@ -63,7 +63,7 @@ struct agg { u64 ns; u64 n; };
 
 // Two rings: events, all one size, which the agent appends in bulk without looking at them
 // (4 MiB: 65K records; merge-10K emits about 5K a second, drained every 250 ms), and CPU samples,
-// which it symbolizes one by one (8 MiB: 500 copied native stacks)
+// which it decodes one by one (8 MiB: 500 copied native stacks)
 BPF_RINGBUF_OUTPUT(events, 1 << 10);
 BPF_RINGBUF_OUTPUT(samples, 1 << 11);
 BPF_ARRAY(lost, u64, 1);
@@ -252,6 +252,7 @@ class Agent:
         self.args, self.files, self.stacks_cache, self.symbols, self.gil_libs = args, {}, {}, {}, {}
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
         self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted, and when they were read
+        self.owed = set()  # pids with a sample outside their last mappings
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
@@ -285,6 +286,8 @@ class Agent:
 
     def watch(self, pid: int, name: str, python: bool) -> None:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.args.cpu:
+            self.snapshot_maps(pid)  # a process that ends before a drain is still named
         if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
             self.b["unwound"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         if self.args.offcpu:
@@ -338,7 +341,7 @@ class Agent:
 
     def frames(self, stack_id: int, pid: int) -> str:
         """A kernel stack (pid -1) symbolized; a user stack as "#" and its addresses (hex, leaf first),
-        symbolized after the run from the process's mappings (ebpf_maps.tsv), which are written
+        symbolized after the run from the process's mappings (ebpf_maps.tsv), which are read
         again when an address falls outside the last ones."""
         if stack_id < 0:
             return "[lost]" if stack_id != -14 else ""  # -EFAULT: no such stack (e.g. kernel-only)
@@ -350,16 +353,24 @@ class Agent:
             else:
                 self.stacks_cache[key] = "#" + ",".join(f"{addr:x}" for addr in addrs)
                 if addrs and not self.mapped(pid, addrs[0]):
-                    self.snapshot_maps(pid)
+                    self.owed.add(pid)
         return self.stacks_cache[key]
 
     def mapped(self, pid: int, ip: int) -> bool:
-        """Whether the last mappings written hold the sample's instruction (only the leaf: a walk by
-        frame pointers through code built without them goes on through garbage), or were read in
-        the last MAPS_EVERY_S (what the vDSO runs is in no file)."""
-        starts, ends, read_at = self.ranges.get(pid, ((), (), -MAPS_EVERY_S))
+        """Whether the last mappings read hold the sample's instruction (only the leaf: a walk by frame
+        pointers through code built without them goes on through garbage)."""
+        starts, ends, _ = self.ranges.get(pid, ((), (), 0.0))
         i = bisect.bisect_right(starts, ip) - 1
-        return (i >= 0 and ip < ends[i]) or time.monotonic() - read_at < MAPS_EVERY_S
+        return i >= 0 and ip < ends[i]
+
+    def pay_maps(self, last: bool = False) -> None:
+        """Reads again the mappings of the processes that had a sample outside them, each at most every
+        MAPS_EVERY_S (what the vDSO runs is in no file, so some always are); all of them at the end."""
+        now = time.monotonic()
+        for pid in list(self.owed):
+            if last or now - self.ranges.get(pid, ((), (), -MAPS_EVERY_S))[2] >= MAPS_EVERY_S:
+                self.snapshot_maps(pid)
+                self.owed.discard(pid)
 
     def symbol(self, addr: int) -> str:
         """A kernel address, looked up once."""
@@ -370,7 +381,7 @@ class Agent:
     def drain(self) -> None:
         self.events.take(ebpf_format.RECORD_SIZE, self.out("ebpf_events.bin", "ab"))
         records = self.samples.records()
-        if records:  # CPU samples: the only records decoded here, to symbolize them
+        if records:  # CPU samples: the only records decoded here, to write their stacks
             cpu, unwound = self.out("ebpf_cpu.tsv"), set()
             for raw in records:
                 e = ebpf_format.Event.from_buffer_copy(raw[:ebpf_format.SIZE])
@@ -383,6 +394,7 @@ class Agent:
                 cpu.write(f"{e.t0}\t{e.pid}\t{e.tid}\t{e.cpu}\t{user}\t{self.frames(e.v2, -1)}\n")
             for pid in unwound:
                 self.snapshot_maps(pid)
+        self.pay_maps()
         for f in self.files.values():
             f.flush()
 
@@ -403,6 +415,7 @@ class Agent:
 
     def finish(self) -> None:
         self.drain()
+        self.pay_maps(last=True)
         small, tgid_of = self.b["small"], self.b["tgid_of"]
         out = self.out("ebpf_small.tsv")
         for k, v in small.items():

@@ -44,10 +44,9 @@ def symbolize(captures: Path, rows: pd.DataFrame) -> dict[tuple[int, str], str]:
     lines = "".join(f"{pid}\t{t}\t{user[1:]}\n" for (pid, user), t in first.items())
     done = subprocess.run([binary, "--maps", str(captures / MAPS), "--addresses"], input=lines,
                           capture_output=True, text=True, errors="replace")
-    if done.returncode != 0:
-        return dict.fromkeys(first.index, f"[not symbolized: {done.stderr.strip()[-200:]}]")
-    frames = [line.split("\t", 1)[1] for line in done.stdout.splitlines()]
-    return dict(zip(first.index, frames))
+    frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
+    why = re.sub(r"[;\t\n]+", " ", done.stderr.strip()[-200:]) or f"exit code {done.returncode}"
+    return {k: frames.get(str(n), f"[not symbolized: {why}]") for n, k in enumerate(first.index)}
 
 
 def _not_unwound(captures: Path, why: str) -> dict[str, str]:

@@ -171,6 +171,8 @@ DECODED = {
         C("stack_id", "int64", "", "its stack (stacks.stack_id)"),
         C("ident", "Int64", "", "the Python thread identifier (threading.get_ident), as attempts.thread; 0 when "
           "unknown (and in captures before it was recorded), null for ebpf"),
+        C("stale", "boolean", "", "the stack was read at an earlier sample (up to 100 ms before) and the thread, "
+          "off a CPU at this one, ran since: what it did then, not now; null for ebpf"),
         C("source", "str", "", "pyspy (the Python sampler) or ebpf (the CPU sampler)"),
         C("cpu", "Int64", "", "the CPU it was on; null for pyspy"),
         PROCESS,

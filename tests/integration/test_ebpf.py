@@ -103,9 +103,12 @@ __attribute__((noinline)) double spin_outer(long n) { return spin_leaf(n) * 0.5 
 
 CALLS_LIB = """
 import ctypes, sys, time
+sys.stdin.readline()
+end = time.monotonic() + 0.3
+while time.monotonic() < end:  # Python first: the library comes after the agent read the mappings
+    pass
 lib = ctypes.CDLL(sys.argv[1])
 lib.spin_outer.restype = ctypes.c_double
-sys.stdin.readline()
 end = time.monotonic() + 1.5
 while time.monotonic() < end:
     lib.spin_outer(ctypes.c_long(200_000))
@@ -115,7 +118,8 @@ while time.monotonic() < end:
 def test_a_python_processs_native_stacks_are_symbolized_after_the_run(tmp_path):
     # A Python process's native stacks are walked by frame pointers in BPF and written as addresses;
     # they are named only when the tables are made, from the mappings the agent saw. Ground truth:
-    # the C functions it spends its time in, in a library loaded after it was watched.
+    # the C functions it spends five sixths of its time in, in a library loaded after it was watched
+    # (so after the agent first read its mappings).
     (tmp_path / "spin.c").write_text(SPIN_LIB)
     lib = tmp_path / "libspin.so"
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o", str(lib),
@@ -133,8 +137,8 @@ def test_a_python_processs_native_stacks_are_symbolized_after_the_run(tmp_path):
     assert len(user) > 100, len(user)
     in_leaf = user.map(lambda fs: bool(fs) and fs[0] == ("spin_leaf", "libspin.so"))
     under_outer = user.map(lambda fs: ("spin_leaf", "libspin.so") in fs[:1] and ("spin_outer", "libspin.so") in fs[1:3])
-    assert in_leaf.mean() >= 0.8, user.map(lambda fs: fs[:2]).value_counts().head()
-    assert under_outer.mean() >= 0.7, user.map(lambda fs: fs[:3]).value_counts().head()
+    assert in_leaf.mean() >= 0.6, user.map(lambda fs: fs[:2]).value_counts().head()
+    assert under_outer.sum() >= 0.85 * in_leaf.sum(), user[in_leaf].map(lambda fs: fs[:3]).value_counts().head()
 
 
 # A call chain in a native program built without frame pointers (as stock release builds are),

@@ -309,3 +309,66 @@ def test_threads_and_functions_that_come_and_go_are_each_named_right(tmp_path, v
     assert all(js == [f"job_{name[6:]}"] for name, js in per_thread.items()), shown
     # and no thread's samples carry another's function, the main thread's none
     assert (per_tid.map(len) <= 1).all() and not per_tid[samples.pid.iloc[0]], shown
+
+
+WAKER = """
+import sys, threading, time
+
+def busy_ms(ms):
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+def phase_one():  # wakes as an event loop does: a millisecond of work, then asleep till the next
+    for _ in range(50):
+        busy_ms(1)
+        time.sleep(0.009)
+
+def phase_rest():
+    time.sleep(0.6)
+
+def run():
+    phase_one()
+    print(time.monotonic_ns(), flush=True)
+    phase_rest()
+
+sys.stdin.readline()
+t = threading.Thread(target=run, name="waker")
+t.start()
+t.join()
+"""
+
+
+def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_old(tmp_path):
+    # A thread found off a CPU that ran since its stack was read keeps that stack, marked stale, for
+    # up to 100 ms (the sampler's OFF_CPU_REREAD); then it is read again. Ground truth: the time the
+    # thread left phase_one for a long sleep in phase_rest, on the run's clock.
+    if why := PySpy().available():
+        pytest.skip(why)
+    target = _started(sys.executable, write_flow(tmp_path / "waker.py", WAKER))
+    out = tmp_path / "samples.tsv"
+    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.stdin.write(f"{target.pid} waker\n")
+        p.stdin.flush()
+        time.sleep(0.5)  # attached
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        switched = int(target.stdout.readline())
+        target.wait(timeout=30)
+    finally:
+        p.terminate()
+        p.wait()
+    samples, stacks, frames = read_samples(out)
+    fn = frames.set_index("frame_id").function
+    s = samples[samples.thread_name == "waker"].copy()
+    s["fns"] = s.stack_id.map(stacks.set_index("stack_id").frame_ids).map(lambda ids: {fn[i] for i in ids})
+    before, long_after = s[s.t_ns < switched], s[s.t_ns > switched + 130_000_000]
+    assert len(before) > 20 and len(long_after) > 20, (len(before), len(long_after))
+    assert before.stale.mean() > 0.2, before.stale.value_counts()  # it mostly slept between reads
+    assert not before.stale[before.active].any(), "a thread found running is always read"
+    assert long_after.fns.map(lambda f: "phase_rest" in f and "phase_one" not in f).all(), \
+        long_after[["t_ns", "stale", "fns"]].head()
+    assert not long_after.stale.any(), "asleep since its stack was read: current"

@@ -1,9 +1,9 @@
 //! A stack reader for CPython 3.10 to 3.13 on x86_64, cheaper per sample than
 //! py-spy's (which reads each frame's code object, names and line table anew,
 //! about eight reads per frame):
-//! - a thread that has not run since its last read keeps its stack: no read; one
-//!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since (on-CPU
-//!   samples are the ones whose stacks count);
+//! - a thread that has not run since its stack was read keeps it: no read; one
+//!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since, marked
+//!   stale (on-CPU samples are the ones whose stacks count);
 //! - from 3.11 on, the thread's frame stack is read in one piece (its
 //!   data-stack chunk), so only generator and coroutine frames, which live
 //!   elsewhere, cost a read; 3.10's frames are objects linked by f_back, a
@@ -63,6 +63,8 @@ pub struct ThreadSample {
     pub active: bool,
     pub owns_gil: bool,
     pub frame_ids: Rc<str>,
+    /// its stack was read before this sample and the thread ran since (it is off a CPU now)
+    pub stale: bool,
 }
 
 struct Code {
@@ -85,8 +87,8 @@ struct Thread {
     last: Option<State>,
     /// its last stack read: frame ids, and whether the leaf is a known wait
     stack: Option<(Rc<str>, bool)>,
-    /// when that stack was read
-    read_at: Option<Instant>,
+    /// when that stack was read, and the thread's state then
+    read_at: Option<(Instant, Option<State>)>,
 }
 
 /// One entry of the interpreter's thread list.
@@ -164,8 +166,10 @@ impl Reader {
                 self.relist = true;
                 continue;
             }
-            if let Some(s) = self.thread(t, frames, out) {
-                samples.push(ThreadSample { owns_gil: Some(t.tstate) == holder, ..s });
+            // the GIL holder's stack is always current: the GIL finding names what it runs, on a CPU or not
+            let owns_gil = Some(t.tstate) == holder;
+            if let Some(s) = self.thread(t, owns_gil, frames, out) {
+                samples.push(ThreadSample { owns_gil, ..s });
             }
         }
         self.threads.retain(|addr, _| listed.iter().any(|t| t.tstate == *addr));
@@ -239,7 +243,8 @@ impl Reader {
         Some(holder)
     }
 
-    fn thread(&mut self, t: Listed, frames: &mut Frames, out: &mut impl Write) -> Option<ThreadSample> {
+    fn thread(&mut self, t: Listed, owns_gil: bool, frames: &mut Frames, out: &mut impl Write)
+              -> Option<ThreadSample> {
         // a PyThreadState's memory can be reused by a thread started later
         let same = self.threads.get(&t.tstate)
             .is_some_and(|th| th.ident == t.ident && t.native_tid.is_none_or(|n| n == th.tid));
@@ -260,23 +265,24 @@ impl Reader {
                 return None;
             }
         }
+        th.last = now;
         // as py-spy: running per /proc (a thread we cannot stat counts as running)
         let running = now.is_none_or(|s| s.running);
-        // Unchanged stack: not running at either read, and not switched in between.
-        let unchanged = matches!((th.last, now),
-                                 (Some(a), Some(b)) if !a.running && !b.running && a.ran.is_some() && a.ran == b.ran);
+        let read_at = th.read_at.filter(|_| th.stack.is_some());
+        // Unchanged since its stack was read: off a CPU then and now, and not switched in between.
+        let unchanged = matches!((read_at, now), (Some((_, Some(a))), Some(b))
+                                 if !a.running && !b.running && a.ran.is_some() && a.ran == b.ran);
         // Off a CPU but run since: Dask's threads (event loops, its profiler) mostly wake between two
         // reads to sleep again at once, and only on-CPU samples' stacks say what the CPU did. Such a
-        // thread keeps the stack last read for up to OFF_CPU_REREAD.
-        let recent = th.read_at.is_some_and(|at| at.elapsed() < OFF_CPU_REREAD);
-        let keep = th.stack.is_some() && (unchanged || (!running && recent));
-        th.last = now;
+        // thread keeps the stack read up to OFF_CPU_REREAD before, marked stale.
+        let recent = read_at.is_some_and(|(at, _)| at.elapsed() < OFF_CPU_REREAD);
+        let stale = !unchanged && !running && !owns_gil && recent;
         let tid = th.tid;
-        if !keep {
+        if !unchanged && !stale {
             // a failed read leaves no stack to reuse: the thread may have run since the last one
             let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
             let th = self.threads.get_mut(&t.tstate).unwrap();
-            (th.stack, th.read_at) = (stack, Some(Instant::now()));
+            (th.stack, th.read_at) = (stack, Some((Instant::now(), now)));
         }
         let (frame_ids, idle_leaf) = self.threads[&t.tstate].stack.clone()?;
         if now.is_none() && t.native_tid.is_none() {
@@ -284,7 +290,7 @@ impl Reader {
             self.threads.remove(&t.tstate);
         }
         // on a CPU unless parked in a known wait
-        Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids })
+        Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids, stale })
     }
 
     /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait;

@@ -7,10 +7,11 @@
 //!
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
-//! every FLUSH_EVERY and when told to stop (SIGTERM, SIGINT, SIGHUP). An S line's t_ns is the midpoint of the read of that process's
-//! stacks, so it is within read_ns / 2 <= 1 ms of every stack it reports of a
-//! running thread (one off a CPU may keep a stack up to 100 ms old: cpython.rs);
-//! a read that took longer is dropped, as an L line.
+//! every FLUSH_EVERY and when told to stop (SIGTERM, SIGINT, SIGHUP). An S
+//! line's t_ns is the midpoint of the read of that process's stacks, so it is
+//! within read_ns / 2 <= 1 ms of every stack it reports but a stale one (kept
+//! up to 100 ms for a thread off a CPU: cpython.rs); a read that took longer
+//! is dropped, as an L line.
 
 mod cpython;
 mod frames;
@@ -146,8 +147,8 @@ impl Target {
                 self.spy.python_thread_names.clear();
             }
             self.names.insert(tr.thread_id, (tid, clean(&tr.thread_name.unwrap_or_default())));
-            samples.push(ThreadSample { tid, ident: tr.thread_id,
-                                        active: tr.active, owns_gil: tr.owns_gil, frame_ids: Rc::from(ids.join(",")) });
+            samples.push(ThreadSample { tid, ident: tr.thread_id, active: tr.active, owns_gil: tr.owns_gil,
+                                        frame_ids: Rc::from(ids.join(",")), stale: false });
         }
         true
     }

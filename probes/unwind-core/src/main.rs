@@ -173,8 +173,11 @@ fn symbolize(modules: &mut Modules, out: &mut impl Write) {
         };
         let frames = match parsed {
             Some(((pid, t), addrs)) => match modules.at(pid, t) {
-                Some(p) => addrs.split(',').filter_map(|x| u64::from_str_radix(x, 16).ok())
-                    .map(|avma| p.symbolize(avma)).collect::<Vec<_>>().join(";"),
+                // a caller's address is where it returns to: the call is the byte before it (which
+                // a call a function ends with, to a function that does not return, leaves outside it)
+                Some(p) => addrs.split(',').filter_map(|x| u64::from_str_radix(x, 16).ok()).enumerate()
+                    .map(|(i, avma)| p.symbolize(if i == 0 { avma } else { avma.saturating_sub(1) }))
+                    .collect::<Vec<_>>().join(";"),
                 None => "[no mappings]".to_string(),  // it exited before the agent read them
             },
             None => "[unreadable]".to_string(),
