@@ -1,6 +1,7 @@
 """py-spy samples on the run's clock: alignment within 1 ms, proven against
 a process that switches between two functions at times it records itself."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -243,6 +244,24 @@ def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, vers
         {name: [int(ident)] for name, ident in printed.items()}
 
 
+@contextlib.contextmanager
+def _sampled_from_go(target: subprocess.Popen, name: str, out: Path):
+    """The sampler attached to target, which is then told to go; stopped after the block."""
+    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.stdin.write(f"{target.pid} {name}\n")
+        p.stdin.flush()
+        time.sleep(0.5)  # attached
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        yield
+    finally:
+        p.terminate()
+        p.wait()
+
+
 CHURN = """
 import sys, threading, time
 
@@ -277,20 +296,11 @@ def test_threads_and_functions_that_come_and_go_are_each_named_right(tmp_path, v
         pytest.skip(why)
     target = _started(_pyenv_python(version), write_flow(tmp_path / "churn.py", CHURN))
     out = tmp_path / "samples.tsv"
-    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout.readline().strip() == "ready"
-        assert p.stdout.readline().strip() == "ready"
-        p.stdin.write(f"{target.pid} churn\n")
-        p.stdin.flush()
-        time.sleep(0.5)  # attached
-        target.stdin.write("go\n")
-        target.stdin.flush()
-        assert target.stdout.readline().strip() == "done"
+        with _sampled_from_go(target, "churn", out):
+            assert target.stdout.readline().strip() == "done"
     finally:
-        p.terminate()
-        p.wait()
         target.kill()
         target.wait()
     assert [line.split("\t")[4] for line in out.read_text().splitlines() if line.startswith("A\t")] == \
@@ -347,20 +357,9 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
         pytest.skip(why)
     target = _started(sys.executable, write_flow(tmp_path / "waker.py", WAKER))
     out = tmp_path / "samples.tsv"
-    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        p.stdin.write(f"{target.pid} waker\n")
-        p.stdin.flush()
-        time.sleep(0.5)  # attached
-        target.stdin.write("go\n")
-        target.stdin.flush()
+    with _sampled_from_go(target, "waker", out):
         switched = int(target.stdout.readline())
         target.wait(timeout=30)
-    finally:
-        p.terminate()
-        p.wait()
     samples, stacks, frames = read_samples(out)
     fn = frames.set_index("frame_id").function
     s = samples[samples.thread_name == "waker"].copy()
