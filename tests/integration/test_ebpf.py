@@ -1,6 +1,7 @@
 """eBPF probes against known causes: threads fighting for the GIL, a native
 program with known hot functions, known sleeps, a known CPU shortage."""
 
+import collections
 import json
 import subprocess
 import sys
@@ -128,8 +129,11 @@ def test_a_python_processs_native_stacks_are_symbolized_after_the_run(tmp_path):
         target = started([sys.executable, str(write_flow(tmp_path / "calls.py", CALLS_LIB)), str(lib)])
         s.watch(target.pid, "calls", "worker")
         target.communicate("\n", timeout=30)
-    raw = [line.split("\t") for line in (s.run / "captures" / "ebpf_cpu.tsv").read_text().splitlines()]
-    assert all(f[4].startswith("#") for f in raw if f[1] == str(target.pid)), "symbolized during the run"
+    raw = [line.split("\t")[4] for line in (s.run / "captures" / "ebpf_cpu.tsv").read_text().splitlines()
+           if line.split("\t")[1] == str(target.pid)]
+    # addresses during the run, or no user stack at all: "" (none) or "[lost]" (BPF's stack map full)
+    assert all(u.startswith("#") or u in ("", "[lost]") for u in raw), "symbolized during the run"
+    assert sum(u.startswith("#") for u in raw) >= 0.9 * len(raw), collections.Counter(u[:1] for u in raw)
     samples, stacks, frames = ebpf_tables.read_cpu(s.run / "captures" / "ebpf_cpu.tsv", 0, 0)
     names = frames.set_index("frame_id")[["function", "filename"]].apply(tuple, axis=1)
     mine = samples[samples.pid == target.pid].stack_id.map(stacks.set_index("stack_id").frame_ids)
