@@ -194,6 +194,7 @@ fn align(n: usize) -> usize {
 
 const CLOCKS_EVERY_NS: i128 = 10_000_000; // how long the clocks' difference is taken as steady
 const CLOCK_TRIES: usize = 3;
+const MAX_SLEW_PPM: i128 = 500; // the most adjtime lets NTP slew CLOCK_REALTIME
 
 /// The difference of CLOCK_REALTIME (the ring's stamps) and CLOCK_MONOTONIC (the run's clock), read
 /// again every CLOCKS_EVERY_NS (NTP's slewing moves it by microseconds a second at most). Each time
@@ -203,7 +204,9 @@ const CLOCK_TRIES: usize = 3;
 #[derive(Default)]
 struct Clocks {
     real_minus_mono: i128,
-    read_at: i128, // monotonic ns of that reading; 0: never read
+    half_width: i128, // of the bracket it came from: its uncertainty then
+    measured_at: i128, // monotonic ns of that reading; 0: never read
+    read_at: i128,     // of the last reading, kept or not
 }
 
 impl Clocks {
@@ -212,7 +215,14 @@ impl Clocks {
         if self.read_at == 0 || now - self.read_at > CLOCKS_EVERY_NS {
             let reads = (0..CLOCK_TRIES).map(|_| (ns(libc::CLOCK_REALTIME), ns(libc::CLOCK_MONOTONIC), ns(libc::CLOCK_REALTIME)));
             let (r0, mono, r1) = reads.min_by_key(|(r0, _, r1)| r1 - r0).unwrap();
-            self.real_minus_mono = (r0 + r1) / 2 - mono;
+            let (estimate, half_width) = ((r0 + r1) / 2 - mono, (r1 - r0) / 2);
+            // The kept reading's uncertainty grows as NTP may have slewed since; a new one replaces it
+            // when narrower, or when the two cannot both be right (the clock was stepped). A reading
+            // the tap was preempted in (all its tries) is wide, and would move every stamp by it.
+            let aged = self.half_width + (mono - self.measured_at) * MAX_SLEW_PPM / 1_000_000;
+            if self.measured_at == 0 || half_width <= aged || (estimate - self.real_minus_mono).abs() > half_width + aged {
+                (self.real_minus_mono, self.half_width, self.measured_at) = (estimate, half_width, mono);
+            }
             self.read_at = mono;
         }
         (real.tv_sec as i128 * 1_000_000_000 + real.tv_nsec as i128 - self.real_minus_mono) as u64

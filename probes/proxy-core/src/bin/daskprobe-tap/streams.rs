@@ -29,12 +29,13 @@ struct Direction {
     sync: Sync,
     bytes: u64, // seen, read or skipped
     done: bool,
+    last_t: u64, // the latest time its bytes were read at
 }
 
 impl Direction {
     fn new() -> Self {
         Direction { next: None, pending: BTreeMap::new(), pending_bytes: 0,
-                    sync: Sync::Seeking { buf: Vec::new(), from: 0 }, bytes: 0, done: false }
+                    sync: Sync::Seeking { buf: Vec::new(), from: 0 }, bytes: 0, done: false, last_t: 0 }
     }
 }
 
@@ -167,6 +168,11 @@ fn lose_gap(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction) {
 }
 
 fn deliver(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, data: &[u8]) {
+    // A stream's bytes are read in order, so their times never go back: a segment held for one
+    // missing before it counts from when that one came, and packets' stamps converted from the
+    // ring's clock (see packets::Clocks) cannot put a later message before an earlier one.
+    let t = t.max(d.last_t);
+    d.last_t = t;
     let (seq, at) = d.next.unwrap();
     d.next = Some((seq.wrapping_add(data.len() as u32), at + data.len() as u64));
     d.bytes += data.len() as u64;
