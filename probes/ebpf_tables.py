@@ -17,41 +17,37 @@ EVENTS, USTACKS, MAPS = "ebpf_events.bin", "ebpf_ustacks.bin", "ebpf_maps.tsv"
 RECORD = ebpf_format.numpy_record_dtype()
 
 
+def _unwinder(args: list[str], stdin: str | None = None) -> tuple[dict[str, str], str | None]:
+    """daskprobe-unwind's answer, {N: frames}, and why it failed (None if it did not)."""
+    binary = native_binary("daskprobe-unwind")
+    if binary is None:
+        return {}, "daskprobe-unwind is not built (run ./setup.sh)"
+    done = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, errors="replace")
+    frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
+    # the reason goes into a frame's name: no frame separators in it
+    why = re.sub(r"\s*[;\t\n]+\s*", " ", done.stderr.strip()[-200:]) or f"exit code {done.returncode}"
+    return frames, (f"daskprobe-unwind failed: {why}" if done.returncode else None)
+
+
 def unwind(captures: Path) -> dict[str, str]:
     """Each "@N" -> the frames of the Nth copied user stack, unwound and symbolized by daskprobe-unwind.
     A stack it could not unwind stays a "[not unwound: why]" frame rather than failing the run."""
-    binary = native_binary("daskprobe-unwind")
     if not (captures / USTACKS).exists():
         return {}
-    if binary is None:
-        return _not_unwound(captures, "daskprobe-unwind is not built (run ./setup.sh)")
     offsets = ",".join(f"{k}={v}" for k, v in ebpf_format.ustack_offsets().items())
-    done = subprocess.run([binary, "--stacks", str(captures / USTACKS), "--maps", str(captures / MAPS),
-                           "--record", str(ebpf_format.USTACK_SIZE), "--offsets", offsets],
-                          capture_output=True, text=True, errors="replace")
-    if done.returncode != 0:
-        return _not_unwound(captures, f"daskprobe-unwind failed: {done.stderr.strip()[-200:]}")
-    return {f"@{n}": frames for n, frames in (line.split("\t", 1) for line in done.stdout.splitlines())}
+    frames, why = _unwinder(["--stacks", str(captures / USTACKS), "--maps", str(captures / MAPS),
+                             "--record", str(ebpf_format.USTACK_SIZE), "--offsets", offsets])
+    count = (captures / USTACKS).stat().st_size // ebpf_format.USTACK_SIZE
+    return {f"@{n}": f"[not unwound: {why}]" if why else frames.get(str(n), "[lost]") for n in range(count)}
 
 
 def symbolize(captures: Path, rows: pd.DataFrame) -> dict[tuple[int, str], str]:
     """(pid, "#ADDR,...") -> the frames of that stack, symbolized by daskprobe-unwind from the process's
     mappings (those of its first sample's time)."""
     first = rows[rows.user.str.startswith("#")].groupby(["pid", "user"], sort=False).t.min()
-    binary = native_binary("daskprobe-unwind")
-    if binary is None:
-        return dict.fromkeys(first.index, "[not symbolized: daskprobe-unwind is not built (run ./setup.sh)]")
     lines = "".join(f"{pid}\t{t}\t{user[1:]}\n" for (pid, user), t in first.items())
-    done = subprocess.run([binary, "--maps", str(captures / MAPS), "--addresses"], input=lines,
-                          capture_output=True, text=True, errors="replace")
-    frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
-    why = re.sub(r"[;\t\n]+", " ", done.stderr.strip()[-200:]) or f"exit code {done.returncode}"
-    return {k: frames.get(str(n), f"[not symbolized: {why}]") for n, k in enumerate(first.index)}
-
-
-def _not_unwound(captures: Path, why: str) -> dict[str, str]:
-    count = (captures / USTACKS).stat().st_size // ebpf_format.USTACK_SIZE
-    return {f"@{n}": f"[not unwound: {why}]" for n in range(count)}
+    frames, why = _unwinder(["--maps", str(captures / MAPS), "--addresses"], lines)
+    return {k: frames.get(str(n), f"[not symbolized: {why or 'no answer for it'}]") for n, k in enumerate(first.index)}
 
 
 def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
