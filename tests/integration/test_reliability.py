@@ -207,6 +207,14 @@ def test_malformed_messages_are_rows_and_every_stage_still_runs(tmp_path):
     assert "2 messages could not be decoded" in p.stderr
 
 
+def _cmdline(pid: int) -> str:
+    """Its command line; empty once it is gone (it may end between being listed and being read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_a_signal_during_probe_startup_stops_everything(tmp_path):
     from daskprobe.probes.ebpf import environment_problem
     if why := environment_problem():
@@ -216,7 +224,7 @@ def test_a_signal_during_probe_startup_stops_everything(tmp_path):
 
     def agent_started():
         seen.update(descendants(p.pid))
-        return any("ebpf_agent" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace") for pid in alive(seen))
+        return any("ebpf_agent" in _cmdline(pid) for pid in alive(seen))
     wait_for(agent_started, 60, "the eBPF agent")
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=60)
