@@ -6,11 +6,15 @@ off one (measured on the ETL workflow: a worker's event loop was on a CPU for
 32% of the time by sched_switch, but only 12% of its samples found it there).
 So a thread's CPU seconds come from its on/off-CPU intervals (eBPF, exact)
 where it has them, and its samples share them out: each category gets the
-fraction of the thread's on-CPU samples that fall in it. Without eBPF states,
-a sample counts as CPU time only if the sampler saw its thread running (per
-/proc, and not parked in a known wait), and stands for the time since its
-process's previous read; that estimate carries the sampler's bias. A native
-sample (eBPF cpu-clock) is on a CPU by construction and stands for 1/cpu_hz s.
+fraction of the thread's on-CPU samples that fall in it. Where the sampler
+had CPU ticks (a process's samples include tick ones), its on-CPU samples
+are those: a tick, an interrupt, finds the thread on its CPU whatever the
+sampler waits for, and each stands for one period (1/rate s) of CPU. When
+the sampler polled instead, without eBPF states, a sample counts as CPU time
+only if the sampler saw its thread running (per /proc, and not parked in a
+known wait), and stands for the time since its process's previous read;
+that estimate carries the sampler's bias. A native sample (eBPF cpu-clock)
+is on a CPU by construction and stands for 1/cpu_hz s.
 
 Category: a worker's sample taken inside a task's compute span, on the thread
 that ran the task, is compute, whatever Dask frames are on its stack; the
@@ -53,7 +57,8 @@ def classify_samples(samples: pd.DataFrame, processes: pd.DataFrame, states: pd.
 
 
 def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
-    """Seconds each sample stands for: the gap since its process's previous read."""
+    """Seconds each sample stands for: a period for a tick's (none for the other samples of a ticked
+    process), else the gap since its process's previous read."""
     period = 1.0 / rate
     w = np.full(len(s), 1.0 / cpu_hz)
     py = s.source.to_numpy() == "pyspy"
@@ -61,7 +66,17 @@ def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
     gap = rounds.groupby("pid").t_ns.diff() / 1e9
     rounds["w"] = gap.fillna(period).clip(upper=MAX_PERIODS * period).to_numpy()
     w[py] = s[py].merge(rounds, on=["pid", "t_ns"], how="left").w.to_numpy()
+    tick, ticked = _ticks(s)
+    w[ticked] = np.where(tick[ticked], period, 0.0)
     return w
+
+
+def _ticks(s: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Which samples a tick took, and which are of a process the sampler read on ticks."""
+    if "tick" not in s:
+        return np.zeros(len(s), bool), np.zeros(len(s), bool)
+    tick = s.tick.fillna(False).astype(bool).to_numpy()
+    return tick, s.pid.isin(set(s.pid[tick])).to_numpy()
 
 
 def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
@@ -79,6 +94,9 @@ def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
     # whether it woke in that window has nothing to do with what it does, so the sample is left out.
     if "stale" in s:
         on &= ~s.stale.fillna(False).astype(bool).to_numpy()
+    # a ticked process's other samples come at times the sampler chose, and would bias its shares
+    tick, ticked = _ticks(s)
+    on &= tick | ~ticked
     return on
 
 

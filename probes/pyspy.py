@@ -23,10 +23,12 @@ CAPTURE = "pyspy.tsv"
 # F and S lines by them, and tests/unit/test_formats.py holds both to one file the sampler's code wrote.
 LINES = {
     "F": ("frame_id:int function:str filename:str line:int", "a frame, the first time it is seen"),
-    "S": ("t_ns:int pid:int tid:int active:flag owns_gil:flag thread_name:str frame_ids:ids ident:int stale:flag",
+    "S": ("t_ns:int pid:int tid:int active:flag owns_gil:flag thread_name:str frame_ids:ids ident:int stale:flag "
+          "tick:flag",
           "one thread's stack; ident: threading.get_ident() in that thread, 0 when unknown; stale: the stack "
-          "was read before (up to 100 ms) and the thread, off a CPU now, ran since (older captures end "
-          "before ident, or before stale)"),
+          "was read before (up to 100 ms; 1 s with ticks) and the thread, off a CPU now, ran since; tick: read "
+          "because a CPU's clock tick found the thread on it, one line per tick (older captures end before "
+          "ident, stale or tick)"),
     "A": ("t_ns:int pid:int name:str reader:str",
           "attached; reader: ours (cpython310 to cpython313), py-spy, or py-spy (why not ours)"),
     "E": ("t_ns:int pid:int message:str", "could not attach, or the process exited"),
@@ -76,8 +78,8 @@ class PySpy(Probe):
 
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
-    `S` lines of older captures, without the thread's Python identifier or the stale flag, get ident 0
-    and stale false."""
+    `S` lines of older captures, without the thread's Python identifier, the stale flag or the tick
+    flag, get ident 0 and false."""
     import pandas as pd
     frames, samples, stacks = [], [], {}
     for text in capture_lines(path):
@@ -86,12 +88,12 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
             if f[0] == "F" and len(f) == _F:
                 _, frame_id, function, filename, line = f
                 frames.append((int(frame_id), function, filename, int(line)))
-            elif f[0] == "S" and _S - 2 <= len(f) <= _S:
-                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale = (f + ["0", "0"])[:_S]
+            elif f[0] == "S" and _S - 3 <= len(f) <= _S:
+                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick = (f + ["0"] * 3)[:_S]
                 row = (int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", int(ident))
-                samples.append((*row, stale == "1", stacks.setdefault(frame_ids, len(stacks))))  # parsed: its stack
+                samples.append((*row, stale == "1", tick == "1", stacks.setdefault(frame_ids, len(stacks))))
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "ident", "stale",
-                                       "stack_id"])
+                                       "tick", "stack_id"])
     # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above
     # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.
     main = (s.tid > 2**31 - 1) & (s.thread_name == "MainThread")

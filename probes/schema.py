@@ -165,14 +165,16 @@ DECODED = {
         PID,
         TID,
         C("thread_name", "str", "", "the Python thread's name; null for ebpf"),
-        C("active", "bool", "", "the thread was running (per /proc, and not parked in a known wait); true for "
-          "ebpf"),
+        C("active", "bool", "", "the thread was running (found on a CPU by a tick, or per /proc; and not parked "
+          "in a known wait); true for ebpf"),
         C("owns_gil", "boolean", "", "the thread held the GIL; null for ebpf"),
         C("stack_id", "int64", "", "its stack (stacks.stack_id)"),
         C("ident", "Int64", "", "the Python thread identifier (threading.get_ident), as attempts.thread; 0 when "
           "unknown (and in captures before it was recorded), null for ebpf"),
-        C("stale", "boolean", "", "the stack was read at an earlier sample (up to 100 ms before) and the thread, "
-          "off a CPU at this one, ran since: what it did then, not now; null for ebpf"),
+        C("stale", "boolean", "", "the stack was read at an earlier sample (up to 100 ms before; 1 s with ticks) "
+          "and the thread, off a CPU at this one, ran since: what it did then, not now; null for ebpf"),
+        C("tick", "boolean", "", "read because a CPU's clock tick (at the sampling rate) found the thread on it: "
+          "it stands for one period of its CPU time; false where the sampler polled every thread, null for ebpf"),
         C("source", "str", "", "pyspy (the Python sampler) or ebpf (the CPU sampler)"),
         C("cpu", "Int64", "", "the CPU it was on; null for pyspy"),
         PROCESS,

@@ -245,9 +245,9 @@ def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, vers
 
 
 @contextlib.contextmanager
-def _sampled_from_go(target: subprocess.Popen, name: str, out: Path):
+def _sampled_from_go(target: subprocess.Popen, name: str, out: Path, *options: str):
     """The sampler attached to target, which is then told to go; stopped after the block."""
-    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out)],
+    p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out), *options],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
@@ -350,14 +350,15 @@ t.join()
 
 
 def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_old(tmp_path):
-    # A thread found off a CPU that ran since its stack was read keeps that stack, marked stale, for
-    # up to 100 ms (the sampler's OFF_CPU_REREAD); then it is read again. Ground truth: the time the
-    # thread left phase_one for a long sleep in phase_rest, on the run's clock.
+    # Polling (the sampler's way without perf events), a thread found off a CPU that ran since its
+    # stack was read keeps that stack, marked stale, for up to 100 ms (OFF_CPU_REREAD); then it is read
+    # again. Ground truth: the time the thread left phase_one for a long sleep in phase_rest, on the
+    # run's clock.
     if why := PySpy().available():
         pytest.skip(why)
     target = _started(sys.executable, write_flow(tmp_path / "waker.py", WAKER))
     out = tmp_path / "samples.tsv"
-    with _sampled_from_go(target, "waker", out):
+    with _sampled_from_go(target, "waker", out, "--poll"):
         switched = int(target.stdout.readline())
         target.wait(timeout=30)
     samples, stacks, frames = read_samples(out)
@@ -371,3 +372,80 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
     assert long_after.fns.map(lambda f: "phase_rest" in f and "phase_one" not in f).all(), \
         long_after[["t_ns", "stale", "fns"]].head()
     assert not long_after.stale.any(), "asleep since its stack was read: current"
+
+
+TICKED = """
+import json, sys, threading, time
+
+def crunch(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+def cruncher():
+    crunch(0.5)
+    time.sleep(0.3)
+    crunch(0.5)
+
+def blink():  # an event loop's shape: a millisecond of work, then asleep till the next
+    for _ in range(130):
+        crunch(0.001)
+        time.sleep(0.009)
+
+def nap(ev):
+    ev.wait()
+
+def cpu_ns():
+    return int(open("/proc/thread-self/schedstat").read().split()[0])
+
+def timed(f, *a):
+    f(*a)
+    cpu[threading.current_thread().name] = (threading.get_native_id(), cpu_ns())
+
+sys.stdin.readline()
+cpu, ev = {}, threading.Event()
+sleeper = threading.Thread(target=nap, args=(ev,), name="sleeper")
+sleeper.start()
+threads = [threading.Thread(target=timed, args=(f,), name=f.__name__) for f in (cruncher, blink)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ev.set()
+print(json.dumps(cpu), flush=True)
+"""
+
+
+def test_ticks_sample_each_thread_once_per_period_of_its_cpu_time_and_the_others_at_10_hz(tmp_path):
+    # With perf events the sampler reads a thread when a CPU's tick finds it on that CPU. Ground truth:
+    # the CPU time the kernel counted for each thread (schedstat, read by the thread as it ended).
+    # blink wakes every 10 ms, the ticks' mean period: at a fixed period it was found in 5 to 8 of
+    # its 14 periods of CPU (the ticks were in step with it), at periods drawn at random in 11 to 16.
+    if why := PySpy().available():
+        pytest.skip(why)
+    target = _started(sys.executable, write_flow(tmp_path / "ticked.py", TICKED))
+    out = tmp_path / "samples.tsv"
+    start = time.monotonic()
+    with _sampled_from_go(target, "ticked", out):
+        cpu = json.loads(target.stdout.readline())
+        seconds = time.monotonic() - start
+        target.wait(timeout=30)
+    assert [line.split("\t")[4] for line in out.read_text().splitlines() if line.startswith("A\t")] == \
+        [_our_reader(f"{sys.version_info.major}.{sys.version_info.minor}")]
+    samples, stacks, frames = read_samples(out)
+    fn = frames.set_index("frame_id").function
+    s = samples.assign(fns=samples.stack_id.map(stacks.set_index("stack_id").frame_ids).map(
+        lambda ids: {fn[i] for i in ids}))
+    for name, (tid, cpu_ns) in cpu.items():
+        mine = s[(s.tid == tid) & s.tick]
+        expected = cpu_ns / 1e7  # periods at 100 Hz
+        shown = f"{name}: {len(mine)} ticks for {expected:.1f} periods of CPU"
+        # a tick whose read took over 2 ms is dropped; where it shares its CPU a tick finds it by chance
+        assert 0.8 * expected - 2 - 3 * expected ** 0.5 <= len(mine) <= expected + 2 + 3 * expected ** 0.5, shown
+        assert mine.fns.map(lambda f: name in f).mean() > 0.9, shown
+    assert "crunch" in set().union(*s[s.tid == cpu["cruncher"][0]].fns)
+    sleeper = s[s.thread_name == "sleeper"]
+    assert not sleeper.tick.any() and not sleeper.active.any()
+    # the threads off a CPU are read every 100 ms
+    assert len(sleeper) >= 0.5 * 10 * seconds, (len(sleeper), seconds)
+    assert sleeper.iloc[2:].fns.map(lambda f: "nap" in f).all()

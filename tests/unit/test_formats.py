@@ -50,7 +50,7 @@ SAMPLER_LINES = [
     ("F", dict(frame_id=0, function="spin", filename="/app/flow.py", line=12)),
     ("F", dict(frame_id=1, function="<module>", filename="/app/flow.py", line=30)),
     ("S", dict(t_ns=1_000_000_002, pid=4242, tid=4243, active=1, owns_gil=0, thread_name="MainThread",
-               frame_ids=[0, 1], ident=140_234_081_310_528, stale=1)),
+               frame_ids=[0, 1], ident=140_234_081_310_528, stale=1, tick=0)),
     ("L", dict(t_ns=1_000_000_003, pid=4242, read_ns=2_500_001)),
     ("E", dict(t_ns=1_000_000_004, pid=4244, message="worker-1: no such process")),  # its tab cleaned to a space
 ]
@@ -125,7 +125,7 @@ def test_read_samples_reads_back_what_the_sampler_wrote():
     (s,) = of(SAMPLER_LINES, "S")
     (row,) = samples.to_dict("records")
     assert stacks.set_index("stack_id").frame_ids[row.pop("stack_id")] == s["frame_ids"]
-    assert row == {k: (bool(v) if k in ("active", "owns_gil", "stale") else v) for k, v in s.items() if k != "frame_ids"}
+    assert row == {k: (bool(v) if k in ("active", "owns_gil", "stale", "tick") else v) for k, v in s.items() if k != "frame_ids"}
 
 
 C_EVENT = """

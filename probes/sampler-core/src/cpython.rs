@@ -1,6 +1,9 @@
 //! A stack reader for CPython 3.10 to 3.13 on x86_64, cheaper per sample than
 //! py-spy's (which reads each frame's code object, names and line table anew,
 //! about eight reads per frame):
+//! - a read reports the threads a CPU tick found (Read::Ticked), read afresh,
+//!   or the others (Read::OffCpu), or, polling, all (Read::All); a tick on a
+//!   thread already listed reads no list, and the GIL with its thread state;
 //! - a thread that has not run since its stack was read keeps it: no read; one
 //!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since, marked
 //!   stale (on-CPU samples are the ones whose stacks count);
@@ -38,8 +41,10 @@ const PAGE: usize = 4096;
 const PEEK: usize = 384;
 /// The thread list is walked again at least this often, even when nothing says it changed.
 const RELIST: Duration = Duration::from_secs(1);
-/// How long a thread found off a CPU keeps the stack last read, though it ran since.
+/// How long a thread found off a CPU keeps the stack last read, though it ran since: polling, and
+/// with ticks (which read it whenever it is on a CPU; then its stack off one is only where it waits).
 const OFF_CPU_REREAD: Duration = Duration::from_millis(100);
+const OFF_CPU_REREAD_TICKED: Duration = Duration::from_secs(1);
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
@@ -56,6 +61,7 @@ fn offset_in((base, copied): (usize, usize), addr: usize, len: usize) -> Option<
     (at < copied && copied - at >= len).then_some(at)
 }
 
+#[derive(Clone)]
 pub struct ThreadSample {
     pub tid: u64,
     /// the Python thread identifier (threading.get_ident()), 0 when unknown
@@ -65,6 +71,20 @@ pub struct ThreadSample {
     pub frame_ids: Rc<str>,
     /// its stack was read before this sample and the thread ran since (it is off a CPU now)
     pub stale: bool,
+    /// read because a CPU's tick found the thread on it (ticks.rs): it stands for one period of its CPU time
+    pub tick: bool,
+}
+
+/// Which threads of a process one read reports.
+#[derive(Clone, Copy)]
+pub enum Read<'a> {
+    /// every thread (without ticks: polling)
+    All,
+    /// the threads ticks found on a CPU, by native id, one sample per tick, each read afresh
+    Ticked(&'a [u64]),
+    /// with ticks, the others: every thread but those /proc shows running (ticks sample them), the
+    /// GIL holder always
+    OffCpu,
 }
 
 struct Code {
@@ -114,6 +134,8 @@ struct Scratch {
     ranges: Vec<(usize, usize)>,
     fields: Vec<u8>,
     ok: Vec<bool>,
+    /// the GIL holder's PyThreadState as the last frame_pointers read it (0: none, or unknown)
+    holder: u64,
 }
 
 pub struct Reader {
@@ -155,7 +177,14 @@ impl Reader {
     }
 
     /// One sample of every Python thread into `samples`; false when the interpreter could not be read.
-    pub fn sample(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>) -> bool {
+    pub fn sample(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>,
+                  read: Read) -> bool {
+        if let Read::Ticked(tids) = read {
+            if let Some(known) = self.known(tids) {
+                self.sample_known(&known, frames, out, samples);
+                return true;
+            }
+        }
         let mut listed = std::mem::take(&mut self.s.threads);
         let walk = self.must_walk();
         let holder = self.list_threads(&mut listed, walk);
@@ -168,13 +197,42 @@ impl Reader {
             }
             // the GIL holder's stack is always current: the GIL finding names what it runs, on a CPU or not
             let owns_gil = Some(t.tstate) == holder;
-            if let Some(s) = self.thread(t, owns_gil, frames, out) {
-                samples.push(ThreadSample { owns_gil, ..s });
+            if let Some((s, n)) = self.thread(t, owns_gil, frames, out, read) {
+                samples.extend(std::iter::repeat_n(ThreadSample { owns_gil, ..s }, n));
             }
         }
         self.threads.retain(|addr, _| listed.iter().any(|t| t.tstate == *addr));
         self.s.threads = listed;
         holder.is_some()
+    }
+
+    /// (PyThreadState, ticks) of each thread ticked, if all are threads listed before and the list
+    /// need not be walked: then their stacks are read without reading the list.
+    fn known(&self, tids: &[u64]) -> Option<Vec<(u64, usize)>> {
+        if self.relist {
+            return None;
+        }
+        let mut known: Vec<(u64, usize)> = Vec::new();
+        for &tid in tids {
+            let (&tstate, _) = self.threads.iter().find(|(_, th)| th.tid == tid)?;
+            match known.iter_mut().find(|k| k.0 == tstate) {
+                Some(k) => k.1 += 1,
+                None => known.push((tstate, 1)),
+            }
+        }
+        Some(known)
+    }
+
+    fn sample_known(&mut self, known: &[(u64, usize)], frames: &mut Frames, out: &mut impl Write,
+                    samples: &mut Vec<ThreadSample>) {
+        for &(tstate, n) in known {
+            let ident = self.threads[&tstate].ident;
+            if let Some(s) = self.ticked(Listed { tstate, ident, native_tid: None }, frames, out) {
+                // the GIL, read with the thread state (frame_pointers)
+                let owns_gil = self.s.holder == tstate;
+                samples.extend(std::iter::repeat_n(ThreadSample { owns_gil, ..s }, n));
+            }
+        }
     }
 
     /// Each thread's outermost function, by Python thread identifier: a check
@@ -212,22 +270,13 @@ impl Reader {
     /// unknown, and None when the interpreter could not be read.
     fn list_threads(&self, into: &mut Vec<Listed>, walk: bool) -> Option<u64> {
         let l = &self.layout;
-        let gil_len = match l.interp.gil {
-            Gil::Current => 8,
-            Gil::State { holder, locked } => holder.max(locked) + 8,
-        };
         let mut head = [0u8; 8 + MAX_STRUCT];
         let mut ok = [false; 2];
-        self.remote.read_many(&[(self.interp + l.interp.threads_head, 8), (self.gil, gil_len)], &mut head, &mut ok);
+        self.remote.read_many(&[(self.interp + l.interp.threads_head, 8), self.gil_range()], &mut head, &mut ok);
         if !ok[0] {
             return None;
         }
-        let gil = &head[8..];
-        let holder = match l.interp.gil {
-            _ if !ok[1] => 0,
-            Gil::Current => u64_at(gil, 0),
-            Gil::State { holder, locked } => if u32_at(gil, locked) != 0 { u64_at(gil, holder) } else { 0 },
-        };
+        let holder = self.holder(&head[8..], ok[1]);
         let mut t = u64_at(&head, 0);
         if !walk && into.first().map_or(0, |f| f.tstate) == t {
             return Some(holder);
@@ -243,8 +292,26 @@ impl Reader {
         Some(holder)
     }
 
-    fn thread(&mut self, t: Listed, owns_gil: bool, frames: &mut Frames, out: &mut impl Write)
-              -> Option<ThreadSample> {
+    /// Where the GIL's state is read (see layout::Gil).
+    fn gil_range(&self) -> (usize, usize) {
+        match self.layout.interp.gil {
+            Gil::Current => (self.gil, 8),
+            Gil::State { holder, locked } => (self.gil, holder.max(locked) + 8),
+        }
+    }
+
+    /// The GIL holder's PyThreadState from what gil_range read; 0 when none holds it or it was not read.
+    fn holder(&self, gil: &[u8], read: bool) -> u64 {
+        match self.layout.interp.gil {
+            _ if !read => 0,
+            Gil::Current => u64_at(gil, 0),
+            Gil::State { holder, locked } => if u32_at(gil, locked) != 0 { u64_at(gil, holder) } else { 0 },
+        }
+    }
+
+    /// The thread's sample, and how many times it is reported (its ticks, when ticked).
+    fn thread(&mut self, t: Listed, owns_gil: bool, frames: &mut Frames, out: &mut impl Write, read: Read)
+              -> Option<(ThreadSample, usize)> {
         // a PyThreadState's memory can be reused by a thread started later
         let same = self.threads.get(&t.tstate)
             .is_some_and(|th| th.ident == t.ident && t.native_tid.is_none_or(|n| n == th.tid));
@@ -255,6 +322,10 @@ impl Reader {
             self.threads.insert(t.tstate, th);
         }
         let th = self.threads.get_mut(&t.tstate).unwrap();
+        if let Read::Ticked(tids) = read {
+            let ticks = tids.iter().filter(|&&tid| tid == th.tid).count();
+            return (ticks > 0).then(|| self.ticked(t, frames, out)).flatten().map(|s| (s, ticks));
+        }
         let now = th.stat.as_ref().and_then(|s| s.read(th.last));
         if now.is_none() {
             // gone, or listed before it had its ids: the list is walked again next time
@@ -268,6 +339,9 @@ impl Reader {
         th.last = now;
         // as py-spy: running per /proc (a thread we cannot stat counts as running)
         let running = now.is_none_or(|s| s.running);
+        if running && !owns_gil && matches!(read, Read::OffCpu) {
+            return None;
+        }
         let read_at = th.read_at.filter(|_| th.stack.is_some());
         // Unchanged since its stack was read: off a CPU then and now, and not switched in between.
         let unchanged = matches!((read_at, now), (Some((_, Some(a))), Some(b))
@@ -275,7 +349,8 @@ impl Reader {
         // Off a CPU but run since: Dask's threads (event loops, its profiler) mostly wake between two
         // reads to sleep again at once, and only on-CPU samples' stacks say what the CPU did. Such a
         // thread keeps the stack read up to OFF_CPU_REREAD before, marked stale.
-        let recent = read_at.is_some_and(|(at, _)| at.elapsed() < OFF_CPU_REREAD);
+        let keep = if matches!(read, Read::OffCpu) { OFF_CPU_REREAD_TICKED } else { OFF_CPU_REREAD };
+        let recent = read_at.is_some_and(|(at, _)| at.elapsed() < keep);
         let stale = !unchanged && !running && !owns_gil && recent;
         let tid = th.tid;
         if !unchanged && !stale {
@@ -290,7 +365,20 @@ impl Reader {
             self.threads.remove(&t.tstate);
         }
         // on a CPU unless parked in a known wait
-        Some(ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids, stale })
+        let s = ThreadSample { tid, ident: t.ident, active: running && !idle_leaf, owns_gil: false, frame_ids, stale,
+                               tick: false };
+        Some((s, 1))
+    }
+
+    /// A thread a tick found on a CPU: its stack read now, with no /proc read. Its state at the read is
+    /// left unknown, so that a later read's "unchanged" test never holds against it.
+    fn ticked(&mut self, t: Listed, frames: &mut Frames, out: &mut impl Write) -> Option<ThreadSample> {
+        let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
+        let th = self.threads.get_mut(&t.tstate)?;
+        (th.stack, th.read_at, th.last) = (stack, Some((Instant::now(), None)), None);
+        let (frame_ids, idle_leaf) = th.stack.clone()?;
+        Some(ThreadSample { tid: th.tid, ident: t.ident, active: !idle_leaf, owns_gil: false, frame_ids, stale: false,
+                            tick: true })
     }
 
     /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait;
@@ -402,15 +490,17 @@ impl Reader {
 
     /// What the thread state says of its frames: the current frame's pointer
     /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length;
-    /// and the thread identifier it holds, in the same call.
-    fn frame_pointers(&self, tstate: usize) -> Option<(usize, usize, usize, u64)> {
+    /// and the thread identifier it holds, in the same call; with them, the GIL (into the scratch).
+    fn frame_pointers(&mut self, tstate: usize) -> Option<(usize, usize, usize, u64)> {
         let t = &self.layout.thread;
-        let mut head = [0u8; 32];
-        let mut ok = [false; 3];
+        let mut head = [0u8; 32 + MAX_STRUCT];
+        let mut ok = [false; 4];
         let chunk_len = if t.chunk.is_some() { 16 } else { 0 };
-        let ranges = [(tstate + t.frame, 8), (tstate + t.chunk.unwrap_or(0), chunk_len), (tstate + t.ident, 8)];
+        let ranges = [(tstate + t.frame, 8), (tstate + t.chunk.unwrap_or(0), chunk_len), (tstate + t.ident, 8),
+                      self.gil_range()];
         self.remote.read_many(&ranges, &mut head, &mut ok);
-        if !ok.iter().all(|&o| o) {
+        self.s.holder = self.holder(&head[16 + chunk_len..], ok[3]);
+        if !ok[..3].iter().all(|&o| o) {
             return None;
         }
         let ident = u64_at(&head, 8 + chunk_len);

@@ -8,8 +8,8 @@ use crate::frames::clean;
 use std::io::Write;
 
 pub fn sample(out: &mut impl Write, t: u64, pid: i32, s: &ThreadSample, name: &str) {
-    let _ = writeln!(out, "S\t{t}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}\t{}",
-                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident, s.stale as u8);
+    let _ = writeln!(out, "S\t{t}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}\t{}\t{}",
+                     s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident, s.stale as u8, s.tick as u8);
 }
 
 pub fn attached(out: &mut impl Write, t: u64, pid: i32, name: &str, reader: &str) {
@@ -42,7 +42,8 @@ mod tests {
         let leaf = frames.id(&mut out, "spin", "/app/flow.py", 12);
         let root = frames.id(&mut out, "<module>", "/app/flow.py", 30);
         let s = ThreadSample { tid: 4243, ident: 140_234_081_310_528, active: true, owns_gil: false,
-                               frame_ids: Rc::from(format!("{leaf},{root}")), stale: true };
+                               frame_ids: Rc::from(format!("{leaf},{root}")), stale: true,
+                               tick: false };
         sample(&mut out, 1_000_000_002, 4242, &s, "MainThread");
         dropped(&mut out, 1_000_000_003, 4242, 2_500_001);
         failed(&mut out, 1_000_000_004, 4244, "worker-1: no such\tprocess");

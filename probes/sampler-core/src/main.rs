@@ -2,8 +2,14 @@
 //! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.10 to 3.13
 //! are read by our own reader (cpython.rs); other versions, and --native, by py-spy.
 //!
-//! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy]
+//! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy] [--poll]
 //! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
+//!
+//! A process is read when a CPU's tick finds one of its threads on it
+//! (ticks.rs), for that thread (py-spy's reader reads them all, and only
+//! those ticked count as ticked); and every OFF_CPU_EVERY, for the threads
+//! off a CPU. Where perf events cannot be opened, and with --poll, every
+//! thread is read at the rate (polling).
 //!
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
@@ -21,8 +27,9 @@ mod linetable;
 mod procstat;
 mod pthread;
 mod remote;
+mod ticks;
 
-use cpython::{Reader, ThreadSample};
+use cpython::{Read, Reader, ThreadSample};
 use daskprobe_clock::now_ns;
 use frames::{clean, Frames};
 use py_spy::config::LockingStrategy;
@@ -37,10 +44,13 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
+use ticks::Ticks;
 
 const MAX_READ_NS: u64 = 2_000_000;
 /// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// With ticks, how often the threads off a CPU are read (the stacks they wait in, the GIL holder).
+const OFF_CPU_EVERY: Duration = Duration::from_millis(100);
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -62,16 +72,18 @@ struct Args {
     rate: f64,
     native: bool,
     pyspy_only: bool,
+    poll: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { out: String::new(), rate: 100.0, native: false, pyspy_only: false };
+    let mut a = Args { out: String::new(), rate: 100.0, native: false, pyspy_only: false, poll: false };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
             "--out" => a.out = it.next().ok_or("--out needs a value")?,
             "--rate" => a.rate = it.next().ok_or("--rate needs a value")?.parse().map_err(|e| format!("{e}"))?,
             "--native" => a.native = true,
+            "--poll" => a.poll = true,
             "--reader" => match it.next().as_deref() {
                 Some("auto") => a.pyspy_only = false,
                 Some("pyspy") => a.pyspy_only = true,
@@ -86,13 +98,15 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-fn read_pids() -> Receiver<(i32, String)> {
+/// The processes named on stdin, each also counted on `wake` (an eventfd) to end a wait for ticks.
+fn read_pids(wake: libc::c_int) -> Receiver<(i32, String)> {
     let (tx, rx) = channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines().map_while(Result::ok) {
             let mut parts = line.splitn(2, ' ');
             if let Some(Ok(pid)) = parts.next().map(str::parse) {
                 let _ = tx.send((pid, parts.next().unwrap_or("").to_string()));
+                unsafe { libc::eventfd_write(wake, 1) };
             }
         }
     });
@@ -112,6 +126,8 @@ struct Target {
     names: HashMap<u64, (u64, String)>,
     /// when names were last asked for, and how long to wait before asking again for an unnamed thread
     named_at: (Instant, Duration),
+    /// with ticks: its threads off a CPU are yet to be read (it has just been attached)
+    unread: bool,
 }
 
 impl Target {
@@ -126,29 +142,35 @@ impl Target {
             Some(Err(why)) => (None, format!("py-spy ({why})")),
             None => (None, "py-spy".into()),
         };
-        Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0) })
+        Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0),
+                    unread: true })
     }
 
     /// Appends one sample of every thread to `samples`; false when the process could not be read.
-    fn read(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>) -> bool {
+    fn read(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>, how: Read) -> bool {
         if let Some(r) = self.fast.as_mut() {
             // Memory read while the target runs can be torn into any bytes; a bug
             // that lets them through costs one sample (logged), not the run's sampling.
-            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.sample(frames, out, samples)));
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.sample(frames, out, samples, how)));
             return read.unwrap_or(false);
         }
         let Ok(traces) = self.spy.get_stack_traces() else { return false };
         for tr in traces {
+            let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
+            let ticks = match how {
+                Read::Ticked(tids) => tids.iter().filter(|&&t| t == tid).count(),
+                _ => 1,
+            };
             let ids: Vec<String> = tr.frames.iter()
                 .map(|f| frames.id(out, &f.name, &f.filename, f.line).to_string()).collect();
-            let tid = tr.os_thread_id.unwrap_or(tr.thread_id);
             if self.names.get(&tr.thread_id).is_some_and(|n| n.0 != tid) {
                 // py-spy keeps names by identifier: the next read asks for them again
                 self.spy.python_thread_names.clear();
             }
             self.names.insert(tr.thread_id, (tid, clean(&tr.thread_name.unwrap_or_default())));
-            samples.push(ThreadSample { tid, ident: tr.thread_id, active: tr.active, owns_gil: tr.owns_gil,
-                                        frame_ids: Rc::from(ids.join(",")), stale: false });
+            let s = ThreadSample { tid, ident: tr.thread_id, active: tr.active, owns_gil: tr.owns_gil,
+                                   frame_ids: Rc::from(ids.join(",")), stale: false, tick: matches!(how, Read::Ticked(_)) };
+            samples.extend(std::iter::repeat_n(s, ticks));
         }
         true
     }
@@ -232,11 +254,28 @@ struct Sampler<W: Write> {
 }
 
 impl<W: Write> Sampler<W> {
+    /// One round's reads of a process (see the top of this file); false when it is gone.
+    /// `due`: polling, the time to read; with ticks, to read the threads off a CPU.
+    fn round(&mut self, t: &mut Target, ticked: &[(i32, u64)], due: bool, ticking: bool) -> bool {
+        if !ticking {
+            return !due || self.sample(t, Read::All);
+        }
+        let tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
+        if !tids.is_empty() && !self.sample(t, Read::Ticked(&tids)) {
+            return false;
+        }
+        if due || t.unread {
+            t.unread = false;
+            return self.sample(t, Read::OffCpu);
+        }
+        true
+    }
+
     /// One read of one process; false when the process is gone.
-    fn sample(&mut self, t: &mut Target) -> bool {
+    fn sample(&mut self, t: &mut Target, how: Read) -> bool {
         let t0 = now_ns();
         self.samples.clear();
-        let read = t.read(&mut self.frames, &mut self.out, &mut self.samples);
+        let read = t.read(&mut self.frames, &mut self.out, &mut self.samples, how);
         let took = now_ns() - t0;
         let at = t0 + took / 2;
         let pid = t.pid;
@@ -279,11 +318,19 @@ fn main() {
     let file = OpenOptions::new().create(true).append(true).custom_flags(libc::O_NOFOLLOW).open(&args.out)
         .expect("cannot open --out");
     let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default(), samples: Vec::new() };
-    let new_pids = read_pids();
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let new_pids = read_pids(wake);
+    let mut ticks = (!args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
+        .and_then(|t| {
+            t.map_err(|e| eprintln!("daskprobe-sampler: no CPU ticks ({e}): every thread is read {} times a second",
+                                    args.rate)).ok()
+        });
     let mut targets: Vec<Target> = Vec::new();
+    let mut ticked = Vec::new();
     let period = Duration::from_secs_f64(1.0 / args.rate);
     let mut next = Instant::now();
     let mut flushed = next;
+    let mut timer = false;
     stop_on_signals();
     println!("ready");
     loop {
@@ -298,7 +345,11 @@ fn main() {
                 }
             }
         }
-        targets.retain_mut(|t| s.sample(t));
+        let polled = ticks.is_none() && Instant::now() >= next;
+        if let Some(t) = ticks.as_mut() {
+            t.drain(&mut ticked);
+        }
+        targets.retain_mut(|t| s.round(t, &ticked, polled || timer, ticks.is_some()));
         if STOP.load(Ordering::Relaxed) {
             let _ = s.out.flush();
             std::process::exit(0);
@@ -307,12 +358,16 @@ fn main() {
             let _ = s.out.flush();
             flushed = Instant::now();
         }
-        next += period;
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        } else {
-            next = now; // fell behind: skip, don't burst
-        }
+        timer = match ticks.as_mut() {
+            Some(t) => t.wait(),
+            None => {
+                let now = Instant::now();
+                if polled {
+                    next = (next + period).max(now); // fell behind: skip, don't burst
+                }
+                std::thread::sleep(next.saturating_duration_since(now));
+                false
+            }
+        };
     }
 }
