@@ -94,7 +94,9 @@ def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
     # whether it woke in that window has nothing to do with what it does, so the sample is left out.
     if "stale" in s:
         on &= ~s.stale.fillna(False).astype(bool).to_numpy()
-    # a ticked process's other samples come at times the sampler chose, and would bias its shares
+    # A tick sample is judged as any other: the sampler reads the thread when it gets a CPU, and one
+    # found parked in a wait, or off its CPU by eBPF at the read, did what the tick saw before the read.
+    # A ticked process's other samples come at times the sampler chose, and would bias its shares.
     tick, ticked = _ticks(s)
     on &= tick | ~ticked
     return on

@@ -35,7 +35,7 @@ import pandas as pd
 from rich.console import Console
 
 from .overhead import SATURATION, print_table
-from ..probes.base import CLUSTER_ROLES, HELPER_NICE, native_binary
+from ..probes.base import CLUSTER_ROLES, SAMPLER_NICE, native_binary
 from ..probes.procfs import cpu_s
 from ..probes.procs import spawn, stop
 from ..probes.rundir import RunDir
@@ -87,7 +87,7 @@ def run_once(graph: str, rate: float, out: Path, python: str = sys.executable, r
         targets = _targets(run, cluster)
         for i, (label, binary, reader) in enumerate(readers):
             p = spawn([binary or native_binary("daskprobe-sampler"), "--out", str(out / f"{i}.tsv"), "--rate",
-                       str(rate), "--reader", reader], out / f"{i}.log", nice=HELPER_NICE, stdin=subprocess.PIPE,
+                       str(rate), "--reader", reader], out / f"{i}.log", nice=SAMPLER_NICE, stdin=subprocess.PIPE,
                       stdout=subprocess.PIPE)
             p.stdout.readline()  # "ready"
             p.stdin.write("".join(f"{t['pid']} {t['name']}\n" for t in targets).encode())

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import CLUSTER_ROLES, HELPER_NICE, Probe, capture_lines, is_root, native_binary
+from .base import CLUSTER_ROLES, SAMPLER_NICE, Probe, capture_lines, is_root, native_binary
 from .procs import spawn, stop
 from .rundir import RunDir
 
@@ -63,7 +63,7 @@ class PySpy(Probe):
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         cmd = [native_binary("daskprobe-sampler"), "--out", str(run / "captures" / CAPTURE),
                "--rate", str(self.rate)] + (["--native"] if self.native else [])
-        self.proc = spawn(cmd, run.log("sampler"), nice=HELPER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = spawn(cmd, run.log("sampler"), nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"py-spy sampler failed to start: see {run.log('sampler')}")
 

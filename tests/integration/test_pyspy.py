@@ -445,7 +445,8 @@ def test_ticks_sample_each_thread_once_per_period_of_its_cpu_time_and_the_others
         assert mine.fns.map(lambda f: name in f).mean() > 0.9, shown
     assert "crunch" in set().union(*s[s.tid == cpu["cruncher"][0]].fns)
     sleeper = s[s.thread_name == "sleeper"]
-    assert not sleeper.tick.any() and not sleeper.active.any()
+    # asleep but for its start (a tick may find it there, by a chance of about 1 in 200)
+    assert sleeper.tick.sum() <= 1 and not sleeper[~sleeper.tick].active.any()
     # the threads off a CPU are read every 100 ms
     assert len(sleeper) >= 0.5 * 10 * seconds, (len(sleeper), seconds)
     assert sleeper.iloc[2:].fns.map(lambda f: "nap" in f).all()

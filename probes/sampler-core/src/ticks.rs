@@ -107,7 +107,11 @@ impl Ticks {
         let interval = libc::timespec { tv_sec: every.as_secs() as _, tv_nsec: every.subsec_nanos() as _ };
         let spec = libc::itimerspec { it_interval: interval, it_value: interval };
         if timer < 0 || unsafe { libc::timerfd_settime(timer, 0, &spec, std::ptr::null_mut()) } < 0 {
-            return Err(format!("timerfd: {}", Error::last_os_error()));
+            let e = Error::last_os_error();
+            if timer >= 0 {
+                unsafe { libc::close(timer) };
+            }
+            return Err(format!("timerfd: {e}"));
         }
         let poll = rings.iter().map(|r| r.fd).chain([wake, timer])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
