@@ -146,7 +146,8 @@ impl Target {
                     unread: true })
     }
 
-    /// Appends one sample of every thread to `samples`; false when the process could not be read.
+    /// Appends to `samples` the threads `how` asks for (py-spy's reader reads them all, and keeps
+    /// only the ticked ones on a tick); false when the process could not be read.
     fn read(&mut self, frames: &mut Frames, out: &mut impl Write, samples: &mut Vec<ThreadSample>, how: Read) -> bool {
         if let Some(r) = self.fast.as_mut() {
             // Memory read while the target runs can be torn into any bytes; a bug
