@@ -86,20 +86,31 @@ def _on_cpu(s: pd.DataFrame, states: pd.DataFrame) -> np.ndarray:
     known = set(states.pid.unique())
     py = (s.source == "pyspy").to_numpy()
     empty = states.iloc[:0]
+    tick, ticked = _ticks(s)
     for (pid, tid), idx in s[py & s.pid.isin(known).to_numpy()].groupby(["pid", "tid"]).groups.items():
         st = per_thread.get((pid, tid), empty)
-        on[idx] = ~inside(s.t_ns.loc[idx].to_numpy(), st.start_ns.to_numpy(), st.end_ns.to_numpy())
+        t = s.t_ns.loc[idx].to_numpy()
+        on[idx] = ~inside(t, st.start_ns.to_numpy(), st.end_ns.to_numpy())
+        # A tick's thread read while it waited for the CPU it was preempted from (by the sampler, say)
+        # is still where the tick found it: on a CPU then. One woken from a wait since is not.
+        waiting = st[_preempted(st)]
+        on[idx] |= tick[idx] & inside(t, waiting.start_ns.to_numpy(), waiting.end_ns.to_numpy())
     # A stale stack (the sampler found the thread off a CPU, so kept the one it read before) of a thread
     # on a CPU by eBPF at t_ns, which it reached between its read and t_ns: what it does is unknown, and
     # whether it woke in that window has nothing to do with what it does, so the sample is left out.
     if "stale" in s:
         on &= ~s.stale.fillna(False).astype(bool).to_numpy()
-    # A tick sample is judged as any other: the sampler reads the thread when it gets a CPU, and one
-    # found parked in a wait, or off its CPU by eBPF at the read, did what the tick saw before the read.
-    # A ticked process's other samples come at times the sampler chose, and would bias its shares.
-    tick, ticked = _ticks(s)
+    # A tick sample read after its thread went to sleep, or found parked in a wait, did what the tick
+    # saw before the read. A ticked process's other samples come at times the sampler chose, and would
+    # bias its shares.
     on &= tick | ~ticked
     return on
+
+
+def _preempted(st: pd.DataFrame) -> np.ndarray:
+    """A thread's runnable intervals (its states, by start) that follow a stretch on a CPU: it was
+    preempted, not woken (a wake-up's runnable interval starts where its blocked or GIL one ends)."""
+    return ((st.state == "runnable") & (st.start_ns != st.end_ns.shift())).to_numpy()
 
 
 def _in_compute(s: pd.DataFrame, attempts: pd.DataFrame) -> np.ndarray:

@@ -32,3 +32,17 @@ def test_a_ticked_processs_cpu_rests_on_its_tick_samples_only():
     assert ticked.on_cpu.tolist() == [True] * 4 + [False] * 2
     assert ticked.weight_s.tolist() == [1 / RATE] * 4 + [0.0] * 2
     assert c.loc[20].weight_s.round(6).tolist() == [0.01, 0.01, 0.02]
+
+
+def test_a_tick_read_while_its_thread_waits_for_the_cpu_it_was_preempted_from_is_on_a_cpu():
+    ms = 1_000_000
+    # thread 11: preempted at 10 ms (runnable 10-12), then asleep 20-30 and woken (runnable 30-32)
+    states = pd.DataFrame({"pid": [10] * 3, "tid": [11] * 3, "start_ns": [10 * ms, 20 * ms, 30 * ms],
+                           "end_ns": [12 * ms, 30 * ms, 32 * ms], "state": ["runnable", "blocked", "runnable"]})
+    rows = [(t * ms, 10, 11, "w", "pyspy", 0, True, False, tick, False, 1)
+            for t, tick in ((5, True), (11, True), (11, False), (25, True), (31, True))]
+    processes = pd.DataFrame({"pid": [10], "role": ["worker"]})
+    attempts = pd.DataFrame(columns=["worker", "thread", "compute_start_ns", "compute_stop_ns"])
+    c = classify_samples(_samples(rows), processes, states, pd.Series({0: "a"}), attempts, RATE, 99)
+    # on a CPU; preempted (a tick's, not a read the sampler chose); asleep; woken since it slept
+    assert c.on_cpu.tolist() == [True, True, False, False, False]
