@@ -20,6 +20,7 @@
 //! is dropped, as an L line.
 
 mod cpython;
+mod filter;
 mod frames;
 mod layout;
 mod lines;
@@ -338,6 +339,9 @@ fn main() {
         while let Ok((pid, name)) = new_pids.try_recv() {
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
+                    if let Some(ticks) = &ticks {
+                        ticks.watch(pid);
+                    }
                     lines::attached(&mut s.out, now_ns(), pid, &name, &t.reader);
                     targets.push(t);
                 }
@@ -350,7 +354,13 @@ fn main() {
         if let Some(t) = ticks.as_mut() {
             t.drain(&mut ticked);
         }
-        targets.retain_mut(|t| s.round(t, &ticked, polled || timer, ticks.is_some()));
+        targets.retain_mut(|t| {
+            let alive = s.round(t, &ticked, polled || timer, ticks.is_some());
+            if let (false, Some(ticks)) = (alive, &ticks) {
+                ticks.unwatch(t.pid);
+            }
+            alive
+        });
         if STOP.load(Ordering::Relaxed) {
             let _ = s.out.flush();
             std::process::exit(0);

@@ -12,7 +12,10 @@
 //! every 10 ms) is found always or never. (A new period restarts the CPU's
 //! timer from the call; drawing one per tick doubled what a tick cost the
 //! sampler: the call interrupts that CPU.)
+//!
+//! Only the ticks of the processes being sampled reach the rings (filter.rs).
 
+use crate::filter::{Filter, PERF_EVENT_IOC_SET_BPF};
 use std::io::Error;
 use std::time::Duration;
 
@@ -66,13 +69,19 @@ pub struct Ticks {
     period: u64,
     /// xorshift64 state, for the periods
     random: u64,
+    /// None where BPF programs cannot be loaded: then every process's ticks wake the sampler
+    filter: Option<Filter>,
 }
 
 impl Ticks {
     /// One event per online CPU, each ticking `rate` times a second of that CPU's busy time; `wake`, an
     /// eventfd, ends a wait too, and so does a timer every `every` (a timerfd: a timeout of each wait
-    /// would set a timer at each tick, a trap to the hypervisor on a VM).
+    /// would set a timer at each tick, a trap to the hypervisor on a VM). Only the processes given to
+    /// `watch` tick, unless the filter could not be loaded (said on stderr).
     pub fn open(rate: f64, wake: libc::c_int, every: Duration) -> Result<Ticks, String> {
+        let filter = Filter::load()
+            .map_err(|e| eprintln!("daskprobe-sampler: no tick filter ({e}): ticks of every process wake the sampler"))
+            .ok();
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let attr = Attr {
             kind: PERF_TYPE_SOFTWARE,
@@ -102,6 +111,11 @@ impl Ticks {
                 return Err(format!("mapping CPU {cpu}'s ring: {e}"));
             }
             rings.push(Ring { fd, base: base as *mut u8, page, ticks: 0 });
+            if let Some(f) = &filter {
+                if unsafe { libc::ioctl(fd, PERF_EVENT_IOC_SET_BPF, f.prog) } < 0 {
+                    return Err(format!("tick filter on CPU {cpu}: {}", Error::last_os_error()));
+                }
+            }
         }
         let timer = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) };
         let interval = libc::timespec { tv_sec: every.as_secs() as _, tv_nsec: every.subsec_nanos() as _ };
@@ -116,7 +130,20 @@ impl Ticks {
         let poll = rings.iter().map(|r| r.fd).chain([wake, timer])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
         let random = daskprobe_clock::now_ns() | 1;
-        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random })
+        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, filter })
+    }
+
+    /// From now on, `pid`'s ticks wake the sampler.
+    pub fn watch(&self, pid: i32) {
+        if let Some(f) = &self.filter {
+            f.add(pid);
+        }
+    }
+
+    pub fn unwatch(&self, pid: i32) {
+        if let Some(f) = &self.filter {
+            f.remove(pid);
+        }
     }
 
     /// Waits for a tick, `wake` or the timer (a signal ends the wait too); true when the timer went off.
@@ -228,6 +255,7 @@ mod tests {
     #[test]
     fn a_spinning_thread_is_ticked_once_per_period_of_its_cpu_time() {
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return }; // no perf events here (not root): nothing to test
+        t.watch(std::process::id() as i32);
         let tid = unsafe { libc::gettid() } as u64;
         let (start, cpu0) = (std::time::Instant::now(), cpu_ns());
         let mut on = Vec::new();
@@ -242,5 +270,28 @@ mod tests {
         // +-1 at each end (a period starts when the event is enabled), and, where the thread shares its
         // CPU, a tick finds it there by chance: three standard deviations of that
         assert!((seen as f64 - expected).abs() <= 2.0 + 3.0 * expected.sqrt(), "{seen} ticks for {expected:.1} periods of CPU");
+    }
+
+    fn spin_ticks(t: &mut Ticks, ms: u64) -> usize {
+        let (start, mut on, mut seen) = (std::time::Instant::now(), Vec::new(), 0);
+        let me = std::process::id() as i32;
+        while start.elapsed() < Duration::from_millis(ms) {
+            t.drain(&mut on);
+            seen += on.iter().filter(|&&(pid, _)| pid == me).count();
+        }
+        seen
+    }
+
+    /// The ticks of a process not watched, or no longer, do not reach the rings.
+    #[test]
+    fn only_watched_processes_tick() {
+        let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
+        assert!(t.filter.is_some(), "perf events but no BPF filter, as root");
+        assert_eq!(spin_ticks(&mut t, 300), 0, "ticks of a process not watched");
+        t.watch(std::process::id() as i32);
+        assert!(spin_ticks(&mut t, 300) >= 10, "too few ticks once watched");
+        t.unwatch(std::process::id() as i32);
+        spin_ticks(&mut t, 20); // a tick already in a ring when unwatched
+        assert_eq!(spin_ticks(&mut t, 300), 0, "ticks after unwatch");
     }
 }
