@@ -111,6 +111,9 @@ struct Thread {
     read_at: Option<(Instant, Option<State>)>,
 }
 
+/// The thread a PyThreadState holds: its identifier (pthread_t), and its native id where the state has one.
+type Holds = (u64, Option<u64>);
+
 /// One entry of the interpreter's thread list.
 #[derive(Clone, Copy)]
 struct Listed {
@@ -355,7 +358,7 @@ impl Reader {
         let tid = th.tid;
         if !unchanged && !stale {
             // a failed read leaves no stack to reuse: the thread may have run since the last one
-            let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
+            let stack = self.read_stack(t.tstate as usize, (t.ident, tid), frames, out);
             let th = self.threads.get_mut(&t.tstate).unwrap();
             (th.stack, th.read_at) = (stack, Some((Instant::now(), now)));
         }
@@ -373,7 +376,8 @@ impl Reader {
     /// A thread a tick found on a CPU: its stack read now, with no /proc read. Its state at the read is
     /// left unknown, so that a later read's "unchanged" test never holds against it.
     fn ticked(&mut self, t: Listed, frames: &mut Frames, out: &mut impl Write) -> Option<ThreadSample> {
-        let stack = self.read_stack(t.tstate as usize, t.ident, frames, out);
+        let tid = self.threads.get(&t.tstate)?.tid;
+        let stack = self.read_stack(t.tstate as usize, (t.ident, tid), frames, out);
         let th = self.threads.get_mut(&t.tstate)?;
         (th.stack, th.read_at, th.last) = (stack, Some((Instant::now(), None)), None);
         let (frame_ids, idle_leaf) = th.stack.clone()?;
@@ -383,9 +387,9 @@ impl Reader {
 
     /// The thread's stack as comma-separated frame ids, leaf first, and whether its leaf is a known wait;
     /// None unless the thread state still holds the thread `ident` (see walk).
-    fn read_stack(&mut self, tstate: usize, ident: u64, frames: &mut Frames, out: &mut impl Write)
+    fn read_stack(&mut self, tstate: usize, thread: (u64, u64), frames: &mut Frames, out: &mut impl Write)
                   -> Option<(Rc<str>, bool)> {
-        self.walk(tstate, Some(ident))?;
+        self.walk(tstate, Some(thread))?;
         self.check_codes();
         let mut ids = String::new();
         let mut idle_leaf = None;
@@ -438,14 +442,16 @@ impl Reader {
     /// 3.12 it is reached through a _PyCFrame on the thread's C stack, which
     /// goes stale as soon as the thread returns from that evaluation. It is
     /// read once more when what it leads to is not a frame, or no frame.
-    /// With `ident`, a thread state that holds another thread now (the list
-    /// was not walked: a thread started where one that ended had its state,
-    /// while that one's native thread still ran) is not walked, and the list
-    /// is walked again at the next sample.
-    fn walk(&mut self, tstate: usize, ident: Option<u64>) -> Option<()> {
+    /// With `thread` (identifier, native id), a thread state that holds another
+    /// thread now (the list was not walked: a thread started where one that
+    /// ended had its state, its pthread_t too: the native id tells them
+    /// apart) is not walked, and the list is walked again at the next sample.
+    fn walk(&mut self, tstate: usize, thread: Option<(u64, u64)>) -> Option<()> {
         for attempt in 0..2 {
-            let (first, chunk, holds) = self.current_frame(tstate)?;
-            if ident.is_some_and(|i| i != holds) {
+            let (first, chunk, (ident, tid)) = self.current_frame(tstate)?;
+            // 3.10 keeps no native id in the state: glibc's struct pthread has it
+            let tid = tid.or_else(|| pthread::tid(&self.remote, ident, self.tid_offset?));
+            if thread.is_some_and(|(i, t)| i != ident || tid.is_some_and(|tid| tid != t)) {
                 self.relist = true;
                 return None;
             }
@@ -465,9 +471,9 @@ impl Reader {
 
     /// The thread's current frame (None: unreadable), the address of its
     /// data-stack chunk, whose used part (3.11+) is copied to the scratch, and
-    /// the thread identifier its state holds.
-    fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize, u64)> {
-        let (ptr, chunk, chunk_len, ident) = self.frame_pointers(tstate)?;
+    /// the thread its state holds.
+    fn current_frame(&mut self, tstate: usize) -> Option<(Option<usize>, usize, Holds)> {
+        let (ptr, chunk, chunk_len, holds) = self.frame_pointers(tstate)?;
         let cframe = self.layout.thread.cframe_frame;
         // one call: (3.11, 3.12) the current frame's pointer in the _PyCFrame, then
         // the chunk, so that the frames copied are no older than the pointer; a
@@ -485,32 +491,34 @@ impl Reader {
             None => Some(ptr),
         };
         buf.truncate(if ok[1] { 8 + chunk_len } else { 8 }); // no copy: every frame is read on its own
-        Some((first, chunk, ident))
+        Some((first, chunk, holds))
     }
 
     /// What the thread state says of its frames: the current frame's pointer
     /// (3.11, 3.12: the _PyCFrame's), the data-stack chunk and its used length;
-    /// and the thread identifier it holds, in the same call; with them, the GIL (into the scratch).
-    fn frame_pointers(&mut self, tstate: usize) -> Option<(usize, usize, usize, u64)> {
+    /// and the thread it holds (identifier; native id, 3.11+), in the same call; with them, the GIL
+    /// (into the scratch).
+    fn frame_pointers(&mut self, tstate: usize) -> Option<(usize, usize, usize, Holds)> {
         let t = &self.layout.thread;
-        let mut head = [0u8; 32 + MAX_STRUCT];
-        let mut ok = [false; 4];
+        let mut head = [0u8; 40 + MAX_STRUCT];
+        let mut ok = [false; 5];
         let chunk_len = if t.chunk.is_some() { 16 } else { 0 };
+        let tid_len = if t.native_tid.is_some() { 8 } else { 0 };
         let ranges = [(tstate + t.frame, 8), (tstate + t.chunk.unwrap_or(0), chunk_len), (tstate + t.ident, 8),
-                      self.gil_range()];
+                      (tstate + t.native_tid.unwrap_or(0), tid_len), self.gil_range()];
         self.remote.read_many(&ranges, &mut head, &mut ok);
-        self.s.holder = self.holder(&head[16 + chunk_len..], ok[3]);
-        if !ok[..3].iter().all(|&o| o) {
+        self.s.holder = self.holder(&head[16 + chunk_len + tid_len..], ok[4]);
+        if !ok[..4].iter().all(|&o| o) {
             return None;
         }
-        let ident = u64_at(&head, 8 + chunk_len);
+        let holds = (u64_at(&head, 8 + chunk_len), t.native_tid.map(|_| u64_at(&head, 16 + chunk_len)));
         let (ptr, chunk, top) = if chunk_len > 0 {
             (u64_at(&head, 0) as usize, u64_at(&head, 8) as usize, u64_at(&head, 16) as usize)
         } else {
             (u64_at(&head, 0) as usize, 0, 0)
         };
         let used = if chunk != 0 && top > chunk && top - chunk <= MAX_CHUNK { top - chunk } else { 0 };
-        Some((ptr, chunk, used, ident))
+        Some((ptr, chunk, used, holds))
     }
 
     /// The frames from `frame` back into the scratch stack, taken from the
