@@ -25,8 +25,6 @@ use daskprobe_clock::now_ns;
 use daskprobe_proxy::capture::Capture;
 use daskprobe_proxy::failures::{log, Failures};
 
-const POLL_MS: i32 = 40; // how soon the end of stdin is seen
-
 fn port_label(v: &str) -> Result<(u16, String), String> {
     let (port, label) = v.split_once('=').unwrap_or((v, ""));
     Ok((port.parse().map_err(|e| format!("port {v}: {e}"))?, label.to_string()))
@@ -73,6 +71,9 @@ fn main() {
     };
     let stdin_open = Arc::new(AtomicBool::new(true));
     let (joined_tx, joined) = channel();
+    // Each line and the end of stdin wake the reader at once, not at its next packets.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    tap.wake_on(wake);
     {
         let stdin_open = stdin_open.clone();
         thread::spawn(move || {
@@ -81,8 +82,10 @@ fn main() {
                     Ok(p) => joined_tx.send(p).unwrap_or(()),
                     Err(e) => log(format_args!("{e}")),
                 }
+                unsafe { libc::eventfd_write(wake, 1) };
             }
             stdin_open.store(false, Ordering::Relaxed);
+            unsafe { libc::eventfd_write(wake, 1) };
         });
     }
     let mut streams = streams::Streams::new(ports.clone(), tx);
@@ -92,7 +95,8 @@ fn main() {
     // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
     let mut stop_at = None;
     while stop_at.map_or(true, |at| now_ns() < at) {
-        match tap.next(POLL_MS) {
+        let timeout = stop_at.map_or(-1, |at: u64| (at.saturating_sub(now_ns()) / 1_000_000) as i32 + 1);
+        match tap.next(timeout) {
             Ok(Some((t, seg))) => streams.segment(t, &seg),
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
