@@ -238,7 +238,7 @@ DECODED = {
         C("hop", "str", "", "peer (between the connecting process and the proxy) or upstream (between the proxy "
           "and the process it fronts); null if none"),
     )),
-    "proc": Table("One row per process and tick (10 a second) of /proc/PID/stat (captures/proc.tsv).", (
+    "proc": Table("One row per process and tick (5 a second) of /proc/PID/stat (captures/proc.tsv).", (
         C("t_ns", "int64", MONO, "when it was read"),
         PID,
         C("cpu_s", "float64", "s", "CPU time (user + system) the process had used since it started"),
