@@ -25,7 +25,7 @@ DEFINITIONS = {
                            "'batching': a message held by the batched-send interval (scheduler to worker 5 ms, "
                            "worker to scheduler 2 ms, scheduler to client 2 ms) while the loop was blocked",
     "gil_contention": "time the event-loop thread of the process the path was in waited to take the GIL "
-                      "(eBPF uprobes on take_gil)",
+                      "(eBPF: take_gil's sleeps on the GIL's condition)",
     "cpu_starvation": "time the event-loop thread of the process the path was in was runnable but had no CPU "
                       "(eBPF sched_switch / sched_wakeup): the machine had more work than cores",
     "network": "time messages on the path were on the wire: from their first byte reaching the proxy to their "

@@ -1,8 +1,8 @@
 """What each thread was doing when it was not running Python on a CPU, from the
-eBPF probes: waiting for the GIL (in take_gil), runnable without a CPU, or
-blocked. One row per interval; intervals of a thread never overlap, and a GIL
-wait wins over the off-CPU time inside it (a thread waits for the GIL mostly
-asleep on its condition variable, and that sleep is for the GIL).
+eBPF probes: waiting for the GIL (take_gil asleep on the GIL's condition),
+runnable without a CPU, or blocked. One row per interval; intervals of a thread
+never overlap, and a GIL wait wins over the off-CPU time inside it (that sleep
+is for the GIL).
 
 A thread is on a CPU wherever it has no interval here. Off-CPU stretches under
 50 µs and GIL waits under 5 µs are summed in BPF (short_waits), not located in

@@ -20,7 +20,7 @@ KINDS = {
     "cpu": (1, {"pid": "pid", "tid": "tid", "cpu": "cpu", "t0": "t_ns", "v1": "user_stack", "v2": "kernel_stack"},
             "written to ebpf_cpu.tsv (the kernel stack symbolized, the user stack as addresses), never to ebpf_events.bin"),
     "gil": (2, {"pid": "pid", "tid": "tid", "t0": "start_ns", "t1": "end_ns"},
-            "a wait in take_gil of at least GIL_MIN_NS; shorter ones are summed into ebpf_small.tsv"),
+            "a sleep in take_gil on the GIL's condition of at least GIL_MIN_NS; shorter ones are summed into ebpf_small.tsv"),
     "offcpu": (3, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns", "t2": "in_ns", "v1": "prev_state"},
                "off-CPU for at least OFFCPU_MIN_NS (shorter: ebpf_small.tsv); wakeup_ns 0: none seen; "
                "prev_state 0: preempted; a thread asleep when watched is off from then, one still off at the "

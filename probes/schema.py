@@ -192,12 +192,13 @@ DECODED = {
         C("line", "int64", "", "line number; 0 for native and kernel frames"),
         C("kind", "str", "", "python, native or kernel"),
     )),
-    "gil_waits": Table("One row per wait of at least 5 µs to take the GIL (eBPF uprobes on take_gil); shorter "
+    "gil_waits": Table("One row per wait of at least 5 µs to take the GIL (eBPF: take_gil's sleeps on the GIL's condition); shorter "
                        "ones are summed in short_waits.", (
         PID,
         TID,
-        C("start_ns", "int64", MONO, "when the thread entered take_gil"),
-        C("end_ns", "int64", MONO, "when it returned, holding the GIL"),
+        C("start_ns", "int64", MONO, "when the thread, in take_gil, began to sleep on the GIL's condition"),
+        C("end_ns", "int64", MONO, "when that sleep ended: woken to take the GIL, or the switch interval (5 ms) over "
+                                              "and the next sleep follows"),
         C("wait_ns", "int64", "ns", "end_ns - start_ns"),
         PROCESS,
         HOST,
