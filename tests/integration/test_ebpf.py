@@ -53,6 +53,35 @@ def test_gil_waits_of_spinning_threads(tmp_path):
     assert 0.8 * expected <= total <= 1.1 * expected, (total, expected, (n - 1) * wall)
 
 
+ALONE = """
+import ctypes, ctypes.util, os, sys, time
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+sys.stdin.readline()
+for _ in range(20000):  # the GIL let go and taken back each time, by the only thread
+    os.stat("/")
+# a condition wait that is not the GIL's: called through ctypes, not from take_gil
+cond, mutex = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+libc.pthread_mutex_lock(mutex)
+for _ in range(5):
+    t = time.time() + 0.05
+    libc.pthread_cond_timedwait(cond, mutex, (ctypes.c_long * 2)(int(t), int(t % 1 * 1e9)))
+print("done", flush=True)
+"""
+
+
+def test_only_waits_for_the_gil_are_gil_waits(tmp_path):
+    # 20,000 acquisitions with no other thread to wait for, and 250 ms asleep on another condition
+    with probe_session(tmp_path, Ebpf(["gil"])) as s:
+        target = started([sys.executable, str(write_flow(tmp_path / "alone.py", ALONE))])
+        s.watch(target.pid, attached="take_gil")
+        assert target.communicate("go\n", timeout=60)[0].strip() == "done"
+    cap = s.run / "captures"
+    waits = ebpf_tables.read_gil(ebpf_tables.read_events(cap / ebpf_tables.EVENTS))
+    small = ebpf_tables.read_small(cap / "ebpf_small.tsv")
+    assert waits[waits.pid == target.pid].empty, waits
+    assert small[(small.kind == "gil") & (small.pid == target.pid)]["count"].sum() < 100, small
+
+
 NATIVE = r"""
 #include <stdio.h>
 #include <time.h>
