@@ -127,7 +127,7 @@ def _gil(s: dict, t: dict) -> dict | None:
         return None
     holder = gil_holder(t)
     return _finding("gil-contention", sec, "event loops waited for the GIL",
-                    "event-loop time on the path spent in take_gil"
+                    "event-loop time on the path spent waiting to take the GIL"
                     + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""),
                     "another thread of the same process holds the GIL: a task that does not release it on a "
                     "worker with several threads (use more processes with one thread each), or a plugin, "

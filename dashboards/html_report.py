@@ -402,7 +402,8 @@ def gil_per_thread(p: Page):
     names = run.table("threads").set_index(["process", "tid"]).name.to_dict() if run.has_table("threads") else {}
     labels = [f"{p} / {names.get((p, tid)) or f'thread {tid}'}" for p, tid in per.index]
     return ("GIL wait per thread",
-            "Seconds each thread waited in take_gil over the whole run (eBPF; short waits included), "
+            "Seconds each thread waited for the GIL (take_gil asleep on its condition) over the whole run (eBPF; short "
+            "waits included), "
             "the 30 longest.", layout(go.Figure(go.Bar(x=labels, y=per.values)), "process / thread", "seconds"))
 
 

@@ -12,7 +12,7 @@ DESCRIPTIONS = {
     "tap": "every protocol message, from the wire (packet capture on the cluster's ports, root), no proxy in "
            "the way: instead of proxy",
     "pyspy": "Python stacks of every process (our CPython 3.10–3.13 reader, py-spy for others), --sample-rate per second",
-    "proc": "CPU% and RSS of every process from /proc, 10 per second",
+    "proc": "CPU% and RSS of every process from /proc, 5 per second",
     "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",
     "gil": "time each thread waited to take the GIL (eBPF: take_gil's sleeps on the GIL's condition)",
     "offcpu": "off-CPU intervals per thread, runnable vs blocked (eBPF, sched tracepoints)",

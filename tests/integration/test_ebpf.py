@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import probe_session, write_flow
 from daskprobe.experiments.unwind_cost import CHAIN, build_chain, chain_share
 from daskprobe.probes import ebpf_format, ebpf_tables
-from daskprobe.probes.ebpf import Ebpf
+from daskprobe.probes.ebpf import AGENT, SYSTEM_PYTHON, Ebpf
 
 SPINNERS = """
 import json, sys, threading, time
@@ -80,6 +82,32 @@ def test_only_waits_for_the_gil_are_gil_waits(tmp_path):
     small = ebpf_tables.read_small(cap / "ebpf_small.tsv")
     assert waits[waits.pid == target.pid].empty, waits
     assert small[(small.kind == "gil") & (small.pid == target.pid)]["count"].sum() < 100, small
+
+
+DLSYM = """
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import ebpf_agent
+libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+ours = ebpf_agent.default_version(libc, "pthread_cond_timedwait")
+# the dynamic linker's answer: the function programs call, less where libc's file starts in memory
+at = ctypes.cast(ctypes.CDLL(libc).pthread_cond_timedwait, ctypes.c_void_p).value
+for line in open("/proc/self/maps"):
+    span, _, offset, _, _, *path = line.split()
+    if path and path[0] == libc and int(offset, 16) == 0:
+        print(ours, at - int(span.split("-")[0], 16))
+        break
+"""
+
+
+def test_the_gil_probe_finds_the_function_programs_call(tmp_path):
+    # glibc has two pthread_cond_timedwait, and without debug symbols their names are alike
+    if why := Ebpf(["gil"]).available():
+        pytest.skip(why)
+    script = write_flow(tmp_path / "dlsym.py", DLSYM)
+    out = subprocess.run([SYSTEM_PYTHON, str(script), str(AGENT.parent)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert len(out) == 2 and out[0] == out[1], out
 
 
 NATIVE = r"""

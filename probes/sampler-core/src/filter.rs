@@ -17,6 +17,8 @@ const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_PROG_TYPE_PERF_EVENT: u32 = 7;
 /// _IOW('$', 8, __u32)
 pub const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+/// the inode of the initial pid namespace (PROC_PID_INIT_INO)
+const PID_NS_INIT: u64 = 0xEFFF_FFFC;
 /// more processes than any one run samples
 const MAX_PROCESSES: u32 = 4096;
 
@@ -58,6 +60,11 @@ pub struct Filter {
 
 impl Filter {
     pub fn load() -> Result<Filter, String> {
+        // BPF sees the kernel's pids; in a pid namespace, those given to `add` are others
+        let ns = std::fs::metadata("/proc/self/ns/pid").map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if ns.map_or(true, |ino| ino != PID_NS_INIT) {
+            return Err("in a pid namespace of its own (or none known): its pids are not BPF's".into());
+        }
         // union bpf_attr, as u64 words: map_type | key_size << 32, value_size | max_entries << 32
         let map = bpf(BPF_MAP_CREATE, &[BPF_MAP_TYPE_HASH as u64 | 4 << 32, 1 | (MAX_PROCESSES as u64) << 32, 0, 0]);
         if map < 0 {
@@ -81,7 +88,10 @@ impl Filter {
     pub fn add(&self, pid: i32) {
         let (key, value) = (pid as u32, 1u8);
         // map_fd, key, value, flags (BPF_ANY)
-        bpf(BPF_MAP_UPDATE_ELEM, &[self.map as u64, &key as *const u32 as u64, &value as *const u8 as u64, 0]);
+        if bpf(BPF_MAP_UPDATE_ELEM, &[self.map as u64, &key as *const u32 as u64, &value as *const u8 as u64, 0]) < 0 {
+            eprintln!("daskprobe-sampler: pid {pid} not added to the tick filter ({}): it is read only every 100 ms",
+                      Error::last_os_error());
+        }
     }
 
     pub fn remove(&self, pid: i32) {

@@ -25,6 +25,8 @@ use daskprobe_clock::now_ns;
 use daskprobe_proxy::capture::Capture;
 use daskprobe_proxy::failures::{log, Failures};
 
+const NO_WAKE_MS: i32 = 40;
+
 fn port_label(v: &str) -> Result<(u16, String), String> {
     let (port, label) = v.split_once('=').unwrap_or((v, ""));
     Ok((port.parse().map_err(|e| format!("port {v}: {e}"))?, label.to_string()))
@@ -95,7 +97,9 @@ fn main() {
     // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
     let mut stop_at = None;
     while stop_at.map_or(true, |at| now_ns() < at) {
-        let timeout = stop_at.map_or(-1, |at: u64| (at.saturating_sub(now_ns()) / 1_000_000) as i32 + 1);
+        // without an eventfd, stdin's news is seen at the next packets or within NO_WAKE_MS
+        let idle = if wake < 0 { NO_WAKE_MS } else { -1 };
+        let timeout = stop_at.map_or(idle, |at: u64| (at.saturating_sub(now_ns()) / 1_000_000) as i32 + 1);
         match tap.next(timeout) {
             Ok(Some((t, seg))) => streams.segment(t, &seg),
             Ok(None) => {}

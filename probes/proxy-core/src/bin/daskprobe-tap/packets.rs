@@ -205,8 +205,10 @@ impl Tap {
                            libc::pollfd { fd: self.wake, events: libc::POLLIN, revents: 0 }];
             check(unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) })?;
             if pfd[1].revents & libc::POLLIN != 0 {
+                // the news first: a block that came meanwhile is taken at the next call
                 let mut count = 0u64;
                 unsafe { libc::eventfd_read(self.wake, &mut count) };
+                return Ok(false);
             }
             if status(self) & libc::TP_STATUS_USER == 0 {
                 return Ok(false);
