@@ -253,10 +253,19 @@ def libpython_of(pid: int) -> str | None:
     return mapped(pid, r"/libpython3\.\d+[^/]*\.so") or os.readlink(f"/proc/{pid}/exe")
 
 
+def libc_of(pid: int) -> str | None:
+    return mapped(pid, r"/libc(\.so|-[\d.]+\.so)")
+
+
+def exec_mappings(pid: int) -> list[tuple[str, str, str, str]]:
+    """The process's executable file mappings: (start, end, offset, path), as /proc/PID/maps has them."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [m.groups() for m in map(EXEC_MAPPING.match, f) if m]
+
+
 def text_of(pid: int, path: str) -> tuple[int, int] | None:
     """Where the executable mappings of `path` lie in the process: (lowest start, highest end)."""
-    with open(f"/proc/{pid}/maps") as f:
-        spans = [(int(m[1], 16), int(m[2], 16)) for m in EXEC_MAPPING.finditer(f.read()) if m[4] == path]
+    spans = [(int(start, 16), int(end, 16)) for start, end, _, p in exec_mappings(pid) if p == path]
     return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
 
 
@@ -373,7 +382,7 @@ class Agent:
 
     def attach_gil(self, pid: int, name: str) -> str:
         try:
-            lib, libc = libpython_of(pid), mapped(pid, r"/libc(\.so|-[\d.]+\.so)")
+            lib, libc = libpython_of(pid), libc_of(pid)
             if lib not in self.gil_libs:
                 self.gil_libs[lib] = take_gil_symbol(lib)
             if (sym := self.gil_libs[lib]) is None:
@@ -457,11 +466,9 @@ class Agent:
         """The process's executable file mappings, written when they differ from the last ones
         written: the unwinder finds a sample's modules in the first snapshot taken after it."""
         try:
-            with open(f"/proc/{pid}/maps") as f:
-                found = [EXEC_MAPPING.match(line) for line in f]
+            rows = exec_mappings(pid)
         except OSError:
             return  # it has exited: its earlier snapshot stands
-        rows = [m.groups() for m in found if m]
         spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in rows)
         self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans], time.monotonic())
         if rows != self.maps.get(pid):

@@ -85,10 +85,10 @@ def test_only_waits_for_the_gil_are_gil_waits(tmp_path):
 
 
 DLSYM = """
-import ctypes, sys
+import ctypes, os, sys
 sys.path.insert(0, sys.argv[1])
 import ebpf_agent
-libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+libc = ebpf_agent.libc_of(os.getpid())
 ours = ebpf_agent.default_version(libc, "pthread_cond_timedwait")
 # the dynamic linker's answer: the function programs call, less where libc's file starts in memory
 at = ctypes.cast(ctypes.CDLL(libc).pthread_cond_timedwait, ctypes.c_void_p).value
