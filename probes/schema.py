@@ -160,8 +160,8 @@ DECODED = {
     )),
     "samples": Table("One row per sample of a thread: its Python stack (source pyspy, captures/pyspy.tsv) or "
                      "its native and kernel stack (source ebpf, on-CPU, captures/ebpf_cpu.tsv).", (
-        C("t_ns", "int64", MONO, "when the sampler read the process's stacks (the read's midpoint), or the kernel "
-          "sampled the thread"),
+        C("t_ns", "int64", MONO, "the CPU tick at which BPF copied the Python stack, or when the sampler read the "
+          "process's stacks (the read's midpoint), or when the kernel sampled the thread"),
         PID,
         TID,
         C("thread_name", "str", "", "the Python thread's name; null for ebpf"),

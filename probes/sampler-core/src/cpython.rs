@@ -20,11 +20,12 @@
 //! tests/test_pyspy.py compares the two.
 
 use crate::frames::Frames;
-use crate::layout::{Gil, Instr, Layout, FRAME_OWNED_BY_CSTACK};
+use crate::layout::{Frame, Gil, Instr, Layout, FRAME_OWNED_BY_CSTACK};
 use crate::linetable;
 use crate::procstat::{State, ThreadStat};
 use crate::pthread;
 use crate::remote::Remote;
+use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -390,7 +391,19 @@ impl Reader {
     fn read_stack(&mut self, tstate: usize, thread: (u64, u64), frames: &mut Frames, out: &mut impl Write)
                   -> Option<(Rc<str>, bool)> {
         self.walk(tstate, Some(thread))?;
+        self.name_stack(frames, out)
+    }
+
+    /// The scratch stack as read_stack returns it, its code objects checked.
+    fn name_stack(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<(Rc<str>, bool)> {
+        self.s.codes.clear();
+        self.s.codes.extend(self.s.stack.iter().map(|f| f.0));
         self.check_codes();
+        self.names(frames, out)
+    }
+
+    /// The scratch stack as read_stack returns it, from the code objects as cached.
+    fn names(&mut self, frames: &mut Frames, out: &mut impl Write) -> Option<(Rc<str>, bool)> {
         let mut ids = String::new();
         let mut idle_leaf = None;
         let format = self.layout.code.format;
@@ -409,11 +422,78 @@ impl Reader {
         (!ids.is_empty() || self.s.stack.is_empty()).then(|| (Rc::from(ids), idle_leaf.unwrap_or(false)))
     }
 
-    /// Checks the cached code objects of the walked stack in one call, and loads those new or changed.
+    /// Where BPF finds this interpreter's frames (tickprog.rs); a frame_size of 0 (its ticks come
+    /// to the sampler) where a frame or the GIL's state would not fit BPF's copy.
+    pub fn bpf_walk(&self) -> Walk {
+        let (t, f) = (&self.layout.thread, &self.layout.frame);
+        let (gil, gil_len) = self.gil_range();
+        if f.size > SLOT || f.back > SLOT - 8 || !f.back.is_multiple_of(8) || gil_len > GIL_BYTES {
+            return Walk::default();
+        }
+        Walk { frame: t.frame as u64, cframe_frame: t.cframe_frame.map_or(NONE, |o| o as u64),
+               native_tid: t.native_tid.map_or(NONE, |o| o as u64), frame_size: f.size as u64, back: f.back as u64,
+               gil: gil as u64, gil_len: gil_len as u64 }
+    }
+
+    /// (native id, PyThreadState) of each thread listed: BPF reads their stacks at their ticks.
+    pub fn listed(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.threads.iter().map(|(&tstate, th)| (th.tid, tstate))
+    }
+
+    /// The samples of stacks BPF copied at ticks of this process (tickprog.rs), in the order given,
+    /// their code objects checked in one call for them all; the rest of a stack deeper than BPF copies
+    /// is read now. None where the thread state no longer holds the thread (the list is walked again
+    /// at the next read).
+    pub fn copied(&mut self, records: &[&[u8]], frames: &mut Frames, out: &mut impl Write)
+                  -> Vec<Option<ThreadSample>> {
+        let stacks: Vec<Option<Vec<(u64, i64)>>> = records.iter().map(|rec| self.copied_stack(rec)).collect();
+        self.s.codes.clear();
+        self.s.codes.extend(stacks.iter().flatten().flatten().map(|f| f.0));
+        self.check_codes();
+        records.iter().zip(stacks).map(|(rec, stack)| {
+            self.s.stack = stack?;
+            let names = self.names(frames, out);
+            let (tstate, tid) = (u64_at(rec, AT_TSTATE), u64_at(rec, 0) & 0xffff_ffff);
+            let owns_gil = self.holder(&rec[AT_GIL..AT_GIL + GIL_BYTES], true) == tstate;
+            let th = self.threads.get_mut(&tstate)?;
+            (th.stack, th.read_at, th.last) = (names, Some((Instant::now(), None)), None);
+            let (frame_ids, idle_leaf) = th.stack.clone()?;
+            Some(ThreadSample { tid, ident: th.ident, active: !idle_leaf, owns_gil, frame_ids, stale: false, tick: true })
+        }).collect()
+    }
+
+    /// The (code object, instruction offset) of each frame of a copy, leaf first; None when its thread
+    /// state holds another thread now.
+    fn copied_stack(&mut self, rec: &[u8]) -> Option<Vec<(u64, i64)>> {
+        let (tstate, tid) = (u64_at(rec, AT_TSTATE), u64_at(rec, 0) & 0xffff_ffff);
+        let known = self.threads.get(&tstate).is_some_and(|th| th.tid == tid);
+        if !known || self.layout.thread.native_tid.is_some_and(|_| u64_at(rec, AT_NATIVE_TID) != tid) {
+            self.relist = true;
+            return None;
+        }
+        let f = &self.layout.frame;
+        self.s.stack.clear();
+        let (mut addr, mut back) = (usize::MAX, 0); // the first frame's address is not in the copy
+        for i in 0..u32_at(rec, AT_COUNT) as usize {
+            let Ok((entry, b)) = frame_entry(f, &rec[AT_FRAMES + i * SLOT..][..f.size], addr) else {
+                back = 0;
+                break;
+            };
+            self.s.stack.extend(entry);
+            (addr, back) = (b, b);
+        }
+        if back != 0 {
+            self.s.chunk.resize(8, 0);
+            self.s.chunk.truncate(8);
+            self.follow(back, 0);
+        }
+        Some(self.s.stack.clone())
+    }
+
+    /// Checks the cached code objects listed in the scratch's `codes` in one call, and loads those new or
+    /// changed.
     fn check_codes(&mut self) {
         let mut s = std::mem::take(&mut self.s);
-        s.codes.clear();
-        s.codes.extend(s.stack.iter().map(|f| f.0));
         s.codes.sort_unstable();
         s.codes.dedup();
         let (at, len) = self.layout.code.fields();
@@ -546,19 +626,8 @@ impl Reader {
                 }
                 &s.window[frame - window.0..][..f.size]
             };
-            let (code, back) = (u64_at(rec, f.code), u64_at(rec, f.back) as usize);
-            // Not a frame, but an object a stale pointer led to (its refcount, its
-            // type, and a type's type is itself): stop before walking that loop.
-            if !code.is_multiple_of(8) || !back.is_multiple_of(8) || back == frame {
-                break;
-            }
-            if code != 0 && f.owner.is_none_or(|o| rec[o] != FRAME_OWNED_BY_CSTACK) {
-                let offset = match f.instr_kind {
-                    Instr::Index => u32_at(rec, f.instr) as i32 as i64 * 2,
-                    Instr::Pointer { adaptive } => u64_at(rec, f.instr).wrapping_sub(code.wrapping_add(adaptive as u64)) as i64,
-                };
-                s.stack.push((code, offset));
-            }
+            let Ok((entry, back)) = frame_entry(f, rec, frame) else { break };
+            s.stack.extend(entry);
             if back == 0 {
                 break;
             }
@@ -630,6 +699,25 @@ impl Reader {
         let mut data = vec![0u8; size];
         self.remote.read(addr + t.bytes_data, &mut data).then_some(data)
     }
+}
+
+/// What the copy `rec` of a frame at `addr` holds: its (code object, byte offset of its last
+/// instruction), None for the C stack's entry frames (3.12+), and the frame that called it (0: none);
+/// Err when it is not a frame but an object a stale pointer led to (its refcount, its type, and a
+/// type's type is itself): a walk stops there, before walking that loop.
+fn frame_entry(f: &Frame, rec: &[u8], addr: usize) -> Result<(Option<(u64, i64)>, usize), ()> {
+    let (code, back) = (u64_at(rec, f.code), u64_at(rec, f.back) as usize);
+    if !code.is_multiple_of(8) || !back.is_multiple_of(8) || back == addr {
+        return Err(());
+    }
+    let entry = (code != 0 && f.owner.is_none_or(|o| rec[o] != FRAME_OWNED_BY_CSTACK)).then(|| {
+        let offset = match f.instr_kind {
+            Instr::Index => u32_at(rec, f.instr) as i32 as i64 * 2,
+            Instr::Pointer { adaptive } => u64_at(rec, f.instr).wrapping_sub(code.wrapping_add(adaptive as u64)) as i64,
+        };
+        (code, offset)
+    });
+    Ok((entry, back))
 }
 
 fn decode(data: &[u8], kind: usize) -> Option<String> {

@@ -5,8 +5,10 @@
 //! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy] [--poll]
 //! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
 //!
-//! A process is read when a CPU's tick finds one of its threads on it
-//! (ticks.rs), for that thread (py-spy's reader reads them all, and only
+//! A thread is read when a CPU's tick finds it on the CPU (ticks.rs): by
+//! BPF at the tick, for the Python threads our reader has listed
+//! (tickprog.rs; the copies are named here every 100 ms), else by the
+//! sampler, woken for that thread (py-spy's reader reads them all, and only
 //! those ticked count as ticked); and every OFF_CPU_EVERY, for the threads
 //! off a CPU. Where perf events cannot be opened, and with --poll, every
 //! thread is read at the rate (polling).
@@ -14,13 +16,14 @@
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
 //! every FLUSH_EVERY and when told to stop (SIGTERM, SIGINT, SIGHUP). An S
-//! line's t_ns is the midpoint of the read of that process's stacks, so it is
+//! line's t_ns is the tick's time for a stack BPF copied; for a read by the
+//! sampler, the midpoint of the read of that process's stacks, so it is
 //! within read_ns / 2 <= 1 ms of every stack it reports but a stale one (kept
 //! up to 100 ms for a thread off a CPU: cpython.rs); a read that took longer
 //! is dropped, as an L line.
 
+mod bpf;
 mod cpython;
-mod filter;
 mod frames;
 mod layout;
 mod lines;
@@ -28,6 +31,7 @@ mod linetable;
 mod procstat;
 mod pthread;
 mod remote;
+mod tickprog;
 mod ticks;
 
 use cpython::{Read, Reader, ThreadSample};
@@ -45,7 +49,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-use ticks::Ticks;
+use tickprog::AT_TIME;
+use ticks::{Copied, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
 /// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
@@ -129,6 +134,8 @@ struct Target {
     named_at: (Instant, Duration),
     /// with ticks: its threads off a CPU are yet to be read (it has just been attached)
     unread: bool,
+    /// PyThreadState by native id, of the threads whose stacks BPF reads at their ticks (tickprog.rs)
+    in_bpf: HashMap<u64, u64>,
 }
 
 impl Target {
@@ -144,7 +151,24 @@ impl Target {
             None => (None, "py-spy".into()),
         };
         Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0),
-                    unread: true })
+                    unread: true, in_bpf: HashMap::new() })
+    }
+
+    /// Gives BPF the threads our reader lists now, and takes back those it no longer lists (or all).
+    fn share_threads(&mut self, ticks: &Ticks, all_gone: bool) {
+        let now: HashMap<u64, u64> = match &self.fast {
+            Some(r) if !all_gone => r.listed().collect(),
+            _ => HashMap::new(),
+        };
+        for (tid, tstate) in &now {
+            if self.in_bpf.get(tid) != Some(tstate) {
+                ticks.thread(*tid, Some(*tstate));
+            }
+        }
+        for tid in self.in_bpf.keys().filter(|tid| !now.contains_key(tid)) {
+            ticks.thread(*tid, None);
+        }
+        self.in_bpf = now;
     }
 
     /// Appends to `samples` the threads `how` asks for (py-spy's reader reads them all, and keeps
@@ -258,11 +282,12 @@ struct Sampler<W: Write> {
 impl<W: Write> Sampler<W> {
     /// One round's reads of a process (see the top of this file); false when it is gone.
     /// `due`: polling, the time to read; with ticks, to read the threads off a CPU.
-    fn round(&mut self, t: &mut Target, ticked: &[(i32, u64)], due: bool, ticking: bool) -> bool {
+    fn round(&mut self, t: &mut Target, ticked: &[(i32, u64)], copied: &[Copied], due: bool, ticking: bool) -> bool {
         if !ticking {
             return !due || self.sample(t, Read::All);
         }
-        let tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
+        let mut tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
+        tids.extend(self.copied(t, copied));
         if !tids.is_empty() && !self.sample(t, Read::Ticked(&tids)) {
             return false;
         }
@@ -271,6 +296,35 @@ impl<W: Write> Sampler<W> {
             return self.sample(t, Read::OffCpu);
         }
         true
+    }
+
+    /// The stacks BPF copied at the process's ticks, each stamped with its tick's time; returns the
+    /// threads of the copies it could not use, for a read now.
+    fn copied(&mut self, t: &mut Target, copied: &[Copied]) -> Vec<u64> {
+        let mine: Vec<&Copied> = copied.iter().filter(|c| c.pid == t.pid).collect();
+        let Some(r) = t.fast.as_mut().filter(|_| !mine.is_empty()) else { return Vec::new() };
+        let records: Vec<&[u8]> = mine.iter().map(|c| &c.record[..]).collect();
+        // torn bytes cost the drain's samples (see Target::read): their threads are read now
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            r.copied(&records, &mut self.frames, &mut self.out)
+        })).unwrap_or_else(|_| vec![None; mine.len()]);
+        let mut unused = Vec::new();
+        self.samples.clear();
+        let mut at = Vec::new();
+        for (c, s) in mine.iter().zip(read) {
+            match s {
+                Some(s) => {
+                    self.samples.push(s);
+                    at.push(u64::from_ne_bytes(c.record[AT_TIME..AT_TIME + 8].try_into().unwrap()));
+                }
+                None => unused.push(c.tid),
+            }
+        }
+        t.name_threads(&self.samples);
+        for (s, at) in self.samples.iter().zip(at) {
+            lines::sample(&mut self.out, at, t.pid, s, &t.names[&s.ident].1);
+        }
+        unused
     }
 
     /// One read of one process; false when the process is gone.
@@ -328,7 +382,7 @@ fn main() {
                                     args.rate)).ok()
         });
     let mut targets: Vec<Target> = Vec::new();
-    let mut ticked = Vec::new();
+    let (mut ticked, mut copied) = (Vec::new(), Vec::new());
     let period = Duration::from_secs_f64(1.0 / args.rate);
     let mut next = Instant::now();
     let mut flushed = next;
@@ -340,7 +394,7 @@ fn main() {
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
                     if let Some(ticks) = &ticks {
-                        ticks.watch(pid);
+                        ticks.watch(pid, t.fast.as_ref().map(|r| r.bpf_walk()).unwrap_or_default());
                     }
                     lines::attached(&mut s.out, now_ns(), pid, &name, &t.reader);
                     targets.push(t);
@@ -352,12 +406,15 @@ fn main() {
         }
         let polled = ticks.is_none() && Instant::now() >= next;
         if let Some(t) = ticks.as_mut() {
-            t.drain(&mut ticked);
+            t.drain(&mut ticked, &mut copied);
         }
         targets.retain_mut(|t| {
-            let alive = s.round(t, &ticked, polled || timer, ticks.is_some());
-            if let (false, Some(ticks)) = (alive, &ticks) {
-                ticks.unwatch(t.pid);
+            let alive = s.round(t, &ticked, &copied, polled || timer, ticks.is_some());
+            if let Some(ticks) = &ticks {
+                t.share_threads(ticks, !alive);
+                if !alive {
+                    ticks.unwatch(t.pid);
+                }
             }
             alive
         });

@@ -1,21 +1,24 @@
 //! Which threads are on a CPU, from the kernel: a cpu-clock perf event on
-//! each CPU ticks at the sampling rate, skipping the idle task, and writes
-//! the thread it found running into that CPU's ring, waking the sampler.
-//! The sampler then reads only those threads' stacks, so what it costs
-//! follows the CPU the cluster uses, not its threads times the rate; and a
-//! tick is an interrupt, so a busy machine delays the read, not the choice of
-//! thread (polling /proc, a sampler waiting for a CPU finds threads off one).
+//! each CPU ticks at the sampling rate, skipping the idle task. At a tick
+//! of a Python thread our reader knows, BPF copies its frames into a ring
+//! the sampler drains every 100 ms (tickprog.rs); any other tick of a
+//! sampled process writes the thread it found running into that CPU's ring,
+//! waking the sampler, which then reads only that thread's stack. So what
+//! sampling costs follows the CPU the cluster uses, not its threads times the
+//! rate; and a tick is an interrupt, so a busy machine delays no copy and,
+//! for a tick the sampler reads, the read, not the choice of thread
+//! (polling /proc, a sampler waiting for a CPU finds threads off one).
 //!
-//! The period is drawn anew every PERIOD_TICKS ticks of a CPU, uniform within
-//! half the mean either side: at a fixed period, a thread that wakes on a
-//! timer of about that period (Dask's profiler, an event loop's callbacks,
-//! every 10 ms) is found always or never. (A new period restarts the CPU's
-//! timer from the call; drawing one per tick doubled what a tick cost the
-//! sampler: the call interrupts that CPU.)
-//!
-//! Only the ticks of the processes being sampled reach the rings (filter.rs).
+//! A CPU's period is drawn anew once PERIOD_TICKS ticks have reached the
+//! sampler since the last draw (at its next wake-up: every 100 ms at most
+//! when BPF copies the stacks), uniform within half the mean either side: at
+//! a fixed period, a thread that wakes on a timer of about that period
+//! (Dask's profiler, an event loop's callbacks, every 10 ms) is found always
+//! or never. (A new period restarts the CPU's timer from the call; drawing
+//! one per tick doubled what a tick cost the sampler: the call interrupts
+//! that CPU.)
 
-use crate::filter::{Filter, PERF_EVENT_IOC_SET_BPF};
+use crate::tickprog::{TickProgram, Walk, AT_COUNT, AT_CPU, AT_FRAMES, PERF_EVENT_IOC_SET_BPF, SLOT};
 use std::io::Error;
 use std::time::Duration;
 
@@ -53,6 +56,7 @@ struct Attr {
 
 struct Ring {
     fd: libc::c_int,
+    cpu: u32,
     base: *mut u8,
     page: usize,
     /// ticks since its period was last drawn
@@ -70,7 +74,14 @@ pub struct Ticks {
     /// xorshift64 state, for the periods
     random: u64,
     /// None where BPF programs cannot be loaded: then every process's ticks wake the sampler
-    filter: Option<Filter>,
+    program: Option<TickProgram>,
+}
+
+/// A stack BPF copied at a tick: its record (tickprog.rs), up to its last frame.
+pub struct Copied {
+    pub pid: i32,
+    pub tid: u64,
+    pub record: Vec<u8>,
 }
 
 impl Ticks {
@@ -79,7 +90,8 @@ impl Ticks {
     /// would set a timer at each tick, a trap to the hypervisor on a VM). Only the processes given to
     /// `watch` tick, unless the filter could not be loaded (said on stderr).
     pub fn open(rate: f64, wake: libc::c_int, every: Duration) -> Result<Ticks, String> {
-        let filter = Filter::load()
+        let cpus = online_cpus()?;
+        let program = TickProgram::load(cpus.len(), rate)
             .map_err(|e| eprintln!("daskprobe-sampler: no tick filter ({e}): ticks of every process wake the sampler"))
             .ok();
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
@@ -94,7 +106,7 @@ impl Ticks {
             ..Attr::default()
         };
         let mut rings = Vec::new();
-        for cpu in online_cpus()? {
+        for cpu in cpus {
             let fd = unsafe {
                 libc::syscall(libc::SYS_perf_event_open, &attr as *const Attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC)
             } as libc::c_int;
@@ -110,8 +122,8 @@ impl Ticks {
                 unsafe { libc::close(fd) };
                 return Err(format!("mapping CPU {cpu}'s ring: {e}"));
             }
-            rings.push(Ring { fd, base: base as *mut u8, page, ticks: 0 });
-            if let Some(f) = &filter {
+            rings.push(Ring { fd, cpu: cpu as u32, base: base as *mut u8, page, ticks: 0 });
+            if let Some(f) = &program {
                 if unsafe { libc::ioctl(fd, PERF_EVENT_IOC_SET_BPF, f.prog) } < 0 {
                     // its ticks all wake the sampler, which keeps those of its processes
                     eprintln!("daskprobe-sampler: no tick filter on CPU {cpu}: {}", Error::last_os_error());
@@ -131,19 +143,27 @@ impl Ticks {
         let poll = rings.iter().map(|r| r.fd).chain([wake, timer])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
         let random = daskprobe_clock::now_ns() | 1;
-        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, filter })
+        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, program })
     }
 
-    /// From now on, `pid`'s ticks wake the sampler.
-    pub fn watch(&self, pid: i32) {
-        if let Some(f) = &self.filter {
-            f.add(pid);
+    /// From now on, `pid`'s ticks are kept: its Python threads' stacks copied as `walk` says (given
+    /// with `thread`), the others' ticks waking the sampler.
+    pub fn watch(&self, pid: i32, walk: Walk) {
+        if let Some(p) = &self.program {
+            p.watch(pid, walk);
         }
     }
 
     pub fn unwatch(&self, pid: i32) {
-        if let Some(f) = &self.filter {
-            f.remove(pid);
+        if let Some(p) = &self.program {
+            p.unwatch(pid);
+        }
+    }
+
+    /// The PyThreadState of the thread `tid` (None: no longer known), for BPF to read its stack at its ticks.
+    pub fn thread(&self, tid: u64, tstate: Option<u64>) {
+        if let Some(p) = &self.program {
+            p.thread(tid as u32, tstate);
         }
     }
 
@@ -162,9 +182,24 @@ impl Ticks {
         timer
     }
 
-    /// (pid, tid) of every tick since the last drain, one entry per tick.
-    pub fn drain(&mut self, into: &mut Vec<(i32, u64)>) {
+    /// (pid, tid) of every tick since the last drain that the sampler is to read, one entry per tick;
+    /// and the stacks BPF copied at the others.
+    pub fn drain(&mut self, into: &mut Vec<(i32, u64)>, copied: &mut Vec<Copied>) {
         into.clear();
+        copied.clear();
+        if let Some(ring) = self.program.as_ref().and_then(|p| p.ring.as_ref()) {
+            let rings = &mut self.rings;
+            ring.drain(|rec| {
+                let n = u32_at(rec, AT_COUNT) as usize;
+                let cpu = u32_at(rec, AT_CPU);
+                if let Some(r) = rings.iter_mut().find(|r| r.cpu == cpu) {
+                    r.ticks += 1;
+                }
+                let id = u64::from_ne_bytes(rec[..8].try_into().unwrap());
+                copied.push(Copied { pid: (id >> 32) as i32, tid: id & 0xffff_ffff,
+                                     record: rec[..(AT_FRAMES + n * SLOT).min(rec.len())].to_vec() });
+            });
+        }
         for i in 0..self.rings.len() {
             let r = &mut self.rings[i];
             let before = into.len();
@@ -186,6 +221,10 @@ impl Ticks {
         self.random = x;
         self.period / 2 + x % self.period.max(1)
     }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
 }
 
 impl Ring {
@@ -256,17 +295,17 @@ mod tests {
     #[test]
     fn a_spinning_thread_is_ticked_once_per_period_of_its_cpu_time() {
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return }; // no perf events here (not root): nothing to test
-        t.watch(std::process::id() as i32);
+        t.watch(std::process::id() as i32, Walk::default());
         let tid = unsafe { libc::gettid() } as u64;
         let (start, cpu0) = (std::time::Instant::now(), cpu_ns());
-        let mut on = Vec::new();
+        let (mut on, mut copied) = (Vec::new(), Vec::new());
         let mut seen = 0;
         while start.elapsed() < Duration::from_millis(600) {
-            t.drain(&mut on);
+            t.drain(&mut on, &mut copied);
             seen += on.iter().filter(|&&(_, x)| x == tid).count();
         }
         let expected = (cpu_ns() - cpu0) as f64 / 1e7;
-        t.drain(&mut on);
+        t.drain(&mut on, &mut copied);
         seen += on.iter().filter(|&&(_, x)| x == tid).count();
         // +-1 at each end (a period starts when the event is enabled), and, where the thread shares its
         // CPU, a tick finds it there by chance: three standard deviations of that
@@ -274,10 +313,10 @@ mod tests {
     }
 
     fn spin_ticks(t: &mut Ticks, ms: u64) -> usize {
-        let (start, mut on, mut seen) = (std::time::Instant::now(), Vec::new(), 0);
+        let (start, mut on, mut copied, mut seen) = (std::time::Instant::now(), Vec::new(), Vec::new(), 0);
         let me = std::process::id() as i32;
         while start.elapsed() < Duration::from_millis(ms) {
-            t.drain(&mut on);
+            t.drain(&mut on, &mut copied);
             seen += on.iter().filter(|&&(pid, _)| pid == me).count();
         }
         seen
@@ -287,12 +326,69 @@ mod tests {
     #[test]
     fn only_watched_processes_tick() {
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
-        assert!(t.filter.is_some(), "perf events but no BPF filter, as root");
+        assert!(t.program.is_some(), "perf events but no BPF filter, as root");
         assert_eq!(spin_ticks(&mut t, 300), 0, "ticks of a process not watched");
-        t.watch(std::process::id() as i32);
+        t.watch(std::process::id() as i32, Walk::default());
         assert!(spin_ticks(&mut t, 300) >= 10, "too few ticks once watched");
         t.unwatch(std::process::id() as i32);
         spin_ticks(&mut t, 20); // a tick already in a ring when unwatched
         assert_eq!(spin_ticks(&mut t, 300), 0, "ticks after unwatch");
+    }
+
+    /// BPF copies the frames of a thread it was given, at its ticks, leaf first, each reached from
+    /// the one before by its `back` field, from the thread state's pointer through a _PyCFrame (3.12's
+    /// places); a chain deeper than it copies stops at MAX_DEPTH. Its ground truth: chains built here.
+    #[test]
+    fn a_known_thread_s_frames_are_copied_at_its_ticks() {
+        use crate::tickprog::{AT_COUNT, AT_GIL, AT_NATIVE_TID, AT_TSTATE, MAX_DEPTH};
+        let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
+        let chain = |n: usize| -> Vec<Box<[u64; 9]>> {
+            let mut frames: Vec<Box<[u64; 9]>> = (0..n).map(|i| Box::new([0x1000 * (i as u64 + 1); 9])).collect();
+            for i in 0..n {
+                frames[i][1] = frames.get(i + 1).map_or(0, |f| f.as_ptr() as u64);
+            }
+            frames
+        };
+        let (short, deep) = (chain(3), chain(MAX_DEPTH + 5));
+        let tid = unsafe { libc::gettid() } as u64;
+        let cframe = Box::new([short[0].as_ptr() as u64]);
+        let mut tstate = Box::new([0u64; 32]);
+        tstate[7] = cframe.as_ptr() as u64; // at 56
+        tstate[20] = tid; // at 160
+        let gil = Box::new([0, tstate.as_ptr() as u64, 1]);
+        let walk = Walk { frame: 56, cframe_frame: 0, native_tid: 160, frame_size: 72, back: 8,
+                          gil: gil.as_ptr() as u64, gil_len: 24 };
+        t.watch(std::process::id() as i32, walk);
+        t.thread(tid, Some(tstate.as_ptr() as u64));
+        let spin = |t: &mut Ticks| {
+            let (start, mut on, mut copied, mut records) = (std::time::Instant::now(), Vec::new(), Vec::new(), Vec::new());
+            while start.elapsed() < Duration::from_millis(300) {
+                t.drain(&mut on, &mut copied);
+                assert!(!on.iter().any(|&(_, x)| x == tid), "a tick of the known thread woke the sampler");
+                records.extend(copied.drain(..).filter(|c| c.tid == tid).map(|c| c.record));
+            }
+            records
+        };
+        let code = |rec: &[u8], i: usize| u64::from_ne_bytes(rec[AT_FRAMES + i * SLOT..][..8].try_into().unwrap());
+        let records = spin(&mut t);
+        assert!(records.len() >= 10, "{} copies in 300 ms of CPU", records.len());
+        for rec in &records {
+            assert_eq!(u32_at(rec, AT_COUNT), 3);
+            assert_eq!((0..3).map(|i| code(rec, i)).collect::<Vec<_>>(), [0x1000, 0x2000, 0x3000]);
+            let word = |at: usize| u64::from_ne_bytes(rec[at..at + 8].try_into().unwrap());
+            assert_eq!((word(AT_NATIVE_TID), word(AT_TSTATE)), (tid, tstate.as_ptr() as u64));
+            assert_eq!((word(AT_GIL + 8), word(AT_GIL + 16)), (tstate.as_ptr() as u64, 1));
+        }
+        let deep_cframe = Box::new([deep[0].as_ptr() as u64]);
+        tstate[7] = deep_cframe.as_ptr() as u64;
+        let records = spin(&mut t);
+        assert!(records.len() >= 10);
+        for rec in &records {
+            assert_eq!(u32_at(rec, AT_COUNT) as usize, MAX_DEPTH);
+            assert_eq!(code(rec, MAX_DEPTH - 1), 0x1000 * MAX_DEPTH as u64);
+        }
+        t.thread(tid, None);
+        assert!(spin_ticks(&mut t, 300) >= 10, "a thread no longer given: its ticks wake the sampler");
+        std::hint::black_box((short, deep, cframe, deep_cframe, gil));
     }
 }

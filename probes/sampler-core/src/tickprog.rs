@@ -1,0 +1,258 @@
+//! What BPF does at each CPU tick (ticks.rs), before the sampler hears of it.
+//!
+//! A tick of a process not sampled is dropped: without that, every tick of
+//! another process (the other probes, the sampler itself, the rest of the
+//! machine) woke the sampler for nothing (55% of its wake-ups on a run of
+//! 10 ms tasks).
+//!
+//! A tick of a Python thread our reader knows (its PyThreadState, given with
+//! `thread`) is read there and then: the program copies the thread's frames,
+//! leaf first, up to MAX_DEPTH of them, into a record of the ring that the
+//! sampler drains every 100 ms (cpython.rs names them). The sampler is not
+//! woken: a wake-up cost it about 100 µs on this VM, 1% of a CPU's time at
+//! 100 Hz, which no reading of stacks after the tick can avoid. The copy
+//! costs the ticked thread the reads (one per frame), in the interrupt.
+//! Any other tick (a thread not yet listed, a reader other than ours, a full
+//! ring) goes to the sampler as before, which reads the stack itself.
+//!
+//! The programs are assembled here (bpf.rs): no compiler at run time. Where
+//! the kernel refuses the stack reader (before Linux 5.8: no ring buffer),
+//! the filter alone is loaded, and every tick of the sampled processes wakes
+//! the sampler.
+
+use crate::bpf::*;
+/// _IOW('$', 8, __u32)
+pub const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+/// the inode of the initial pid namespace (PROC_PID_INIT_INO)
+const PID_NS_INIT: u64 = 0xEFFF_FFFC;
+/// more processes, and threads, than any one run samples
+const MAX_PROCESSES: u32 = 4096;
+const MAX_THREADS: u32 = 65536;
+/// deeper stacks end in a read of the rest by the sampler at the drain
+pub const MAX_DEPTH: usize = 48;
+/// bytes kept of each frame: more than any layout's frame (3.10's, 100)
+pub const SLOT: usize = 128;
+/// a record: pid_tgid (u64), time (u64, CLOCK_MONOTONIC), frames copied (u32), CPU (u32), the GIL's state
+/// (up to GIL_BYTES), the thread's native id as its PyThreadState holds it (0 before 3.11), the
+/// PyThreadState, then the frames
+pub const AT_TIME: usize = 8;
+pub const AT_COUNT: usize = 16;
+pub const AT_CPU: usize = 20;
+pub const AT_GIL: usize = 24;
+pub const GIL_BYTES: usize = 24;
+pub const AT_NATIVE_TID: usize = 48;
+pub const AT_TSTATE: usize = 56;
+pub const AT_FRAMES: usize = 64;
+const RECORD: usize = AT_FRAMES + MAX_DEPTH * SLOT;
+/// the ring holds this long of every CPU's ticks: four of the sampler's drains
+const RING_SECONDS: f64 = 0.4;
+/// in a `Walk`, a field the version lacks
+pub const NONE: u64 = u64::MAX;
+
+/// Where the stack reader finds a process's frames, as the program reads it (a map value).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Walk {
+    /// in the PyThreadState, the pointer to the current frame (3.10, 3.13) or to the _PyCFrame (3.11, 3.12)
+    pub frame: u64,
+    /// in the _PyCFrame, the current frame's pointer (NONE: no _PyCFrame)
+    pub cframe_frame: u64,
+    /// in the PyThreadState, the native thread id (NONE: 3.10)
+    pub native_tid: u64,
+    /// bytes copied of each frame (0: the process is not read here, its ticks go to the sampler)
+    pub frame_size: u64,
+    /// in a frame, the pointer to the one that called it
+    pub back: u64,
+    /// where the GIL's state is, and its length
+    pub gil: u64,
+    pub gil_len: u64,
+}
+
+pub struct TickProgram {
+    pub prog: libc::c_int,
+    procs: Map,
+    /// None: the filter alone was loaded
+    threads: Option<Map>,
+    pub ring: Option<Ring>,
+}
+
+impl TickProgram {
+    /// For `cpus` CPUs ticking `rate` times a second.
+    pub fn load(cpus: usize, rate: f64) -> Result<TickProgram, String> {
+        // BPF sees the kernel's pids; in a pid namespace, those given to `watch` are others
+        let ns = std::fs::metadata("/proc/self/ns/pid").map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if ns.map_or(true, |ino| ino != PID_NS_INIT) {
+            return Err("in a pid namespace of its own (or none known): its pids are not BPF's".into());
+        }
+        let procs = Map::create(BPF_MAP_TYPE_HASH, 4, std::mem::size_of::<Walk>() as u32, MAX_PROCESSES)?;
+        let reader = Map::create(BPF_MAP_TYPE_HASH, 4, 8, MAX_THREADS)
+            .and_then(|threads| Ok((threads, Ring::create(ring_bytes(cpus, rate))?)))
+            .and_then(|(threads, ring)| Ok((load_perf_program(&walker(&procs, &threads, &ring.map))?, threads, ring)));
+        match reader {
+            Ok((prog, threads, ring)) => Ok(TickProgram { prog, procs, threads: Some(threads), ring: Some(ring) }),
+            Err(e) => {
+                eprintln!("daskprobe-sampler: no stack reader at the tick ({e}): each tick wakes the sampler");
+                let prog = load_perf_program(&filter(&procs))?;
+                Ok(TickProgram { prog, procs, threads: None, ring: None })
+            }
+        }
+    }
+
+    /// From now on `pid`'s ticks are kept: read here as `walk` says, or passed to the sampler.
+    pub fn watch(&self, pid: i32, walk: Walk) {
+        let walk = if self.threads.is_some() { walk } else { Walk::default() };
+        if let Err(e) = self.procs.update(&(pid as u32), &walk) {
+            eprintln!("daskprobe-sampler: pid {pid} not added to the tick program ({e}): it is read only every 100 ms");
+        }
+    }
+
+    pub fn unwatch(&self, pid: i32) {
+        self.procs.delete(&(pid as u32));
+    }
+
+    /// The thread `tid`'s PyThreadState (Some), or none any more: its ticks go to the sampler.
+    pub fn thread(&self, tid: u32, tstate: Option<u64>) {
+        let Some(threads) = &self.threads else { return };
+        match tstate {
+            Some(t) => {
+                if let Err(e) = threads.update(&tid, &t) {
+                    eprintln!("daskprobe-sampler: thread {tid} not given to the tick program: {e}");
+                }
+            }
+            None => threads.delete(&tid),
+        }
+    }
+}
+
+/// A power of 2, 1 MiB at least (2 CPUs at 100 Hz: 0.5 MiB)
+fn ring_bytes(cpus: usize, rate: f64) -> usize {
+    ((cpus as f64 * rate * RING_SECONDS) as usize * (8 + RECORD)).next_power_of_two().clamp(1 << 20, 1 << 30)
+}
+
+impl Drop for TickProgram {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.prog) };
+    }
+}
+
+/// r0 = the process's Walk, or return 0 (not sampled); pid_tgid at S_PID_TGID
+fn find_process(a: &mut Asm, procs: &Map) {
+    a.op(CALL, 0, 0, 0, CURRENT_PID_TGID)
+        .op(STX_DW, 10, 0, S_PID_TGID, 0)
+        .op(RSH_K, 0, 0, 0, 32)
+        .op(STX_W, 10, 0, S_TGID, 0) // the key: the process (tgid)
+        .ops(&load_map(1, procs))
+        .op(MOV_X, 2, 10, 0, 0)
+        .op(ADD_K, 2, 0, 0, S_TGID as i32)
+        .op(CALL, 0, 0, 0, MAP_LOOKUP)
+        .jump(JNE_K, 0, 0, "sampled")
+        .ret(0)
+        .place("sampled");
+}
+
+/// Passes the ticks of the processes in `procs`.
+fn filter(procs: &Map) -> Vec<Insn> {
+    let mut a = Asm::default();
+    find_process(&mut a, procs);
+    a.ret(1);
+    a.done()
+}
+
+/// Offsets of Walk's fields, as the program loads them
+const W_FRAME: i16 = 0;
+const W_CFRAME_FRAME: i16 = 8;
+const W_NATIVE_TID: i16 = 16;
+const W_FRAME_SIZE: i16 = 24;
+const W_BACK: i16 = 32;
+const W_GIL: i16 = 40;
+const W_GIL_LEN: i16 = 48;
+/// on the program's stack (r10 is its frame pointer): pid_tgid, the process, the thread, the current frame
+const S_PID_TGID: i16 = -8;
+const S_TGID: i16 = -12;
+const S_TID: i16 = -16;
+const S_FRAME: i16 = -24;
+
+/// The filter, then for a thread in `threads` the stack copy described at the top of this file.
+/// Registers kept across calls: r6 the frame, r7 the Walk, r8 the PyThreadState, r9 the record.
+fn walker(procs: &Map, threads: &Map, ring: &Map) -> Vec<Insn> {
+    let mut a = Asm::default();
+    find_process(&mut a, procs);
+    find_thread(&mut a, threads);
+    start_record(&mut a, ring);
+    read_thread_state(&mut a);
+    copy_frames(&mut a);
+    a.op(MOV_X, 1, 9, 0, 0).op(MOV_K, 2, 0, 0, RB_NO_WAKEUP).op(CALL, 0, 0, 0, RINGBUF_SUBMIT)
+        .ret(0)
+        .place("pass")
+        .ret(1);
+    a.done()
+}
+
+/// r7 = the process's Walk (from r0), r8 = the thread's PyThreadState; else to "pass"
+fn find_thread(a: &mut Asm, threads: &Map) {
+    a.op(MOV_X, 7, 0, 0, 0)
+        .op(LDX_DW, 1, 7, W_FRAME_SIZE, 0).jump(JEQ_K, 1, 0, "pass") // 0: not read here
+        .op(LDX_W, 1, 10, S_PID_TGID, 0).op(STX_W, 10, 1, S_TID, 0) // the key: the thread (the low half)
+        .ops(&load_map(1, threads)).op(MOV_X, 2, 10, 0, 0).op(ADD_K, 2, 0, 0, S_TID as i32)
+        .op(CALL, 0, 0, 0, MAP_LOOKUP).jump(JEQ_K, 0, 0, "pass")
+        .op(LDX_DW, 8, 0, 0, 0);
+}
+
+/// r9 = a record reserved in the ring (full: to "pass", the sampler reads the stack), its
+/// header written but for the count and what read_thread_state reads
+fn start_record(a: &mut Asm, ring: &Map) {
+    a.ops(&load_map(1, ring)).op(MOV_K, 2, 0, 0, RECORD as i32).op(MOV_K, 3, 0, 0, 0)
+        .op(CALL, 0, 0, 0, RINGBUF_RESERVE).jump(JEQ_K, 0, 0, "pass")
+        .op(MOV_X, 9, 0, 0, 0)
+        .op(LDX_DW, 1, 10, S_PID_TGID, 0).op(STX_DW, 9, 1, 0, 0)
+        .op(CALL, 0, 0, 0, KTIME_GET_NS).op(STX_DW, 9, 0, AT_TIME as i16, 0)
+        .op(CALL, 0, 0, 0, SMP_PROCESSOR_ID).op(STX_W, 9, 0, AT_CPU as i16, 0)
+        .op(STX_DW, 9, 8, AT_TSTATE as i16, 0)
+        .op(ST_W, 9, 0, AT_NATIVE_TID as i16, 0).op(ST_W, 9, 0, AT_NATIVE_TID as i16 + 4, 0);
+}
+
+/// The current frame's pointer onto the stack (in the thread state, then, 3.11 and 3.12, in the
+/// _PyCFrame); the native id the thread state holds (3.11+) and the GIL's state into the record.
+fn read_thread_state(a: &mut Asm) {
+    let read_to_stack = |a: &mut Asm| {
+        a.op(MOV_X, 1, 10, 0, 0).op(ADD_K, 1, 0, 0, S_FRAME as i32).op(MOV_K, 2, 0, 0, 8)
+            .op(CALL, 0, 0, 0, PROBE_READ_USER);
+    };
+    a.op(LDX_DW, 3, 7, W_FRAME, 0).op(ADD_X, 3, 8, 0, 0);
+    read_to_stack(a);
+    a.op(LDX_DW, 3, 7, W_CFRAME_FRAME, 0).jump(JEQ_K, 3, -1, "no cframe")
+        .op(LDX_DW, 1, 10, S_FRAME, 0).op(ADD_X, 3, 1, 0, 0);
+    read_to_stack(a);
+    a.place("no cframe")
+        .op(LDX_DW, 3, 7, W_NATIVE_TID, 0).jump(JEQ_K, 3, -1, "no tid")
+        .op(ADD_X, 3, 8, 0, 0).op(MOV_X, 1, 9, 0, 0).op(ADD_K, 1, 0, 0, AT_NATIVE_TID as i32)
+        .op(MOV_K, 2, 0, 0, 8).op(CALL, 0, 0, 0, PROBE_READ_USER)
+        .place("no tid")
+        .op(LDX_DW, 2, 7, W_GIL_LEN, 0).jump(JGT_K, 2, GIL_BYTES as i32, "no gil")
+        .op(LDX_DW, 6, 7, W_GIL, 0);
+    read_into_record(a, AT_GIL as i32, (W_GIL_LEN, 31), 6);
+    a.place("no gil");
+}
+
+/// The frames from the current one, each copied whole into its slot and left by its `back` field
+/// (masked, so that the verifier sees the load inside the slot), unrolled MAX_DEPTH times
+fn copy_frames(a: &mut Asm) {
+    a.op(LDX_DW, 6, 10, S_FRAME, 0);
+    for i in 0..MAX_DEPTH {
+        let slot = (AT_FRAMES + i * SLOT) as i32;
+        a.op(ST_W, 9, 0, AT_COUNT as i16, i as i32).jump(JEQ_K, 6, 0, "submit");
+        read_into_record(a, slot, (W_FRAME_SIZE, SLOT as i32 - 1), 6);
+        a.op(LDX_DW, 1, 7, W_BACK, 0).op(AND_K, 1, 0, 0, (SLOT - 8) as i32 & !7)
+            .op(MOV_X, 2, 9, 0, 0).op(ADD_K, 2, 0, 0, slot).op(ADD_X, 2, 1, 0, 0)
+            .op(LDX_DW, 6, 2, 0, 0);
+    }
+    a.op(ST_W, 9, 0, AT_COUNT as i16, MAX_DEPTH as i32).place("submit");
+}
+
+/// probe_read_user(r9 + at, *(r7 + size.0) & size.1, r`from`)
+fn read_into_record(a: &mut Asm, at: i32, size: (i16, i32), from: u8) {
+    a.op(MOV_X, 1, 9, 0, 0).op(ADD_K, 1, 0, 0, at)
+        .op(LDX_DW, 2, 7, size.0, 0).op(AND_K, 2, 0, 0, size.1)
+        .op(MOV_X, 3, from, 0, 0)
+        .op(CALL, 0, 0, 0, PROBE_READ_USER);
+}
