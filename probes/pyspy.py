@@ -32,7 +32,9 @@ LINES = {
     "A": ("t_ns:int pid:int name:str reader:str",
           "attached; reader: ours (cpython310 to cpython313), py-spy, or py-spy (why not ours)"),
     "E": ("t_ns:int pid:int message:str", "could not attach, or the process exited"),
-    "L": ("t_ns:int pid:int read_ns:int", "a sample dropped: the read took over 2 ms, too long to place it"),
+    "L": ("t_ns:int pid:int read_ns:int", "a sample dropped: the read took over 2 ms (read_ns), too long to place "
+          "it; or, read_ns 0, a stack BPF copied at that tick that could not be named (its thread state held "
+          "another thread by then, or a frame could not be read)"),
 }
 _F, _S = (1 + len(LINES[kind][0].split()) for kind in "FS")  # fields of the line, its letter included
 

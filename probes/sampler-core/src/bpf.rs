@@ -9,6 +9,7 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
+pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 const BPF_PROG_TYPE_PERF_EVENT: u32 = 7;
 
@@ -30,22 +31,24 @@ pub const ADD_K: u8 = 0x07;
 pub const ADD_X: u8 = 0x0f;
 pub const AND_K: u8 = 0x57;
 pub const RSH_K: u8 = 0x77;
+pub const LSH_K: u8 = 0x67;
 pub const LDX_DW: u8 = 0x79;
 pub const LDX_W: u8 = 0x61;
 pub const STX_DW: u8 = 0x7b;
 pub const STX_W: u8 = 0x63;
 pub const ST_W: u8 = 0x62;
+pub const ST_DW: u8 = 0x7a;
 pub const JEQ_K: u8 = 0x15;
 pub const JNE_K: u8 = 0x55;
 pub const JGT_K: u8 = 0x25;
+pub const JA: u8 = 0x05;
 // helpers
 pub const MAP_LOOKUP: i32 = 1;
 pub const KTIME_GET_NS: i32 = 5;
 pub const SMP_PROCESSOR_ID: i32 = 8;
 pub const CURRENT_PID_TGID: i32 = 14;
 pub const PROBE_READ_USER: i32 = 112;
-pub const RINGBUF_RESERVE: i32 = 131;
-pub const RINGBUF_SUBMIT: i32 = 132;
+pub const RINGBUF_OUTPUT: i32 = 130;
 pub const RB_NO_WAKEUP: i32 = 1;
 
 /// A BPF program under assembly: forward jumps to labels are patched when the label is placed.
@@ -75,7 +78,7 @@ impl Asm {
     pub fn place(&mut self, label: &'static str) -> &mut Self {
         let here = self.code.len();
         for &(at, _) in self.jumps.iter().filter(|j| j.1 == label) {
-            self.code[at].2 = (here - at - 1) as i16;
+            self.code[at].2 = i16::try_from(here - at - 1).expect("a jump longer than BPF's 32,767 instructions");
         }
         self.jumps.retain(|j| j.1 != label);
         self
@@ -133,25 +136,28 @@ impl Drop for Map {
 }
 
 /// Loads a program for perf events (the fd to give PERF_EVENT_IOC_SET_BPF); on refusal, the end of the
-/// verifier's log (asked for only then: at every load it was most of the load's time).
+/// verifier's log, asked for only then (it was most of the load's time).
 pub fn load_perf_program(insns: &[Insn]) -> Result<libc::c_int, String> {
-    let license = c"GPL";
-    let mut log = vec![0u8; 1 << 22];
-    let mut refused = Error::from_raw_os_error(0);
-    for log_level in [0u64, 1] {
-        let (size, buf) = if log_level > 0 { (log.len() as u64, log.as_mut_ptr() as u64) } else { (0, 0) };
+    let load = |log: &mut [u8]| {
+        let license = c"GPL";
+        let (level, size, buf) = if log.is_empty() { (0, 0, 0) } else { (1, log.len() as u64, log.as_mut_ptr() as u64) };
         // prog_type | insn_cnt << 32, insns, license, log_level | log_size << 32, log_buf, then no name
-        let attr = [BPF_PROG_TYPE_PERF_EVENT as u64 | (insns.len() as u64) << 32, insns.as_ptr() as u64,
-                    license.as_ptr() as u64, log_level | size << 32, buf, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        let prog = bpf(BPF_PROG_LOAD, &attr);
-        if prog >= 0 {
-            return Ok(prog);
-        }
-        refused = Error::last_os_error();
+        bpf(BPF_PROG_LOAD, &[BPF_PROG_TYPE_PERF_EVENT as u64 | (insns.len() as u64) << 32, insns.as_ptr() as u64,
+                             license.as_ptr() as u64, level | size << 32, buf, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    };
+    let prog = load(&mut []);
+    if prog >= 0 {
+        return Ok(prog);
+    }
+    let refused = Error::last_os_error();
+    let mut log = vec![0u8; 1 << 24];
+    let again = load(&mut log);
+    if again >= 0 {
+        return Ok(again);
     }
     let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
     let last: Vec<&str> = text.lines().rev().take(3).collect();
-    Err(format!("BPF program: {refused} ({})", last.join(" / ")))
+    Err(format!("BPF program: {refused} ({})", last.into_iter().rev().collect::<Vec<_>>().join(" / ")))
 }
 
 /// The reading end of a BPF ring buffer, as libbpf maps it: a consumer page we
@@ -193,7 +199,9 @@ impl Ring {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         while cons < prod {
             let at = unsafe { self.producer.add(self.page + (cons as usize & (self.size - 1))) };
-            let header = unsafe { std::ptr::read_volatile(at as *const u32) };
+            // the kernel commits a record by clearing BUSY: its bytes are ours once we see that
+            let header = unsafe { std::sync::atomic::AtomicU32::from_ptr(at as *mut u32) }
+                .load(std::sync::atomic::Ordering::Acquire);
             if header & BUSY != 0 {
                 break; // reserved, not yet written: the next drain takes it
             }

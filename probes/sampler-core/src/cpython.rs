@@ -4,6 +4,7 @@
 //! - a read reports the threads a CPU tick found (Read::Ticked), read afresh,
 //!   or the others (Read::OffCpu), or, polling, all (Read::All); a tick on a
 //!   thread already listed reads no list, and the GIL with its thread state;
+//!   the stacks BPF copied at ticks (`copied`, tickprog.rs) are only named;
 //! - a thread that has not run since its stack was read keeps it: no read; one
 //!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since, marked
 //!   stale (on-CPU samples are the ones whose stacks count);
@@ -12,7 +13,8 @@
 //!   elsewhere, cost a read; 3.10's frames are objects linked by f_back, a
 //!   read each;
 //! - code objects are cached by address, checked every sample against the
-//!   fields the frame's name and line come from, in one call for the stack.
+//!   fields the frame's name and line come from, in one call for the stack
+//!   (for BPF's copies, one call for those of a drain).
 //!
 //! The versions differ only in where things are (layout.rs) and in the line
 //! table (linetable.rs). It reports what py-spy reports (qualified name, file,
@@ -25,7 +27,7 @@ use crate::linetable;
 use crate::procstat::{State, ThreadStat};
 use crate::pthread;
 use crate::remote::Remote;
-use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
+use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -190,7 +192,8 @@ impl Reader {
             }
         }
         let mut listed = std::mem::take(&mut self.s.threads);
-        let walk = self.must_walk();
+        // a ticked thread not known may be a new one in an old one's thread state (the list's head unchanged)
+        let walk = self.must_walk() || matches!(read, Read::Ticked(_));
         let holder = self.list_threads(&mut listed, walk);
         for (i, &t) in listed.iter().enumerate() {
             // A thread state made for a thread not yet started holds no ids, or its maker's (new ones
@@ -316,9 +319,20 @@ impl Reader {
     /// The thread's sample, and how many times it is reported (its ticks, when ticked).
     fn thread(&mut self, t: Listed, owns_gil: bool, frames: &mut Frames, out: &mut impl Write, read: Read)
               -> Option<(ThreadSample, usize)> {
-        // a PyThreadState's memory can be reused by a thread started later
-        let same = self.threads.get(&t.tstate)
-            .is_some_and(|th| th.ident == t.ident && t.native_tid.is_none_or(|n| n == th.tid));
+        // A PyThreadState's memory can be reused by a thread started later, and on 3.10, which keeps
+        // no native id in it, with the ended thread's pthread_t: a tick of a thread not known is how
+        // such a one shows first (then its native id is read from the pthread).
+        let ticked_unknown = |th: &Thread| match read {
+            Read::Ticked(tids) => !tids.contains(&th.tid),
+            _ => false,
+        };
+        let same = self.threads.get(&t.tstate).is_some_and(|th| {
+            th.ident == t.ident && match t.native_tid {
+                Some(n) => n == th.tid,
+                None => !ticked_unknown(th)
+                    || self.tid_offset.and_then(|at| pthread::tid(&self.remote, t.ident, at)) == Some(th.tid),
+            }
+        });
         if !same {
             let tid = t.native_tid.or_else(|| pthread::tid(&self.remote, t.ident, self.tid_offset?))?;
             let th = Thread { tid, ident: t.ident, stat: ThreadStat::open(self.pid, tid), last: None, stack: None,
@@ -427,12 +441,13 @@ impl Reader {
     pub fn bpf_walk(&self) -> Walk {
         let (t, f) = (&self.layout.thread, &self.layout.frame);
         let (gil, gil_len) = self.gil_range();
-        if f.size > SLOT || f.back > SLOT - 8 || !f.back.is_multiple_of(8) || gil_len > GIL_BYTES {
+        if f.size >= SLOT || f.back + 8 > f.size || !f.back.is_multiple_of(8) || gil_len > GIL_BYTES {
             return Walk::default();
         }
-        Walk { frame: t.frame as u64, cframe_frame: t.cframe_frame.map_or(NONE, |o| o as u64),
-               native_tid: t.native_tid.map_or(NONE, |o| o as u64), frame_size: f.size as u64, back: f.back as u64,
-               gil: gil as u64, gil_len: gil_len as u64 }
+        let or_none = |o: Option<usize>| o.map_or(NONE, |o| o as u64);
+        Walk { frame: t.frame as u64, cframe_frame: or_none(t.cframe_frame), native_tid: or_none(t.native_tid),
+               frame_size: f.size as u64, back: f.back as u64, gil: gil as u64, gil_len: gil_len as u64,
+               ident: t.ident as u64, pthread_tid: or_none(self.tid_offset) }
     }
 
     /// (native id, PyThreadState) of each thread listed: BPF reads their stacks at their ticks.
@@ -441,9 +456,8 @@ impl Reader {
     }
 
     /// The samples of stacks BPF copied at ticks of this process (tickprog.rs), in the order given,
-    /// their code objects checked in one call for them all; the rest of a stack deeper than BPF copies
-    /// is read now. None where the thread state no longer holds the thread (the list is walked again
-    /// at the next read).
+    /// their code objects checked in one call for them all. None where the thread state no longer
+    /// held the thread (the list is walked again at the next read) or the copy is not a stack.
     pub fn copied(&mut self, records: &[&[u8]], frames: &mut Frames, out: &mut impl Write)
                   -> Vec<Option<ThreadSample>> {
         let stacks: Vec<Option<Vec<(u64, i64)>>> = records.iter().map(|rec| self.copied_stack(rec)).collect();
@@ -453,41 +467,42 @@ impl Reader {
         records.iter().zip(stacks).map(|(rec, stack)| {
             self.s.stack = stack?;
             let names = self.names(frames, out);
-            let (tstate, tid) = (u64_at(rec, AT_TSTATE), u64_at(rec, 0) & 0xffff_ffff);
+            let tstate = u64_at(rec, AT_TSTATE);
             let owns_gil = self.holder(&rec[AT_GIL..AT_GIL + GIL_BYTES], true) == tstate;
             let th = self.threads.get_mut(&tstate)?;
             (th.stack, th.read_at, th.last) = (names, Some((Instant::now(), None)), None);
             let (frame_ids, idle_leaf) = th.stack.clone()?;
-            Some(ThreadSample { tid, ident: th.ident, active: !idle_leaf, owns_gil, frame_ids, stale: false, tick: true })
+            Some(ThreadSample { tid: th.tid, ident: th.ident, active: !idle_leaf, owns_gil, frame_ids, stale: false,
+                                tick: true })
         }).collect()
     }
 
-    /// The (code object, instruction offset) of each frame of a copy, leaf first; None when its thread
-    /// state holds another thread now.
+    /// The (code object, instruction offset) of each frame of a copy, leaf first: those BPF copied (a
+    /// deeper stack keeps its leaf's MAX_DEPTH). None when its thread state held another thread (its
+    /// identifier and native id are checked), or a frame could not be read (its slot is all 0: the
+    /// copy would end there as if at the outermost frame).
     fn copied_stack(&mut self, rec: &[u8]) -> Option<Vec<(u64, i64)>> {
         let (tstate, tid) = (u64_at(rec, AT_TSTATE), u64_at(rec, 0) & 0xffff_ffff);
-        let known = self.threads.get(&tstate).is_some_and(|th| th.tid == tid);
-        if !known || self.layout.thread.native_tid.is_some_and(|_| u64_at(rec, AT_NATIVE_TID) != tid) {
+        let same = self.threads.get(&tstate)
+            .is_some_and(|th| th.tid == tid && th.ident == u64_at(rec, AT_IDENT) && u64_at(rec, AT_NATIVE_TID) == tid);
+        if !same {
             self.relist = true;
             return None;
         }
         let f = &self.layout.frame;
-        self.s.stack.clear();
-        let (mut addr, mut back) = (usize::MAX, 0); // the first frame's address is not in the copy
-        for i in 0..u32_at(rec, AT_COUNT) as usize {
-            let Ok((entry, b)) = frame_entry(f, &rec[AT_FRAMES + i * SLOT..][..f.size], addr) else {
-                back = 0;
-                break;
-            };
-            self.s.stack.extend(entry);
-            (addr, back) = (b, b);
+        let count = u32_at(rec, AT_COUNT) as usize;
+        let mut stack = Vec::with_capacity(count);
+        let mut addr = usize::MAX; // the first frame's address is not in the copy
+        for i in 0..count {
+            let slot = &rec[AT_FRAMES + i * SLOT..][..f.size];
+            if slot.iter().all(|&b| b == 0) {
+                return None;
+            }
+            let Ok((entry, back)) = frame_entry(f, slot, addr) else { break };
+            stack.extend(entry);
+            addr = back;
         }
-        if back != 0 {
-            self.s.chunk.resize(8, 0);
-            self.s.chunk.truncate(8);
-            self.follow(back, 0);
-        }
-        Some(self.s.stack.clone())
+        (count == 0 || !stack.is_empty()).then_some(stack)
     }
 
     /// Checks the cached code objects listed in the scratch's `codes` in one call, and loads those new or

@@ -49,7 +49,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-use tickprog::AT_TIME;
+use tickprog::{AT_TIME, NOT_PYTHON};
 use ticks::{Copied, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
@@ -70,6 +70,8 @@ fn stop_on_signals() {
         unsafe { libc::signal(sig, stop as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
 }
+/// reads of a process that found a ticked thread not in its interpreter's list, before BPF drops its ticks
+const NOT_PYTHON_AFTER: u32 = 3;
 /// first and longest wait before asking py-spy again for the name of an unnamed thread
 const NAME_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
@@ -136,6 +138,8 @@ struct Target {
     unread: bool,
     /// PyThreadState by native id, of the threads whose stacks BPF reads at their ticks (tickprog.rs)
     in_bpf: HashMap<u64, u64>,
+    /// threads ticked but not listed, and how many times
+    unlisted: HashMap<u64, u32>,
 }
 
 impl Target {
@@ -151,13 +155,15 @@ impl Target {
             None => (None, "py-spy".into()),
         };
         Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0),
-                    unread: true, in_bpf: HashMap::new() })
+                    unread: true, in_bpf: HashMap::new(), unlisted: HashMap::new() })
     }
 
-    /// Gives BPF the threads our reader lists now, and takes back those it no longer lists (or all).
-    fn share_threads(&mut self, ticks: &Ticks, all_gone: bool) {
+    /// Gives BPF the threads our reader lists now, and takes back those it no longer lists (or all, once
+    /// the process is gone). A thread ticked that the reader has not listed at NOT_PYTHON_AFTER reads is
+    /// not a Python thread (a native pool's): BPF drops its ticks from then on, until it is listed.
+    fn share_threads(&mut self, ticks: &Ticks, gone: bool, ticked: &[(i32, u64)]) {
         let now: HashMap<u64, u64> = match &self.fast {
-            Some(r) if !all_gone => r.listed().collect(),
+            Some(r) if !gone => r.listed().collect(),
             _ => HashMap::new(),
         };
         for (tid, tstate) in &now {
@@ -168,6 +174,21 @@ impl Target {
         for tid in self.in_bpf.keys().filter(|tid| !now.contains_key(tid)) {
             ticks.thread(*tid, None);
         }
+        for &(_, tid) in ticked.iter().filter(|&&(pid, tid)| pid == self.pid && !now.contains_key(&tid) && !gone) {
+            let n = self.unlisted.entry(tid).or_insert(0);
+            *n += 1;
+            if *n == NOT_PYTHON_AFTER {
+                ticks.thread(tid, Some(NOT_PYTHON));
+            }
+        }
+        // one listed since has its thread state in BPF now (above); a gone process's are forgotten
+        self.unlisted.retain(|tid, n| {
+            let keep = !gone && !now.contains_key(tid);
+            if gone && *n >= NOT_PYTHON_AFTER {
+                ticks.thread(*tid, None);
+            }
+            keep
+        });
         self.in_bpf = now;
     }
 
@@ -286,8 +307,8 @@ impl<W: Write> Sampler<W> {
         if !ticking {
             return !due || self.sample(t, Read::All);
         }
-        let mut tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
-        tids.extend(self.copied(t, copied));
+        self.copied(t, copied);
+        let tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
         if !tids.is_empty() && !self.sample(t, Read::Ticked(&tids)) {
             return false;
         }
@@ -298,33 +319,32 @@ impl<W: Write> Sampler<W> {
         true
     }
 
-    /// The stacks BPF copied at the process's ticks, each stamped with its tick's time; returns the
-    /// threads of the copies it could not use, for a read now.
-    fn copied(&mut self, t: &mut Target, copied: &[Copied]) -> Vec<u64> {
+    /// The stacks BPF copied at the process's ticks, each stamped with its tick's time; one it cannot
+    /// use is dropped as an L line of read_ns 0 (read now, it would say what the thread does now).
+    fn copied(&mut self, t: &mut Target, copied: &[Copied]) {
         let mine: Vec<&Copied> = copied.iter().filter(|c| c.pid == t.pid).collect();
-        let Some(r) = t.fast.as_mut().filter(|_| !mine.is_empty()) else { return Vec::new() };
+        let Some(r) = t.fast.as_mut().filter(|_| !mine.is_empty()) else { return };
         let records: Vec<&[u8]> = mine.iter().map(|c| &c.record[..]).collect();
-        // torn bytes cost the drain's samples (see Target::read): their threads are read now
+        // torn bytes cost the drain's samples (see Target::read)
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             r.copied(&records, &mut self.frames, &mut self.out)
         })).unwrap_or_else(|_| vec![None; mine.len()]);
-        let mut unused = Vec::new();
         self.samples.clear();
         let mut at = Vec::new();
         for (c, s) in mine.iter().zip(read) {
+            let tick = u64::from_ne_bytes(c.record[AT_TIME..AT_TIME + 8].try_into().unwrap());
             match s {
                 Some(s) => {
                     self.samples.push(s);
-                    at.push(u64::from_ne_bytes(c.record[AT_TIME..AT_TIME + 8].try_into().unwrap()));
+                    at.push(tick);
                 }
-                None => unused.push(c.tid),
+                None => lines::dropped(&mut self.out, tick, t.pid, 0),
             }
         }
         t.name_threads(&self.samples);
         for (s, at) in self.samples.iter().zip(at) {
             lines::sample(&mut self.out, at, t.pid, s, &t.names[&s.ident].1);
         }
-        unused
     }
 
     /// One read of one process; false when the process is gone.
@@ -408,16 +428,23 @@ fn main() {
         if let Some(t) = ticks.as_mut() {
             t.drain(&mut ticked, &mut copied);
         }
+        let mut gone = Vec::new();
         targets.retain_mut(|t| {
             let alive = s.round(t, &ticked, &copied, polled || timer, ticks.is_some());
             if let Some(ticks) = &ticks {
-                t.share_threads(ticks, !alive);
-                if !alive {
-                    ticks.unwatch(t.pid);
-                }
+                t.share_threads(ticks, !alive, &ticked);
+            }
+            if !alive {
+                gone.push(t.pid);
             }
             alive
         });
+        // a pid reused by a process attached since is its own
+        for pid in gone.into_iter().filter(|pid| !targets.iter().any(|t| t.pid == *pid)) {
+            if let Some(ticks) = &ticks {
+                ticks.unwatch(pid);
+            }
+        }
         if STOP.load(Ordering::Relaxed) {
             let _ = s.out.flush();
             std::process::exit(0);

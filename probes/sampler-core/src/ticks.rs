@@ -9,16 +9,18 @@
 //! for a tick the sampler reads, the read, not the choice of thread
 //! (polling /proc, a sampler waiting for a CPU finds threads off one).
 //!
-//! A CPU's period is drawn anew once PERIOD_TICKS ticks have reached the
-//! sampler since the last draw (at its next wake-up: every 100 ms at most
-//! when BPF copies the stacks), uniform within half the mean either side: at
-//! a fixed period, a thread that wakes on a timer of about that period
-//! (Dask's profiler, an event loop's callbacks, every 10 ms) is found always
-//! or never. (A new period restarts the CPU's timer from the call; drawing
-//! one per tick doubled what a tick cost the sampler: the call interrupts
-//! that CPU.)
+//! A CPU's period is drawn anew, uniform within half the mean either side,
+//! once PERIOD_TICKS ticks have reached the sampler since the last draw, at a
+//! wake-up within a tenth of a period after that CPU's last tick: at a fixed
+//! period, a thread that wakes on a timer of about that period (Dask's
+//! profiler, an event loop's callbacks, every 10 ms) is found always or
+//! never. A new period restarts the CPU's timer from the call, so a call far
+//! from the last tick would lose the time since (5% of the ticks, drawing at
+//! every drain); with BPF copying the stacks, a busy CPU's period is drawn
+//! about once a second. (Drawing one per tick doubled what a tick cost the
+//! sampler: the call interrupts that CPU.)
 
-use crate::tickprog::{TickProgram, Walk, AT_COUNT, AT_CPU, AT_FRAMES, PERF_EVENT_IOC_SET_BPF, SLOT};
+use crate::tickprog::{TickProgram, Walk, AT_CPU, AT_TIME, PERF_EVENT_IOC_SET_BPF};
 use std::io::Error;
 use std::time::Duration;
 
@@ -29,6 +31,8 @@ const EXCLUDE_IDLE: u64 = 1 << 7;
 const PERF_RECORD_SAMPLE: u32 = 9;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 const PERIOD_TICKS: u32 = 2;
+/// a period is drawn only within this fraction of a period after the CPU's last tick
+const REDRAW_WITHIN: u64 = 10;
 /// _IOW('$', 4, __u64)
 const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 /// data pages per CPU: 2,048 ticks of 16 bytes, 20 s at 100 Hz without a read
@@ -61,6 +65,8 @@ struct Ring {
     page: usize,
     /// ticks since its period was last drawn
     ticks: u32,
+    /// when BPF last copied a stack at one of its ticks (0: never)
+    copied_at: u64,
 }
 
 pub struct Ticks {
@@ -80,7 +86,6 @@ pub struct Ticks {
 /// A stack BPF copied at a tick: its record (tickprog.rs), up to its last frame.
 pub struct Copied {
     pub pid: i32,
-    pub tid: u64,
     pub record: Vec<u8>,
 }
 
@@ -122,7 +127,7 @@ impl Ticks {
                 unsafe { libc::close(fd) };
                 return Err(format!("mapping CPU {cpu}'s ring: {e}"));
             }
-            rings.push(Ring { fd, cpu: cpu as u32, base: base as *mut u8, page, ticks: 0 });
+            rings.push(Ring { fd, cpu: cpu as u32, base: base as *mut u8, page, ticks: 0, copied_at: 0 });
             if let Some(f) = &program {
                 if unsafe { libc::ioctl(fd, PERF_EVENT_IOC_SET_BPF, f.prog) } < 0 {
                     // its ticks all wake the sampler, which keeps those of its processes
@@ -187,25 +192,28 @@ impl Ticks {
     pub fn drain(&mut self, into: &mut Vec<(i32, u64)>, copied: &mut Vec<Copied>) {
         into.clear();
         copied.clear();
-        if let Some(ring) = self.program.as_ref().and_then(|p| p.ring.as_ref()) {
+        if let Some(reader) = self.program.as_ref().and_then(|p| p.reader.as_ref()) {
             let rings = &mut self.rings;
-            ring.drain(|rec| {
-                let n = u32_at(rec, AT_COUNT) as usize;
-                let cpu = u32_at(rec, AT_CPU);
+            reader.ring.drain(|rec| {
+                let (cpu, time) = (u32_at(rec, AT_CPU), u64_at(rec, AT_TIME));
                 if let Some(r) = rings.iter_mut().find(|r| r.cpu == cpu) {
                     r.ticks += 1;
+                    r.copied_at = r.copied_at.max(time);
                 }
-                let id = u64::from_ne_bytes(rec[..8].try_into().unwrap());
-                copied.push(Copied { pid: (id >> 32) as i32, tid: id & 0xffff_ffff,
-                                     record: rec[..(AT_FRAMES + n * SLOT).min(rec.len())].to_vec() });
+                copied.push(Copied { pid: (u64_at(rec, 0) >> 32) as i32, record: rec.to_vec() });
             });
         }
+        let now = daskprobe_clock::now_ns();
         for i in 0..self.rings.len() {
             let r = &mut self.rings[i];
             let before = into.len();
             r.drain(into);
+            let woke = into.len() > before;
             r.ticks += (into.len() - before) as u32;
-            if r.ticks >= PERIOD_TICKS {
+            // A new period restarts the CPU's timer: called far from its last tick, the time since
+            // that tick would count for no tick (5% of the CPU time at a draw every 100 ms).
+            let just_ticked = woke || now.saturating_sub(r.copied_at) < self.period / REDRAW_WITHIN;
+            if r.ticks >= PERIOD_TICKS && just_ticked {
                 r.ticks = 0;
                 let period = self.next_period();
                 unsafe { libc::ioctl(self.rings[i].fd, PERF_EVENT_IOC_PERIOD, &period as *const u64) };
@@ -225,6 +233,10 @@ impl Ticks {
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 impl Ring {
@@ -337,10 +349,13 @@ mod tests {
 
     /// BPF copies the frames of a thread it was given, at its ticks, leaf first, each reached from
     /// the one before by its `back` field, from the thread state's pointer through a _PyCFrame (3.12's
-    /// places); a chain deeper than it copies stops at MAX_DEPTH. Its ground truth: chains built here.
+    /// places), with the thread's ids (3.10's native id through its pthread) and the GIL's state; a
+    /// chain deeper than it copies stops at MAX_DEPTH; a thread marked NOT_PYTHON is dropped. Its
+    /// ground truth: chains built here.
     #[test]
     fn a_known_thread_s_frames_are_copied_at_its_ticks() {
-        use crate::tickprog::{AT_COUNT, AT_GIL, AT_NATIVE_TID, AT_TSTATE, MAX_DEPTH};
+        use crate::tickprog::{AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, MAX_DEPTH, NONE,
+                              NOT_PYTHON, SLOT};
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
         let chain = |n: usize| -> Vec<Box<[u64; 9]>> {
             let mut frames: Vec<Box<[u64; 9]>> = (0..n).map(|i| Box::new([0x1000 * (i as u64 + 1); 9])).collect();
@@ -351,44 +366,61 @@ mod tests {
         };
         let (short, deep) = (chain(3), chain(MAX_DEPTH + 5));
         let tid = unsafe { libc::gettid() } as u64;
+        let pthread = Box::new([0u64, 0, tid]); // a struct pthread with the native id at 16
         let cframe = Box::new([short[0].as_ptr() as u64]);
         let mut tstate = Box::new([0u64; 32]);
         tstate[7] = cframe.as_ptr() as u64; // at 56
+        tstate[19] = pthread.as_ptr() as u64; // the identifier, at 152
         tstate[20] = tid; // at 160
         let gil = Box::new([0, tstate.as_ptr() as u64, 1]);
         let walk = Walk { frame: 56, cframe_frame: 0, native_tid: 160, frame_size: 72, back: 8,
-                          gil: gil.as_ptr() as u64, gil_len: 24 };
+                          gil: gil.as_ptr() as u64, gil_len: 24, ident: 152, pthread_tid: NONE };
         t.watch(std::process::id() as i32, walk);
         t.thread(tid, Some(tstate.as_ptr() as u64));
+        let word = |rec: &[u8], at: usize| u64::from_ne_bytes(rec[at..at + 8].try_into().unwrap());
         let spin = |t: &mut Ticks| {
             let (start, mut on, mut copied, mut records) = (std::time::Instant::now(), Vec::new(), Vec::new(), Vec::new());
             while start.elapsed() < Duration::from_millis(300) {
                 t.drain(&mut on, &mut copied);
                 assert!(!on.iter().any(|&(_, x)| x == tid), "a tick of the known thread woke the sampler");
-                records.extend(copied.drain(..).filter(|c| c.tid == tid).map(|c| c.record));
+                records.extend(copied.drain(..).map(|c| c.record).filter(|r| word(r, 0) & 0xffff_ffff == tid));
             }
             records
         };
-        let code = |rec: &[u8], i: usize| u64::from_ne_bytes(rec[AT_FRAMES + i * SLOT..][..8].try_into().unwrap());
+        let code = |rec: &[u8], i: usize| word(rec, AT_FRAMES + i * SLOT);
         let records = spin(&mut t);
         assert!(records.len() >= 10, "{} copies in 300 ms of CPU", records.len());
         for rec in &records {
-            assert_eq!(u32_at(rec, AT_COUNT), 3);
+            assert_eq!((u32_at(rec, AT_COUNT), rec.len()), (3, AT_FRAMES + 3 * SLOT));
             assert_eq!((0..3).map(|i| code(rec, i)).collect::<Vec<_>>(), [0x1000, 0x2000, 0x3000]);
-            let word = |at: usize| u64::from_ne_bytes(rec[at..at + 8].try_into().unwrap());
-            assert_eq!((word(AT_NATIVE_TID), word(AT_TSTATE)), (tid, tstate.as_ptr() as u64));
-            assert_eq!((word(AT_GIL + 8), word(AT_GIL + 16)), (tstate.as_ptr() as u64, 1));
+            assert_eq!((word(rec, AT_NATIVE_TID), word(rec, AT_TSTATE)), (tid, tstate.as_ptr() as u64));
+            assert_eq!(word(rec, AT_IDENT), pthread.as_ptr() as u64);
+            assert_eq!((word(rec, AT_GIL + 8), word(rec, AT_GIL + 16)), (tstate.as_ptr() as u64, 1));
         }
-        let deep_cframe = Box::new([deep[0].as_ptr() as u64]);
-        tstate[7] = deep_cframe.as_ptr() as u64;
+        // 3.10's way: the frame straight from the thread state, its native id in the pthread
+        let walk = Walk { frame: 56, cframe_frame: NONE, native_tid: NONE, pthread_tid: 16, ..walk };
+        t.watch(std::process::id() as i32, walk);
+        tstate[7] = deep[0].as_ptr() as u64;
         let records = spin(&mut t);
         assert!(records.len() >= 10);
         for rec in &records {
+            assert_eq!(word(rec, AT_NATIVE_TID), tid);
             assert_eq!(u32_at(rec, AT_COUNT) as usize, MAX_DEPTH);
             assert_eq!(code(rec, MAX_DEPTH - 1), 0x1000 * MAX_DEPTH as u64);
         }
+        let woke = |t: &mut Ticks| {
+            let (start, mut on, mut copied, mut seen) = (std::time::Instant::now(), Vec::new(), Vec::new(), 0);
+            while start.elapsed() < Duration::from_millis(300) {
+                t.drain(&mut on, &mut copied);
+                assert!(!copied.iter().any(|c| word(&c.record, 0) & 0xffff_ffff == tid), "a copy after all");
+                seen += on.iter().filter(|&&(_, x)| x == tid).count();
+            }
+            seen
+        };
+        t.thread(tid, Some(NOT_PYTHON));
+        assert_eq!(woke(&mut t), 0, "ticks of a thread marked not Python's");
         t.thread(tid, None);
-        assert!(spin_ticks(&mut t, 300) >= 10, "a thread no longer given: its ticks wake the sampler");
-        std::hint::black_box((short, deep, cframe, deep_cframe, gil));
+        assert!(woke(&mut t) >= 10, "a thread no longer given: its ticks wake the sampler");
+        std::hint::black_box((short, deep, cframe, gil, pthread));
     }
 }
