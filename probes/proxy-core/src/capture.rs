@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread;
 use std::time::Duration;
 
-const FLUSH_EVERY: Duration = Duration::from_millis(100); // a write costs more than the records it holds
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100); // a write costs more than the records it holds
 const WRITE_AT: usize = 1 << 20;
 
 // <fcntl.h>'s O_NOFOLLOW (std has no libc constants, and it differs by architecture)
@@ -34,6 +34,11 @@ impl Capture {
         let file = OpenOptions::new().create(true).append(true).custom_flags(O_NOFOLLOW).open(path)?;
         let end = file.metadata()?.len();
         Ok(Capture { file, end, buf: Vec::with_capacity(WRITE_AT) })
+    }
+
+    /// The file's length after the last whole record written.
+    pub fn end(&self) -> u64 {
+        self.end
     }
 
     /// Drain the queue and write every FLUSH_EVERY, and once more when
@@ -60,7 +65,7 @@ impl Capture {
     }
 
     /// Writes what is queued; false once every sender is gone.
-    fn drain(&mut self, rx: &Receiver<Vec<u8>>) -> io::Result<bool> {
+    pub fn drain(&mut self, rx: &Receiver<Vec<u8>>) -> io::Result<bool> {
         loop {
             match rx.try_recv() {
                 Ok(rec) => {

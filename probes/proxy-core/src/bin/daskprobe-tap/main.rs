@@ -17,12 +17,12 @@ mod streams;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::thread;
 
 use daskprobe_clock::now_ns;
-use daskprobe_proxy::capture::Capture;
+use daskprobe_proxy::capture::{Capture, FLUSH_EVERY};
 use daskprobe_proxy::failures::{log, Failures};
 
 const NO_WAKE_MS: i32 = 40;
@@ -66,11 +66,7 @@ fn main() {
         std::process::exit(1)
     });
     let (tx, rx) = channel();
-    let stopping = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let stopping = stopping.clone();
-        thread::spawn(move || capture.run(rx, &stopping))
-    };
+    let mut writer = Writer { capture: Some(capture), rx, at: now_ns() };
     let stdin_open = Arc::new(AtomicBool::new(true));
     let (joined_tx, joined) = channel();
     // Each line and the end of stdin wake the reader at once, not at its next packets.
@@ -105,6 +101,7 @@ fn main() {
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
         }
+        writer.maybe();
         while let Ok((port, label)) = joined.try_recv() {
             ports.insert(port, label.clone());
             if let Err(e) = tap.watch(&ports.keys().copied().collect::<Vec<_>>()) {
@@ -121,8 +118,34 @@ fn main() {
     if drops > 0 {
         log(format_args!("the kernel dropped {drops} packets for want of room: their streams were resynchronized"));
     }
-    drop(streams); // the last sender: the writer writes what is queued and returns
-    stopping.store(true, Ordering::Relaxed);
-    writer.thread().unpark();
-    let _ = writer.join();
+    drop(streams); // the last sender
+    writer.write();
+}
+
+/// The capture, written by the reading thread itself at most every FLUSH_EVERY, when it is awake
+/// anyway (for packets): a writer thread of its own woke 10 times a second. After a failed write
+/// (a full disk) it writes no more, and what is queued from then on is dropped at once.
+struct Writer {
+    capture: Option<Capture>,
+    rx: Receiver<Vec<u8>>,
+    /// when it last wrote
+    at: u64,
+}
+
+impl Writer {
+    fn maybe(&mut self) {
+        if now_ns() - self.at >= FLUSH_EVERY.as_nanos() as u64 {
+            self.write();
+        }
+    }
+
+    fn write(&mut self) {
+        self.at = now_ns();
+        let Some(c) = self.capture.as_mut() else { return };
+        if let Err(e) = c.drain(&self.rx) {
+            log(format_args!("capture write failed ({e}): capture stopped at {} bytes", c.end()));
+            self.capture = None;
+            self.rx = channel().1; // the senders' records are refused from now on
+        }
+    }
 }

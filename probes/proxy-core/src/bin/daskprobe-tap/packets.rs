@@ -6,7 +6,7 @@
 //!
 //! RETIRE_MS bounds how long a packet waits in the kernel, hence how soon the process that
 //! opened a connection is looked up (a connection closed by then has none). At 20 ms, waking for
-//! each block was a quarter of the tap's CPU while 10 ms tasks ran: 60 ms wakes it a third as often.
+//! each block was a quarter of the tap's CPU while 10 ms tasks ran: 100 ms wakes it a fifth as often.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 const SNAP: u32 = 1 << 18; // more than loopback's 64 KiB packets
 const BLOCK: u32 = 1 << 20;
 const BLOCKS: u32 = 64; // 64 MiB: a burst while the tap is off a CPU waits here instead of being dropped
-pub const RETIRE_MS: u32 = 60;
+pub const RETIRE_MS: u32 = 100;
 
 pub struct Segment<'a> {
     pub src: SocketAddr,
