@@ -278,7 +278,8 @@ def test_sigterm_while_finalizing_says_how_to_finish_and_leaves_no_orphan(tmp_pa
     assert daskprobe("build", str(run.path)).returncode == 0 and run.meta()["finalized"] is True
 
 
-def test_a_full_disk_keeps_the_users_exit_code_and_what_was_written(tmp_path):
+@pytest.mark.parametrize("messages", ["proxy", "tap"])
+def test_a_full_disk_keeps_the_users_exit_code_and_what_was_written(tmp_path, messages):
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("needs root to mount a small tmpfs")
     disk = tmp_path / "disk"
@@ -304,7 +305,8 @@ with Client() as c:
     c.gather(c.map(lambda x: x + 2, range(50)))
 """
         flow = write_flow(tmp_path / "fill.py", fill)
-        p = daskprobe("run", "--workers", "1", "--out", str(disk / "run"), "--", sys.executable, str(flow),
+        probes = [] if messages == "proxy" else ["--probes", "tap,pyspy,proc"]
+        p = daskprobe("run", "--workers", "1", *probes, "--out", str(disk / "run"), "--", sys.executable, str(flow),
                       timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]  # the user's command exited 0
         assert not ours_in_a_traceback(p.stderr.split("stage failed")[0])

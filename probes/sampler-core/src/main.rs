@@ -49,7 +49,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-use tickprog::{AT_TIME, NOT_PYTHON};
+use tickprog::NOT_PYTHON;
 use ticks::{Copied, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
@@ -162,10 +162,8 @@ impl Target {
     /// the process is gone). A thread ticked that the reader has not listed at NOT_PYTHON_AFTER reads is
     /// not a Python thread (a native pool's): BPF drops its ticks from then on, until it is listed.
     fn share_threads(&mut self, ticks: &Ticks, gone: bool, ticked: &[(i32, u64)]) {
-        let now: HashMap<u64, u64> = match &self.fast {
-            Some(r) if !gone => r.listed().collect(),
-            _ => HashMap::new(),
-        };
+        let Some(r) = &self.fast else { return }; // py-spy's processes: BPF passes every tick of theirs
+        let now: HashMap<u64, u64> = if gone { HashMap::new() } else { r.listed().collect() };
         for (tid, tstate) in &now {
             if self.in_bpf.get(tid) != Some(tstate) {
                 ticks.thread(*tid, Some(*tstate));
@@ -332,13 +330,12 @@ impl<W: Write> Sampler<W> {
         self.samples.clear();
         let mut at = Vec::new();
         for (c, s) in mine.iter().zip(read) {
-            let tick = u64::from_ne_bytes(c.record[AT_TIME..AT_TIME + 8].try_into().unwrap());
             match s {
                 Some(s) => {
                     self.samples.push(s);
-                    at.push(tick);
+                    at.push(c.time);
                 }
-                None => lines::dropped(&mut self.out, tick, t.pid, 0),
+                None => lines::dropped(&mut self.out, c.time, t.pid, 0),
             }
         }
         t.name_threads(&self.samples);

@@ -81,11 +81,14 @@ pub struct Ticks {
     random: u64,
     /// None where BPF programs cannot be loaded: then every process's ticks wake the sampler
     program: Option<TickProgram>,
+    /// BPF's clock is the kernel's: in a time namespace, this much behind ours
+    timens: i64,
 }
 
-/// A stack BPF copied at a tick: its record (tickprog.rs), up to its last frame.
+/// A stack BPF copied at a tick: its record (tickprog.rs), and the tick's time on this process's clock.
 pub struct Copied {
     pub pid: i32,
+    pub time: u64,
     pub record: Vec<u8>,
 }
 
@@ -148,7 +151,8 @@ impl Ticks {
         let poll = rings.iter().map(|r| r.fd).chain([wake, timer])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
         let random = daskprobe_clock::now_ns() | 1;
-        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, program })
+        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, program,
+                   timens: daskprobe_clock::timens_ns() })
     }
 
     /// From now on, `pid`'s ticks are kept: its Python threads' stacks copied as `walk` says (given
@@ -193,14 +197,14 @@ impl Ticks {
         into.clear();
         copied.clear();
         if let Some(reader) = self.program.as_ref().and_then(|p| p.reader.as_ref()) {
-            let rings = &mut self.rings;
+            let (rings, timens) = (&mut self.rings, self.timens);
             reader.ring.drain(|rec| {
-                let (cpu, time) = (u32_at(rec, AT_CPU), u64_at(rec, AT_TIME));
+                let (cpu, time) = (u32_at(rec, AT_CPU), u64_at(rec, AT_TIME).wrapping_add_signed(timens));
                 if let Some(r) = rings.iter_mut().find(|r| r.cpu == cpu) {
                     r.ticks += 1;
                     r.copied_at = r.copied_at.max(time);
                 }
-                copied.push(Copied { pid: (u64_at(rec, 0) >> 32) as i32, record: rec.to_vec() });
+                copied.push(Copied { pid: (u64_at(rec, 0) >> 32) as i32, time, record: rec.to_vec() });
             });
         }
         let now = daskprobe_clock::now_ns();
