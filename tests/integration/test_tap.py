@@ -75,6 +75,40 @@ def test_the_tap_reads_every_message_distributed_writes(tmp_path):
     assert cap.malformed.empty and cap.skipped.empty  # seen from its SYN: in step from the first byte
 
 
+def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
+    # it writes from its reading thread, which sleeps until packets come: what it read before a
+    # quiet spell must be written all the same (a SIGKILL then loses nothing)
+    capture = tmp_path / "tap.bin"
+
+    async def main():
+        async def echo(comm):
+            try:
+                while True:
+                    await comm.write({"op": "ack-" + (await comm.read())["op"]})
+            except CommClosedError:
+                pass
+
+        listener = listen("tcp://127.0.0.1:0", echo)
+        await listener.start()
+        port = int(listener.listen_address.rsplit(":", 1)[1])
+        tap = start_tap(capture, {port: "server"}, tmp_path / "tap.log")
+        try:
+            comm = await connect(listener.contact_address)
+            for i in range(5):
+                await comm.write({"op": f"m{i}"})
+                await comm.read()
+            await asyncio.sleep(1.0)  # a block retired (100 ms), then a write due (100 ms), and slack
+            tap.kill()
+            tap.wait()
+            await comm.close()
+        finally:
+            stop_proxy(tap)
+            listener.stop()
+
+    asyncio.run(main())
+    assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
+
+
 def dask_bytes(op: str, size: int) -> bytes:
     """One message as distributed's TCP comm puts it on the wire."""
     frames, _, _ = _add_frames_header(dumps({"op": op, "data": to_serialize(np.random.bytes(size))}))

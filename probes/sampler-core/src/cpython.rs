@@ -160,6 +160,8 @@ pub struct Reader {
     listed: Instant,
     /// a listed thread could not be read: walk the list again at the next sample
     relist: bool,
+    /// threads ticked, not known, for which the list was walked since the last RELIST walk
+    walked_for: std::collections::HashSet<u64>,
 }
 
 impl Reader {
@@ -168,7 +170,7 @@ impl Reader {
     pub fn new(pid: i32, layout: Layout, interp: usize, gil: usize) -> Result<Reader, String> {
         let mut r = Reader { remote: Remote::new(pid), pid, layout, interp, gil, tid_offset: None,
                              codes: HashMap::new(), threads: HashMap::new(), s: Scratch::default(),
-                             listed: Instant::now(), relist: true };
+                             listed: Instant::now(), relist: true, walked_for: Default::default() };
         if r.layout.thread.native_tid.is_none() {
             let mut listed = Vec::new();
             r.list_threads(&mut listed, true);
@@ -192,8 +194,7 @@ impl Reader {
             }
         }
         let mut listed = std::mem::take(&mut self.s.threads);
-        // a ticked thread not known may be a new one in an old one's thread state (the list's head unchanged)
-        let walk = self.must_walk() || matches!(read, Read::Ticked(_));
+        let walk = self.must_walk() || self.unknown_ticked(read);
         let holder = self.list_threads(&mut listed, walk);
         for (i, &t) in listed.iter().enumerate() {
             // A thread state made for a thread not yet started holds no ids, or its maker's (new ones
@@ -266,8 +267,23 @@ impl Reader {
         let walk = self.relist || self.listed.elapsed() >= RELIST;
         if walk {
             (self.listed, self.relist) = (Instant::now(), false);
+            self.walked_for.clear();
         }
         walk
+    }
+
+    /// Whether a read on ticks found a thread not known and not walked for since the last walk: a new
+    /// thread in an old one's thread state, say (the list's head unchanged). A native thread's ticks
+    /// (where BPF does not drop them) walk the list once per RELIST, not at each.
+    fn unknown_ticked(&mut self, read: Read) -> bool {
+        let Read::Ticked(tids) = read else { return false };
+        let mut new = false;
+        for &tid in tids {
+            if !self.threads.values().any(|th| th.tid == tid) && self.walked_for.insert(tid) {
+                new = true;
+            }
+        }
+        new
     }
 
     /// Fills `into` with the interpreter's threads, walking their list only
@@ -316,23 +332,23 @@ impl Reader {
         }
     }
 
+    /// Whether the listed thread state `t` still holds the thread `th` read from it before. Its memory
+    /// can be reused by a thread started later, and on 3.10, which keeps no native id in it, with the
+    /// ended thread's pthread_t: a tick of a thread not known is how such a one shows first, and then
+    /// the native id is read from the pthread.
+    fn still_holds(&self, th: &Thread, t: Listed, read: Read) -> bool {
+        let other_ticked = matches!(read, Read::Ticked(tids) if !tids.contains(&th.tid));
+        th.ident == t.ident && match t.native_tid {
+            Some(n) => n == th.tid,
+            None => !other_ticked
+                || self.tid_offset.and_then(|at| pthread::tid(&self.remote, t.ident, at)) == Some(th.tid),
+        }
+    }
+
     /// The thread's sample, and how many times it is reported (its ticks, when ticked).
     fn thread(&mut self, t: Listed, owns_gil: bool, frames: &mut Frames, out: &mut impl Write, read: Read)
               -> Option<(ThreadSample, usize)> {
-        // A PyThreadState's memory can be reused by a thread started later, and on 3.10, which keeps
-        // no native id in it, with the ended thread's pthread_t: a tick of a thread not known is how
-        // such a one shows first (then its native id is read from the pthread).
-        let ticked_unknown = |th: &Thread| match read {
-            Read::Ticked(tids) => !tids.contains(&th.tid),
-            _ => false,
-        };
-        let same = self.threads.get(&t.tstate).is_some_and(|th| {
-            th.ident == t.ident && match t.native_tid {
-                Some(n) => n == th.tid,
-                None => !ticked_unknown(th)
-                    || self.tid_offset.and_then(|at| pthread::tid(&self.remote, t.ident, at)) == Some(th.tid),
-            }
-        });
+        let same = self.threads.get(&t.tstate).is_some_and(|th| self.still_holds(th, t, read));
         if !same {
             let tid = t.native_tid.or_else(|| pthread::tid(&self.remote, t.ident, self.tid_offset?))?;
             let th = Thread { tid, ident: t.ident, stat: ThreadStat::open(self.pid, tid), last: None, stack: None,

@@ -67,7 +67,7 @@ const RECORD: usize = AT_FRAMES + MAX_DEPTH * SLOT;
 /// the ring holds this long of every CPU's ticks: four of the sampler's drains
 const RING_SECONDS: f64 = 0.4;
 /// stacks as deep as this, on average, for the ring's size
-const TYPICAL_DEPTH: usize = 40;
+const TYPICAL_DEPTH: usize = 100;
 /// in a `Walk`, a field the version lacks
 pub const NONE: u64 = u64::MAX;
 /// a thread's value in the threads map when it is known not to be a Python thread: its ticks are dropped
@@ -103,7 +103,7 @@ pub struct TickProgram {
     pub reader: Option<Reader>,
 }
 
-/// The stack reader's maps the sampler uses: threads (PyThreadState by native id) and the ring.
+/// The stack reader's maps the sampler uses: threads (PyThreadState by pid_tgid) and the ring.
 pub struct Reader {
     threads: Map,
     pub ring: Ring,
@@ -111,7 +111,7 @@ pub struct Reader {
 
 impl Reader {
     fn load(procs: &Map, cpus: usize, rate: f64) -> Result<(libc::c_int, Reader), String> {
-        let threads = Map::create(BPF_MAP_TYPE_HASH, 4, 8, MAX_THREADS)?;
+        let threads = Map::create(BPF_MAP_TYPE_HASH, 8, 8, MAX_THREADS)?;
         // a record is built here, then written to the ring as long as it is (the program holds the map)
         let scratch = Map::create(BPF_MAP_TYPE_PERCPU_ARRAY, 4, RECORD as u32, 1)?;
         let ring = Ring::create(ring_bytes(cpus, rate))?;
@@ -152,20 +152,21 @@ impl TickProgram {
 
     /// The thread `tid`'s PyThreadState (Some; NOT_PYTHON: its ticks are dropped), or none any more: its
     /// ticks go to the sampler.
-    pub fn thread(&self, tid: u32, tstate: Option<u64>) {
+    pub fn thread(&self, pid: i32, tid: u64, tstate: Option<u64>) {
+        let key = (pid as u64) << 32 | tid;
         let Some(threads) = self.reader.as_ref().map(|r| &r.threads) else { return };
         match tstate {
             Some(t) => {
-                if let Err(e) = threads.update(&tid, &t) {
+                if let Err(e) = threads.update(&key, &t) {
                     eprintln!("daskprobe-sampler: thread {tid} not given to the tick program: {e}");
                 }
             }
-            None => threads.delete(&tid),
+            None => threads.delete(&key),
         }
     }
 }
 
-/// A power of 2, 1 MiB at least (2 CPUs at 100 Hz: 0.4 MiB)
+/// A power of 2, 1 MiB at least (2 CPUs at 100 Hz: 2 MiB)
 fn ring_bytes(cpus: usize, rate: f64) -> usize {
     let record = 8 + AT_FRAMES + TYPICAL_DEPTH * SLOT;
     ((cpus as f64 * rate * RING_SECONDS) as usize * record).next_power_of_two().clamp(1 << 20, 1 << 30)
@@ -210,11 +211,10 @@ const W_GIL: i16 = offset_of!(Walk, gil) as i16;
 const W_GIL_LEN: i16 = offset_of!(Walk, gil_len) as i16;
 const W_IDENT: i16 = offset_of!(Walk, ident) as i16;
 const W_PTHREAD_TID: i16 = offset_of!(Walk, pthread_tid) as i16;
-/// on the program's stack (r10 is its frame pointer): pid_tgid, the process, the thread, the current
+/// on the program's stack (r10 is its frame pointer): pid_tgid, the process, the current
 /// frame, and a 0 (the scratch's key)
 const S_PID_TGID: i16 = -8;
 const S_TGID: i16 = -12;
-const S_TID: i16 = -16;
 const S_FRAME: i16 = -24;
 const S_ZERO: i16 = -28;
 
@@ -246,8 +246,8 @@ fn walker(procs: &Map, threads: &Map, scratch: &Map, ring: &Map) -> Vec<Insn> {
 fn find_thread(a: &mut Asm, threads: &Map) {
     a.op(MOV_X, 7, 0, 0, 0)
         .op(LDX_DW, 1, 7, W_FRAME_SIZE, 0).jump(JEQ_K, 1, 0, "pass") // 0: not read here
-        .op(LDX_W, 1, 10, S_PID_TGID, 0).op(STX_W, 10, 1, S_TID, 0) // the key: the thread (the low half)
-        .ops(&load_map(1, threads)).op(MOV_X, 2, 10, 0, 0).op(ADD_K, 2, 0, 0, S_TID as i32)
+        // the key: pid_tgid, as a tid alone could be an ended process's, reused
+        .ops(&load_map(1, threads)).op(MOV_X, 2, 10, 0, 0).op(ADD_K, 2, 0, 0, S_PID_TGID as i32)
         .op(CALL, 0, 0, 0, MAP_LOOKUP).jump(JEQ_K, 0, 0, "pass")
         .op(LDX_DW, 8, 0, 0, 0).jump(JEQ_K, 8, NOT_PYTHON as i32, "drop");
 }

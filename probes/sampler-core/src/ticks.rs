@@ -1,9 +1,10 @@
 //! Which threads are on a CPU, from the kernel: a cpu-clock perf event on
 //! each CPU ticks at the sampling rate, skipping the idle task. At a tick
 //! of a Python thread our reader knows, BPF copies its frames into a ring
-//! the sampler drains every 100 ms (tickprog.rs); any other tick of a
-//! sampled process writes the thread it found running into that CPU's ring,
-//! waking the sampler, which then reads only that thread's stack. So what
+//! the sampler drains every 100 ms (tickprog.rs); one of a thread known
+//! not to be Python's is dropped; any other tick of a sampled process writes
+//! the thread it found running into that CPU's ring, waking the sampler,
+//! which then reads only that thread's stack. So what
 //! sampling costs follows the CPU the cluster uses, not its threads times the
 //! rate; and a tick is an interrupt, so a busy machine delays no copy and,
 //! for a tick the sampler reads, the read, not the choice of thread
@@ -169,10 +170,11 @@ impl Ticks {
         }
     }
 
-    /// The PyThreadState of the thread `tid` (None: no longer known), for BPF to read its stack at its ticks.
-    pub fn thread(&self, tid: u64, tstate: Option<u64>) {
+    /// The PyThreadState of `pid`'s thread `tid` (None: no longer known), for BPF to read its stack at its
+    /// ticks.
+    pub fn thread(&self, pid: i32, tid: u64, tstate: Option<u64>) {
         if let Some(p) = &self.program {
-            p.thread(tid as u32, tstate);
+            p.thread(pid, tid, tstate);
         }
     }
 
@@ -380,7 +382,7 @@ mod tests {
         let walk = Walk { frame: 56, cframe_frame: 0, native_tid: 160, frame_size: 72, back: 8,
                           gil: gil.as_ptr() as u64, gil_len: 24, ident: 152, pthread_tid: NONE };
         t.watch(std::process::id() as i32, walk);
-        t.thread(tid, Some(tstate.as_ptr() as u64));
+        t.thread(std::process::id() as i32, tid, Some(tstate.as_ptr() as u64));
         let word = |rec: &[u8], at: usize| u64::from_ne_bytes(rec[at..at + 8].try_into().unwrap());
         let spin = |t: &mut Ticks| {
             let (start, mut on, mut copied, mut records) = (std::time::Instant::now(), Vec::new(), Vec::new(), Vec::new());
@@ -421,9 +423,9 @@ mod tests {
             }
             seen
         };
-        t.thread(tid, Some(NOT_PYTHON));
+        t.thread(std::process::id() as i32, tid, Some(NOT_PYTHON));
         assert_eq!(woke(&mut t), 0, "ticks of a thread marked not Python's");
-        t.thread(tid, None);
+        t.thread(std::process::id() as i32, tid, None);
         assert!(woke(&mut t) >= 10, "a thread no longer given: its ticks wake the sampler");
         std::hint::black_box((short, deep, cframe, gil, pthread));
     }

@@ -66,7 +66,7 @@ fn main() {
         std::process::exit(1)
     });
     let (tx, rx) = channel();
-    let mut writer = Writer { capture: Some(capture), rx, at: now_ns() };
+    let mut writer = Writer { capture: Some(capture), rx, at: now_ns(), queued: false };
     let stdin_open = Arc::new(AtomicBool::new(true));
     let (joined_tx, joined) = channel();
     // Each line and the end of stdin wake the reader at once, not at its next packets.
@@ -95,9 +95,14 @@ fn main() {
     while stop_at.map_or(true, |at| now_ns() < at) {
         // without an eventfd, stdin's news is seen at the next packets or within NO_WAKE_MS
         let idle = if wake < 0 { NO_WAKE_MS } else { -1 };
+        // what was queued is written within FLUSH_EVERY though no packet comes
+        let idle = writer.due_in_ms().map_or(idle, |due| if idle < 0 { due } else { due.min(idle) });
         let timeout = stop_at.map_or(idle, |at: u64| (at.saturating_sub(now_ns()) / 1_000_000) as i32 + 1);
         match tap.next(timeout) {
-            Ok(Some((t, seg))) => streams.segment(t, &seg),
+            Ok(Some((t, seg))) => {
+                streams.segment(t, &seg);
+                writer.queued = true;
+            }
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
         }
@@ -118,7 +123,7 @@ fn main() {
     if drops > 0 {
         log(format_args!("the kernel dropped {drops} packets for want of room: their streams were resynchronized"));
     }
-    drop(streams); // the last sender
+    drop(streams); // the reader's sender (a pid's lookup still running holds another)
     writer.write();
 }
 
@@ -130,6 +135,8 @@ struct Writer {
     rx: Receiver<Vec<u8>>,
     /// when it last wrote
     at: u64,
+    /// segments were read since: records may be queued
+    queued: bool,
 }
 
 impl Writer {
@@ -139,10 +146,23 @@ impl Writer {
         }
     }
 
+    /// Milliseconds until what may be queued is due to be written; None when nothing is.
+    fn due_in_ms(&self) -> Option<i32> {
+        let due = self.at + FLUSH_EVERY.as_nanos() as u64;
+        self.queued.then(|| (due.saturating_sub(now_ns()) / 1_000_000) as i32 + 1)
+    }
+
     fn write(&mut self) {
+        let Some(c) = self.capture.as_mut() else {
+            self.queued = false; // nothing is written any more
+            return;
+        };
+        let before = c.end();
+        let drained = c.drain(&self.rx);
+        // a connection's pid comes from a thread of its own, after its open record: one write more
         self.at = now_ns();
-        let Some(c) = self.capture.as_mut() else { return };
-        if let Err(e) = c.drain(&self.rx) {
+        self.queued = c.end() > before;
+        if let Err(e) = drained {
             log(format_args!("capture write failed ({e}): capture stopped at {} bytes", c.end()));
             self.capture = None;
             self.rx = channel().1; // the senders' records are refused from now on
