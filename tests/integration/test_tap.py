@@ -3,6 +3,7 @@ loopback, and a connection that was open before the tap started, joined in the m
 message. Ground truth: the messages and bytes the sender wrote."""
 
 import asyncio
+import contextlib
 import operator
 import os
 import socket
@@ -35,34 +36,42 @@ def ops(cap, direction: int) -> list[str]:
     return [h.get("op") for h in heads if isinstance(h, dict) and "op" in h]
 
 
+async def echo(comm):
+    """Answers each message with an ack of its op."""
+    try:
+        while True:
+            msg = await comm.read()
+            await comm.write({"op": "ack-" + msg["op"]})
+    except CommClosedError:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def tapped_echo(capture, tmp_path):
+    """A connection to an echo server whose port the tap watches; and the tap."""
+    listener = listen("tcp://127.0.0.1:0", echo)
+    await listener.start()
+    port = int(listener.listen_address.rsplit(":", 1)[1])
+    tap = start_tap(capture, {port: "server"}, tmp_path / "tap.log")
+    try:
+        yield await connect(listener.contact_address), tap
+    finally:
+        stop_proxy(tap)
+        listener.stop()
+
+
 def test_the_tap_reads_every_message_distributed_writes(tmp_path):
     msgs = [{"op": f"m{i}", "data": to_serialize(np.random.bytes(size)) if i % 2 else os.urandom(size)}
             for i, size in enumerate(SIZES * 4)]
     capture = tmp_path / "tap.bin"
 
     async def main():
-        async def echo(comm):
-            try:
-                while True:
-                    msg = await comm.read()
-                    await comm.write({"op": "ack-" + msg["op"]})
-            except CommClosedError:
-                pass
-
-        listener = listen("tcp://127.0.0.1:0", echo)
-        await listener.start()
-        port = int(listener.listen_address.rsplit(":", 1)[1])
-        tap = start_tap(capture, {port: "server"}, tmp_path / "tap.log")
-        try:
-            comm = await connect(listener.contact_address)
+        async with tapped_echo(capture, tmp_path) as (comm, _):
             for m in msgs:
                 await comm.write(m)
                 await comm.read()
             await comm.close()
             await asyncio.sleep(0.3)  # the last segments reach the tap
-        finally:
-            stop_proxy(tap)
-            listener.stop()
 
     asyncio.run(main())
     cap = read_capture(capture)
@@ -81,19 +90,7 @@ def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
     capture = tmp_path / "tap.bin"
 
     async def main():
-        async def echo(comm):
-            try:
-                while True:
-                    await comm.write({"op": "ack-" + (await comm.read())["op"]})
-            except CommClosedError:
-                pass
-
-        listener = listen("tcp://127.0.0.1:0", echo)
-        await listener.start()
-        port = int(listener.listen_address.rsplit(":", 1)[1])
-        tap = start_tap(capture, {port: "server"}, tmp_path / "tap.log")
-        try:
-            comm = await connect(listener.contact_address)
+        async with tapped_echo(capture, tmp_path) as (comm, tap):
             for i in range(5):
                 await comm.write({"op": f"m{i}"})
                 await comm.read()
@@ -101,9 +98,6 @@ def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
             tap.kill()
             tap.wait()
             await comm.close()
-        finally:
-            stop_proxy(tap)
-            listener.stop()
 
     asyncio.run(main())
     assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
