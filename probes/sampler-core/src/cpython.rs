@@ -26,7 +26,7 @@ use crate::layout::{Frame, Gil, Instr, Layout, FRAME_OWNED_BY_CSTACK};
 use crate::linetable;
 use crate::procstat::{State, ThreadStat};
 use crate::pthread;
-use crate::remote::Remote;
+use crate::remote::{u32_at, u64_at, Remote};
 use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -48,14 +48,6 @@ const RELIST: Duration = Duration::from_secs(1);
 /// with ticks (which read it whenever it is on a CPU; then its stack off one is only where it waits).
 const OFF_CPU_REREAD: Duration = Duration::from_millis(100);
 const OFF_CPU_REREAD_TICKED: Duration = Duration::from_secs(1);
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-}
 
 /// Where `len` bytes at `addr` start in a copy of (address, length), if it holds
 /// them all: a torn read can leave any pointer, so only in-bounds ones index a copy.

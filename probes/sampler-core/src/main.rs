@@ -31,6 +31,7 @@ mod linetable;
 mod procstat;
 mod pthread;
 mod remote;
+mod threads;
 mod tickprog;
 mod ticks;
 
@@ -49,7 +50,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-use tickprog::NOT_PYTHON;
+use threads::InBpf;
 use ticks::{Copied, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
@@ -70,10 +71,6 @@ fn stop_on_signals() {
         unsafe { libc::signal(sig, stop as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
 }
-/// reads of a process that found a ticked thread not in its interpreter's list, before BPF drops its ticks
-const NOT_PYTHON_AFTER: u32 = 3;
-/// how often threads marked as not Python's are looked for, to forget those that ended
-const RELIST_NATIVE: Duration = Duration::from_secs(1);
 /// first and longest wait before asking py-spy again for the name of an unnamed thread
 const NAME_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
@@ -138,11 +135,8 @@ struct Target {
     named_at: (Instant, Duration),
     /// with ticks: its threads off a CPU are yet to be read (it has just been attached)
     unread: bool,
-    /// PyThreadState by native id, of the threads whose stacks BPF reads at their ticks (tickprog.rs)
-    in_bpf: HashMap<u64, u64>,
-    /// threads ticked but not listed, and at how many reads; when those that ended were last looked for
-    unlisted: HashMap<u64, u32>,
-    pruned_at: Instant,
+    /// with ticks: which of its threads BPF copies the stacks of, and which it drops
+    in_bpf: InBpf,
 }
 
 impl Target {
@@ -158,52 +152,7 @@ impl Target {
             None => (None, "py-spy".into()),
         };
         Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0),
-                    unread: true, in_bpf: HashMap::new(), unlisted: HashMap::new(), pruned_at: Instant::now() })
-    }
-
-    /// Gives BPF the threads our reader lists now, and takes back those it no longer lists (or all, once
-    /// the process is gone); then marks_native.
-    fn share_threads(&mut self, ticks: &Ticks, gone: bool, ticked: &[(i32, u64)]) {
-        let Some(r) = &self.fast else { return }; // py-spy's processes: BPF passes every tick of theirs
-        let now: HashMap<u64, u64> = if gone { HashMap::new() } else { r.listed().collect() };
-        for (tid, tstate) in &now {
-            if self.in_bpf.get(tid) != Some(tstate) {
-                ticks.thread(self.pid, *tid, Some(*tstate));
-            }
-        }
-        for tid in self.in_bpf.keys().filter(|tid| !now.contains_key(tid)) {
-            ticks.thread(self.pid, *tid, None);
-        }
-        self.in_bpf = now;
-        self.mark_native(ticks, gone, ticked);
-    }
-
-    /// A thread ticked that the reader has not listed at NOT_PYTHON_AFTER reads is not a Python thread
-    /// (a native pool's): BPF drops its ticks from then on, until it is listed (share_threads gives its
-    /// thread state then) or has ended (looked for every RELIST_NATIVE), or the process has.
-    fn mark_native(&mut self, ticks: &Ticks, gone: bool, ticked: &[(i32, u64)]) {
-        let mut read: Vec<u64> = ticked.iter().filter(|t| t.0 == self.pid).map(|t| t.1).collect();
-        read.sort_unstable();
-        read.dedup();
-        for tid in read.into_iter().filter(|tid| !self.in_bpf.contains_key(tid) && !gone) {
-            let n = self.unlisted.entry(tid).or_insert(0);
-            *n += 1;
-            if *n == NOT_PYTHON_AFTER {
-                ticks.thread(self.pid, tid, Some(NOT_PYTHON));
-            }
-        }
-        let prune = gone || self.pruned_at.elapsed() >= RELIST_NATIVE;
-        if prune {
-            self.pruned_at = Instant::now();
-        }
-        let (pid, in_bpf) = (self.pid, &self.in_bpf);
-        self.unlisted.retain(|tid, n| {
-            let ended = prune && (gone || !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists());
-            if ended && *n >= NOT_PYTHON_AFTER {
-                ticks.thread(pid, *tid, None);
-            }
-            !ended && !in_bpf.contains_key(tid)
-        });
+                    unread: true, in_bpf: InBpf::default() })
     }
 
     /// Appends to `samples` the threads `how` asks for (py-spy's reader reads them all, and keeps
@@ -444,8 +393,9 @@ fn main() {
         let mut gone = Vec::new();
         targets.retain_mut(|t| {
             let alive = s.round(t, &ticked, &copied, polled || timer, ticks.is_some());
-            if let Some(ticks) = &ticks {
-                t.share_threads(ticks, !alive, &ticked);
+            if let (Some(ticks), Some(r)) = (&ticks, &t.fast) {
+                // py-spy's processes have none: BPF passes every tick of theirs
+                t.in_bpf.update(ticks, t.pid, alive.then(|| r.listed().collect()), &ticked);
             }
             if !alive {
                 gone.push(t.pid);

@@ -5,7 +5,7 @@
 //! attaching: the first offset at which every Python thread's struct holds a
 //! distinct thread id of the process.
 
-use crate::remote::Remote;
+use crate::remote::{u32_at, Remote};
 
 /// How far into struct pthread the tid is looked for.
 const SPAN: usize = 2048;
@@ -35,7 +35,7 @@ pub fn tid(remote: &Remote, ident: u64, offset: usize) -> Option<u64> {
 
 /// `heads`: the first bytes of each thread's struct pthread; `tids`: the process's thread ids.
 fn find_tid_offset(heads: &[Vec<u8>], tids: &[u32]) -> Option<usize> {
-    let at = |h: &[u8], i: usize| u32::from_ne_bytes(h[i..i + 4].try_into().unwrap());
+    let at = u32_at;
     let len = heads.iter().map(Vec::len).min()?;
     (0..len.saturating_sub(3)).step_by(4).find(|&i| {
         let mut found: Vec<u32> = heads.iter().map(|h| at(h, i)).filter(|t| tids.contains(t)).collect();

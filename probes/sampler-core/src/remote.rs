@@ -63,3 +63,12 @@ impl Remote {
         n.max(0) as usize
     }
 }
+
+/// The u64 at `at` in a copy of another process's memory (native byte order, as it was there).
+pub fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+pub fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}

@@ -100,23 +100,23 @@ pub struct TickProgram {
     pub prog: libc::c_int,
     procs: Map,
     /// None: the filter alone was loaded
-    pub reader: Option<Reader>,
+    pub copier: Option<Copier>,
 }
 
-/// The stack reader's maps the sampler uses: threads (PyThreadState by pid_tgid) and the ring.
-pub struct Reader {
+/// The stack copier's maps the sampler uses: threads (PyThreadState by pid_tgid) and the ring.
+pub struct Copier {
     threads: Map,
     pub ring: Ring,
 }
 
-impl Reader {
-    fn load(procs: &Map, cpus: usize, rate: f64) -> Result<(libc::c_int, Reader), String> {
+impl Copier {
+    fn load(procs: &Map, cpus: usize, rate: f64) -> Result<(libc::c_int, Copier), String> {
         let threads = Map::create(BPF_MAP_TYPE_HASH, 8, 8, MAX_THREADS)?;
         // a record is built here, then written to the ring as long as it is (the program holds the map)
         let scratch = Map::create(BPF_MAP_TYPE_PERCPU_ARRAY, 4, RECORD as u32, 1)?;
         let ring = Ring::create(ring_bytes(cpus, rate))?;
         let prog = load_perf_program(&walker(procs, &threads, &scratch, &ring.map))?;
-        Ok((prog, Reader { threads, ring }))
+        Ok((prog, Copier { threads, ring }))
     }
 }
 
@@ -129,12 +129,12 @@ impl TickProgram {
             return Err("in a pid namespace of its own (or none known): its pids are not BPF's".into());
         }
         let procs = Map::create(BPF_MAP_TYPE_HASH, 4, size_of::<Walk>() as u32, MAX_PROCESSES)?;
-        match Reader::load(&procs, cpus, rate) {
-            Ok((prog, reader)) => Ok(TickProgram { prog, procs, reader: Some(reader) }),
+        match Copier::load(&procs, cpus, rate) {
+            Ok((prog, copier)) => Ok(TickProgram { prog, procs, copier: Some(copier) }),
             Err(e) => {
                 eprintln!("daskprobe-sampler: no stack reader at the tick ({e}): each tick wakes the sampler");
                 let prog = load_perf_program(&filter(&procs))?;
-                Ok(TickProgram { prog, procs, reader: None })
+                Ok(TickProgram { prog, procs, copier: None })
             }
         }
     }
@@ -154,7 +154,7 @@ impl TickProgram {
     /// ticks go to the sampler.
     pub fn thread(&self, pid: i32, tid: u64, tstate: Option<u64>) {
         let key = (pid as u64) << 32 | tid;
-        let Some(threads) = self.reader.as_ref().map(|r| &r.threads) else { return };
+        let Some(threads) = self.copier.as_ref().map(|c| &c.threads) else { return };
         match tstate {
             Some(t) => {
                 if let Err(e) = threads.update(&key, &t) {

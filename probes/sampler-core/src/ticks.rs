@@ -21,6 +21,7 @@
 //! about once a second. (Drawing one per tick doubled what a tick cost the
 //! sampler: the call interrupts that CPU.)
 
+use crate::remote::{u32_at, u64_at};
 use crate::tickprog::{TickProgram, Walk, AT_CPU, AT_TIME, PERF_EVENT_IOC_SET_BPF};
 use std::io::Error;
 use std::time::Duration;
@@ -198,9 +199,9 @@ impl Ticks {
     pub fn drain(&mut self, into: &mut Vec<(i32, u64)>, copied: &mut Vec<Copied>) {
         into.clear();
         copied.clear();
-        if let Some(reader) = self.program.as_ref().and_then(|p| p.reader.as_ref()) {
+        if let Some(copier) = self.program.as_ref().and_then(|p| p.copier.as_ref()) {
             let (rings, timens) = (&mut self.rings, self.timens);
-            reader.ring.drain(|rec| {
+            copier.ring.drain(|rec| {
                 let (cpu, time) = (u32_at(rec, AT_CPU), u64_at(rec, AT_TIME).wrapping_add_signed(timens));
                 if let Some(r) = rings.iter_mut().find(|r| r.cpu == cpu) {
                     r.ticks += 1;
@@ -237,14 +238,6 @@ impl Ticks {
     }
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
-}
-
 impl Ring {
     fn drain(&self, into: &mut Vec<(i32, u64)>) {
         let size = DATA_PAGES * self.page;
@@ -258,11 +251,11 @@ impl Ring {
             for (i, b) in rec.iter_mut().enumerate() {
                 *b = data[(tail as usize + i) % size];
             }
-            let kind = u32::from_ne_bytes(rec[0..4].try_into().unwrap());
+            let kind = u32_at(&rec, 0);
             let len = u16::from_ne_bytes(rec[6..8].try_into().unwrap()) as u64;
             if kind == PERF_RECORD_SAMPLE && len >= 16 {
-                let pid = u32::from_ne_bytes(rec[8..12].try_into().unwrap()) as i32;
-                into.push((pid, u32::from_ne_bytes(rec[12..16].try_into().unwrap()) as u64));
+                let pid = u32_at(&rec, 8) as i32;
+                into.push((pid, u32_at(&rec, 12) as u64));
             }
             tail += len.max(8);
         }
@@ -383,7 +376,7 @@ mod tests {
                           gil: gil.as_ptr() as u64, gil_len: 24, ident: 152, pthread_tid: NONE };
         t.watch(std::process::id() as i32, walk);
         t.thread(std::process::id() as i32, tid, Some(tstate.as_ptr() as u64));
-        let word = |rec: &[u8], at: usize| u64::from_ne_bytes(rec[at..at + 8].try_into().unwrap());
+        let word = u64_at;
         let spin = |t: &mut Ticks| {
             let (start, mut on, mut copied, mut records) = (std::time::Instant::now(), Vec::new(), Vec::new(), Vec::new());
             while start.elapsed() < Duration::from_millis(300) {
