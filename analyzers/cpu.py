@@ -9,7 +9,9 @@ where it has them, and its samples share them out: each category gets the
 fraction of the thread's on-CPU samples that fall in it. Where the sampler
 had CPU ticks (a process's samples include tick ones), its on-CPU samples
 are those: a tick, an interrupt, finds the thread on its CPU whatever the
-sampler waits for, and each stands for one period (1/rate s) of CPU. When
+sampler waits for, and each stands for the period its CPU ticked at then
+(period_ns: drawn at random about 1/rate, and held up to a second or so, so
+counting ticks as 1/rate each was off by up to 1.4 times in a second). When
 the sampler polled instead, without eBPF states, a sample counts as CPU time
 only if the sampler saw its thread running (per /proc, and not parked in a
 known wait), and stands for the time since its process's previous read;
@@ -57,8 +59,8 @@ def classify_samples(samples: pd.DataFrame, processes: pd.DataFrame, states: pd.
 
 
 def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
-    """Seconds each sample stands for: a period for a tick's (none for the other samples of a ticked
-    process), else the gap since its process's previous read."""
+    """Seconds each sample stands for: its tick's period for a tick's (1/rate where not recorded; none for
+    the other samples of a ticked process), else the gap since its process's previous read."""
     period = 1.0 / rate
     w = np.full(len(s), 1.0 / cpu_hz)
     py = s.source.to_numpy() == "pyspy"
@@ -67,7 +69,8 @@ def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
     rounds["w"] = gap.fillna(period).clip(upper=MAX_PERIODS * period).to_numpy()
     w[py] = s[py].merge(rounds, on=["pid", "t_ns"], how="left").w.to_numpy()
     tick, ticked = _ticks(s)
-    w[ticked] = np.where(tick[ticked], period, 0.0)
+    periods = s.period_ns.astype("Float64").fillna(0).to_numpy(float) / 1e9 if "period_ns" in s else np.zeros(len(s))
+    w[ticked] = np.where(tick[ticked], np.where(periods[ticked] > 0, periods[ticked], period), 0.0)
     return w
 
 

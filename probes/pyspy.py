@@ -24,11 +24,12 @@ CAPTURE = "pyspy.tsv"
 LINES = {
     "F": ("frame_id:int function:str filename:str line:int", "a frame, the first time it is seen"),
     "S": ("t_ns:int pid:int tid:int active:flag owns_gil:flag thread_name:str frame_ids:ids ident:int stale:flag "
-          "tick:flag",
+          "tick:flag period_ns:int",
           "one thread's stack; ident: threading.get_ident() in that thread, 0 when unknown; stale: the stack "
           "was read before (up to 100 ms; 1 s with ticks) and the thread, off a CPU now, ran since; tick: read "
-          "because a CPU's clock tick found the thread on it, one line per tick (older captures end before "
-          "ident, stale or tick)"),
+          "because a CPU's clock tick found the thread on it, one line per tick; period_ns: the CPU time such "
+          "a line stands for, the period its CPU's clock ticked at then (drawn at random about 1/rate), 0 for "
+          "the others (older captures end before ident, stale, tick or period_ns)"),
     "A": ("t_ns:int pid:int name:str reader:str",
           "attached; reader: ours (cpython310 to cpython313), py-spy, or py-spy (why not ours)"),
     "E": ("t_ns:int pid:int message:str", "could not attach, or the process exited"),
@@ -80,8 +81,8 @@ class PySpy(Probe):
 
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
-    `S` lines of older captures, without the thread's Python identifier, the stale flag or the tick
-    flag, get ident 0 and false."""
+    `S` lines of older captures, without the thread's Python identifier, the stale flag, the tick
+    flag or the tick's period, get ident 0, false and a null period."""
     import pandas as pd
     frames, samples, stacks = [], [], {}
     for text in capture_lines(path):
@@ -90,12 +91,15 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
             if f[0] == "F" and len(f) == _F:
                 _, frame_id, function, filename, line = f
                 frames.append((int(frame_id), function, filename, int(line)))
-            elif f[0] == "S" and _S - 3 <= len(f) <= _S:
-                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick = (f + ["0"] * 3)[:_S]
+            elif f[0] == "S" and _S - 4 <= len(f) <= _S:
+                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick, period = \
+                    (f + ["0"] * 3 + [""])[:_S]
                 row = (int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", int(ident))
-                samples.append((*row, stale == "1", tick == "1", stacks.setdefault(frame_ids, len(stacks))))
+                samples.append((*row, stale == "1", tick == "1", int(period) if period else None,
+                                stacks.setdefault(frame_ids, len(stacks))))
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "ident", "stale",
-                                       "tick", "stack_id"])
+                                       "tick", "period_ns", "stack_id"])
+    s["period_ns"] = s.period_ns.astype("Int64")
     # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above
     # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.
     main = (s.tid > 2**31 - 1) & (s.thread_name == "MainThread")

@@ -1,5 +1,5 @@
 """CPU shares from a process the sampler read on CPU ticks: its tick samples alone stand for its CPU,
-one period each; its other samples (threads off a CPU, read every 100 ms) count for none."""
+each its tick's period; its other samples (threads off a CPU, read every 100 ms) count for none."""
 
 import pandas as pd
 
@@ -32,6 +32,15 @@ def test_a_ticked_processs_cpu_rests_on_its_tick_samples_only():
     assert ticked.on_cpu.tolist() == [True] * 4 + [False] * 2
     assert ticked.weight_s.tolist() == [1 / RATE] * 4 + [0.0] * 2
     assert c.loc[20].weight_s.round(6).tolist() == [0.01, 0.01, 0.02]
+
+
+def test_a_tick_stands_for_the_period_its_cpu_ticked_at_then():
+    ms = 1_000_000
+    rows = [(t * ms, 10, 11, "w", "pyspy", 0, True, False, True, False, 1) for t in (0, 7, 14, 30)]
+    # a period drawn at 6 ms, then 13 ms; the last from a capture before periods were recorded
+    periods = pd.array([6 * ms, 6 * ms, 13 * ms, None], dtype="Int64")
+    c = _classified(_samples(rows).assign(period_ns=periods))
+    assert c.weight_s.tolist() == [0.006, 0.006, 0.013, 1 / RATE]
 
 
 def test_a_tick_read_while_its_thread_waits_for_the_cpu_it_was_preempted_from_is_on_a_cpu():

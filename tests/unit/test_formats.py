@@ -50,7 +50,7 @@ SAMPLER_LINES = [
     ("F", dict(frame_id=0, function="spin", filename="/app/flow.py", line=12)),
     ("F", dict(frame_id=1, function="<module>", filename="/app/flow.py", line=30)),
     ("S", dict(t_ns=1_000_000_002, pid=4242, tid=4243, active=1, owns_gil=0, thread_name="MainThread",
-               frame_ids=[0, 1], ident=140_234_081_310_528, stale=1, tick=0)),
+               frame_ids=[0, 1], ident=140_234_081_310_528, stale=0, tick=1, period_ns=12_345_678)),
     ("L", dict(t_ns=1_000_000_003, pid=4242, read_ns=2_500_001)),
     ("E", dict(t_ns=1_000_000_004, pid=4244, message="worker-1: no such process")),  # its tab cleaned to a space
 ]

@@ -55,13 +55,15 @@ def test_write_table_casts_to_the_schema_and_writes_in_its_order(tmp_path):
                             "active": [True, True], "owns_gil": np.array([False, None], dtype=object),
                             "stack_id": [0, 1], "ident": [140234081310528.0, np.nan],
                             "stale": np.array([True, None], dtype=object),
-                            "tick": np.array([False, None], dtype=object), "source": ["pyspy", "ebpf"],
+                            "tick": np.array([True, None], dtype=object), "period_ns": [9_000_000.0, np.nan],
+                            "source": ["pyspy", "ebpf"],
                             "cpu": [np.nan, 3.0], "process": ["scheduler", "scheduler"], "host": ["local", "local"]})
     run.write_table("samples", samples)
     s = run.table("samples")
-    assert (s.owns_gil.dtype, s.ident.dtype, s.stale.dtype, s.tick.dtype, s.cpu.dtype) == (
-        "boolean", "Int64", "boolean", "boolean", "Int64")
+    assert (s.owns_gil.dtype, s.ident.dtype, s.stale.dtype, s.tick.dtype, s.period_ns.dtype, s.cpu.dtype) == (
+        "boolean", "Int64", "boolean", "boolean", "Int64", "Int64")
     assert s.ident[0] == 140234081310528 and pd.isna(s.ident[1]) and s.cpu[1] == 3
+    assert s.period_ns[0] == 9_000_000 and pd.isna(s.period_ns[1])
 
 
 @pytest.mark.parametrize("column, values, why", [

@@ -7,8 +7,9 @@ use crate::cpython::ThreadSample;
 use crate::frames::clean;
 use std::io::Write;
 
-pub fn sample(out: &mut impl Write, t: u64, pid: i32, s: &ThreadSample, name: &str) {
-    let _ = writeln!(out, "S\t{t}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}\t{}\t{}",
+/// `period_ns`: the CPU time a tick's sample stands for, 0 for the others.
+pub fn sample(out: &mut impl Write, t: u64, pid: i32, s: &ThreadSample, name: &str, period_ns: u64) {
+    let _ = writeln!(out, "S\t{t}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}\t{}\t{}\t{period_ns}",
                      s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident, s.stale as u8, s.tick as u8);
 }
 
@@ -42,9 +43,9 @@ mod tests {
         let leaf = frames.id(&mut out, "spin", "/app/flow.py", 12);
         let root = frames.id(&mut out, "<module>", "/app/flow.py", 30);
         let s = ThreadSample { tid: 4243, ident: 140_234_081_310_528, active: true, owns_gil: false,
-                               frame_ids: Rc::from(format!("{leaf},{root}")), stale: true,
-                               tick: false };
-        sample(&mut out, 1_000_000_002, 4242, &s, "MainThread");
+                               frame_ids: Rc::from(format!("{leaf},{root}")), stale: false,
+                               tick: true };
+        sample(&mut out, 1_000_000_002, 4242, &s, "MainThread", 12_345_678);
         dropped(&mut out, 1_000_000_003, 4242, 2_500_001);
         failed(&mut out, 1_000_000_004, 4244, "worker-1: no such\tprocess");
         out

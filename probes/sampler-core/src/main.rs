@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 use threads::InBpf;
-use ticks::{Copied, Ticks};
+use ticks::{Copied, Tick, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
 /// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
@@ -266,18 +266,19 @@ struct Sampler<W: Write> {
 impl<W: Write> Sampler<W> {
     /// One round's reads of a process (see the top of this file); false when it is gone.
     /// `due`: polling, the time to read; with ticks, to read the threads off a CPU.
-    fn round(&mut self, t: &mut Target, ticked: &[(i32, u64)], copied: &[Copied], due: bool, ticking: bool) -> bool {
+    fn round(&mut self, t: &mut Target, ticked: &[Tick], copied: &[Copied], due: bool, ticking: bool) -> bool {
         if !ticking {
-            return !due || self.sample(t, Read::All);
+            return !due || self.sample(t, Read::All, &[]);
         }
         self.copied(t, copied);
-        let tids: Vec<u64> = ticked.iter().filter(|&&(pid, _)| pid == t.pid).map(|&(_, tid)| tid).collect();
-        if !tids.is_empty() && !self.sample(t, Read::Ticked(&tids)) {
+        let mine: Vec<Tick> = ticked.iter().filter(|k| k.pid == t.pid).copied().collect();
+        let tids: Vec<u64> = mine.iter().map(|k| k.tid).collect();
+        if !tids.is_empty() && !self.sample(t, Read::Ticked(&tids), &mine) {
             return false;
         }
         if due || t.unread {
             t.unread = false;
-            return self.sample(t, Read::OffCpu);
+            return self.sample(t, Read::OffCpu, &[]);
         }
         true
     }
@@ -298,19 +299,19 @@ impl<W: Write> Sampler<W> {
             match s {
                 Some(s) => {
                     self.samples.push(s);
-                    at.push(c.time);
+                    at.push((c.time, c.period));
                 }
                 None => lines::dropped(&mut self.out, c.time, t.pid, 0),
             }
         }
         t.name_threads(&self.samples);
-        for (s, at) in self.samples.iter().zip(at) {
-            lines::sample(&mut self.out, at, t.pid, s, &t.names[&s.ident].1);
+        for (s, (at, period)) in self.samples.iter().zip(at) {
+            lines::sample(&mut self.out, at, t.pid, s, &t.names[&s.ident].1, period);
         }
     }
 
-    /// One read of one process; false when the process is gone.
-    fn sample(&mut self, t: &mut Target, how: Read) -> bool {
+    /// One read of one process, `ticks` the ticks it reads; false when the process is gone.
+    fn sample(&mut self, t: &mut Target, how: Read, ticks: &[Tick]) -> bool {
         let t0 = now_ns();
         self.samples.clear();
         let read = t.read(&mut self.frames, &mut self.out, &mut self.samples, how);
@@ -325,8 +326,12 @@ impl<W: Write> Sampler<W> {
             }
             true => {
                 t.name_threads(&self.samples);
+                let mut ticks = ticks.to_vec();
                 for s in &self.samples {
-                    lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident].1);
+                    // a thread's samples on ticks are one per tick of it: each stands for its tick's period
+                    let k = s.tick.then(|| ticks.iter().position(|k| k.tid == s.tid)).flatten();
+                    let period = k.map_or(0, |k| ticks.swap_remove(k).period);
+                    lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident].1, period);
                 }
                 true
             }

@@ -6,7 +6,7 @@
 //! for every RELIST_NATIVE), or the process has.
 
 use crate::tickprog::NOT_PYTHON;
-use crate::ticks::Ticks;
+use crate::ticks::{Tick, Ticks};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ impl Default for InBpf {
 impl InBpf {
     /// After a round of reads of process `pid`: `listed`, its threads as the reader lists them (native
     /// id, PyThreadState; None once the process is gone), and the ticks that woke the sampler.
-    pub fn update(&mut self, ticks: &Ticks, pid: i32, listed: Option<HashMap<u64, u64>>, ticked: &[(i32, u64)]) {
+    pub fn update(&mut self, ticks: &Ticks, pid: i32, listed: Option<HashMap<u64, u64>>, ticked: &[Tick]) {
         let gone = listed.is_none();
         let listed = listed.unwrap_or_default();
         for (tid, tstate) in &listed {
@@ -48,8 +48,8 @@ impl InBpf {
         self.mark_native(ticks, pid, gone, ticked);
     }
 
-    fn mark_native(&mut self, ticks: &Ticks, pid: i32, gone: bool, ticked: &[(i32, u64)]) {
-        let mut read: Vec<u64> = ticked.iter().filter(|t| t.0 == pid).map(|t| t.1).collect();
+    fn mark_native(&mut self, ticks: &Ticks, pid: i32, gone: bool, ticked: &[Tick]) {
+        let mut read: Vec<u64> = ticked.iter().filter(|k| k.pid == pid).map(|k| k.tid).collect();
         read.sort_unstable();
         read.dedup();
         for tid in read.into_iter().filter(|tid| !self.given.contains_key(tid) && !gone) {
