@@ -74,7 +74,6 @@ def tree(client, r: int) -> int:
 
 def etl(client, r: int):
     import dask
-    import dask.dataframe as dd
     import pandas as pd
     ts = dask.datasets.timeseries(start="2000-01-01", end="2000-01-13", freq="10s", partition_freq="1D",
                                   seed=r).reset_index()
