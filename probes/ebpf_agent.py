@@ -53,7 +53,8 @@ GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 MAPS_EVERY_S = 1.0
 POLL_S = 0.5  # a drain costs about the same whether it finds 400 records or 2,000; a wake-up is 60-110 µs
-EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*)")  # start end offset path
+# start end offset path, of a file or the vDSO
+EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*|\[vdso\])")
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 
 PROGRAM = r"""
@@ -258,7 +259,8 @@ def libc_of(pid: int) -> str | None:
 
 
 def exec_mappings(pid: int) -> list[tuple[str, str, str, str]]:
-    """The process's executable file mappings: (start, end, offset, path), as /proc/PID/maps has them."""
+    """The process's executable mappings, its files' and its vDSO ([vdso]): (start, end, offset, path), as
+    /proc/PID/maps has them."""
     with open(f"/proc/{pid}/maps") as f:
         return [m.groups() for m in map(EXEC_MAPPING.match, f) if m]
 
@@ -429,7 +431,7 @@ class Agent:
 
     def pay_maps(self, last: bool = False) -> None:
         """Reads again the mappings of the processes that had a sample outside them, each at most every
-        MAPS_EVERY_S (what the vDSO runs is in no file, so some always are); all of them at the end."""
+        MAPS_EVERY_S; all of them at the end."""
         now = time.monotonic()
         for pid in list(self.owed):
             if last or now - self.ranges.get(pid, ((), (), -MAPS_EVERY_S))[2] >= MAPS_EVERY_S:
@@ -464,12 +466,14 @@ class Agent:
 
     def snapshot_maps(self, pid: int) -> None:
         """The process's executable file mappings, written when they differ from the last ones
-        written: the unwinder finds a sample's modules in the first snapshot taken after it."""
+        written: the unwinder finds a sample's modules in the first snapshot taken after it. A sample
+        in the vDSO (in no file: left unnamed) is in them too, so that it does not read them again."""
         try:
-            rows = exec_mappings(pid)
+            mappings = exec_mappings(pid)
         except OSError:
             return  # it has exited: its earlier snapshot stands
-        spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in rows)
+        rows = [m for m in mappings if m[3] != "[vdso]"]
+        spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in mappings)
         self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans], time.monotonic())
         if rows != self.maps.get(pid):
             self.maps[pid], t = rows, kernel_now()

@@ -4,8 +4,10 @@ the name of each of their threads.
 A thread in daskprobe itself: one read of /proc/PID/stat per process and
 tick, from a file kept open. The captures are text, one line per process per tick:
     proc.tsv     t_ns  pid  utime_ticks  stime_ticks  rss_pages
-and, once a second, one line per thread not seen before (its kernel name, so
-that threads no Python sampler names, native ones included, have one):
+and one line per thread not seen before (its kernel name, so that threads no
+Python sampler names, native ones included, have one), looked for once a second
+in the processes whose thread count changed, every 10 s and at the end in all
+(listing every process's threads each second was a quarter of daskprobe's CPU):
     threads.tsv  pid  tid  comm
 """
 
@@ -25,7 +27,8 @@ if TYPE_CHECKING:  # the readers' tables come from tsv_rows
 
 CAPTURE = "proc.tsv"
 THREADS = "threads.tsv"
-NAMES_EVERY = 5  # ticks between scans for new threads: once a second
+NAMES_EVERY = 5  # ticks between scans for new threads where their count changed: once a second
+ALL_NAMES_EVERY = 50  # and in every process, for a thread that ended as another started
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -52,6 +55,7 @@ class ProcFS(Probe):
     def __init__(self, rate: float = 5.0):
         self.period, self.pids, self.fds, self.done = 1.0 / rate, {}, {}, threading.Event()
         self.thread = None
+        self.counts, self.changed = {}, set()  # thread count by pid, as /proc/PID/stat last had it
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         self.out = open_append(run / "captures" / CAPTURE, text=True)
@@ -77,27 +81,33 @@ class ProcFS(Probe):
     def _loop(self) -> None:
         try:
             self._sample()
+            self._name_threads(set(self.pids))
         except OSError as e:  # a full disk: stop capturing; what was written stays readable
             self.error = f"writing {CAPTURE}: {e.strerror}"
 
     def _sample(self) -> None:
         next_tick, tick = time.monotonic(), 0
         while not self.done.is_set():
-            if tick % NAMES_EVERY == 0:
-                self._name_threads()
-            tick += 1
             lines = []
             for pid in list(self.pids):
                 if (fields := self._stat(pid)) is None or fields[0] in (b"Z", b"X") or fields[21] == b"0":
                     continue  # exiting (its memory already gone) or exited: nothing left to measure
                 lines.append(f"{time.monotonic_ns()}\t{pid}\t{int(fields[11])}\t{int(fields[12])}\t{int(fields[21])}\n")
+                if self.counts.get(pid) != fields[17]:
+                    self.counts[pid] = fields[17]
+                    self.changed.add(pid)
+            if tick % ALL_NAMES_EVERY == 0:
+                self._name_threads(set(self.pids))
+            elif tick % NAMES_EVERY == 0:
+                self._name_threads(self.changed)
+            tick += 1
             self.out.write("".join(lines))
             self.out.flush()
             next_tick += self.period
             self.done.wait(max(0.0, next_tick - time.monotonic()))
 
     def _stat(self, pid: int) -> list[bytes] | None:
-        """stat_fields(), from a file kept open and read again in place (a ninth of the CPU of
+        """stat_fields() ([17]: its thread count), from a file kept open and read again in place (a ninth of the CPU of
         opening it each tick: 9 against 78 µs); None once the process is gone."""
         try:
             if pid not in self.fds:
@@ -109,9 +119,10 @@ class ProcFS(Probe):
             self.pids.pop(pid, None)
             return None
 
-    def _name_threads(self) -> None:
+    def _name_threads(self, pids: set[int]) -> None:
         lines = []
-        for pid in list(self.pids):
+        for pid in list(pids):
+            self.changed.discard(pid)
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:

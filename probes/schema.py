@@ -252,7 +252,8 @@ DECODED = {
         HOST,
     )),
     "thread_names": Table("One row per thread of a watched process, named by the kernel (captures/threads.tsv, "
-                          "scanned once a second; a thread that lived less may be missing).", (
+                          "scanned once a second where a process's thread count changed, every 10 s and at the "
+                          "end in all; a thread that lived less may be missing).", (
         PID,
         TID,
         C("comm", "str", "", "the thread's kernel name (/proc/PID/task/TID/comm, at most 15 characters)"),

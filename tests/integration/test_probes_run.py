@@ -1,10 +1,15 @@
 """Every probe at once on a real cluster, and what happens when one cannot run."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from helpers import PINNED_FLOW, run_flow
+from daskprobe.probes.procfs import ProcFS, read_thread_names
+from daskprobe.probes.rundir import RunDir
+from helpers import PINNED_FLOW, run_flow, write_flow
 from helpers import check_trace, load
 
 
@@ -94,3 +99,43 @@ def test_doctor_names_what_is_missing(tmp_path):
     p = daskprobe("doctor", env=dict(os.environ, DASKPROBE_BCC_PYTHON=str(tmp_path / "none")))
     assert p.returncode == 0
     assert "bcc is not installed" in p.stdout and "pyspy" in p.stdout
+
+
+THREADS = """
+import sys, threading, time
+ids = []
+def live(seconds):
+    ids.append(threading.get_native_id())
+    time.sleep(seconds)
+sys.stdin.readline()
+first = threading.Thread(target=live, args=(2.0,))
+first.start()  # the thread count goes up: named within a second
+first.join()
+threading.Thread(target=live, args=(3.0,)).start()  # one ended as this began: the count is as before
+time.sleep(0.3)
+print(*ids, flush=True)
+"""
+
+
+def test_every_thread_is_named_the_one_that_took_an_ended_ones_place_too(tmp_path):
+    # The proc probe lists a process's threads where its count changed, every 10 s in all, and at the end.
+    run = RunDir(tmp_path / "run")
+    (run / "captures").mkdir(parents=True)
+    target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "threads.py", THREADS))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    probe = ProcFS()
+    probe.start(run)
+    try:
+        probe.watch({"pid": target.pid, "name": "threads"})
+        time.sleep(0.5)  # its first scan, at the start, has been
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        first, second = map(int, target.stdout.readline().split())
+        named_at_once = set(read_thread_names(run / "captures" / "threads.tsv").tid)
+    finally:
+        probe.stop()
+        target.kill()
+        target.wait()
+    named = set(read_thread_names(run / "captures" / "threads.tsv").tid)
+    assert first in named_at_once, (first, named_at_once)
+    assert {target.pid, first, second} <= named
