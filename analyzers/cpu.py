@@ -10,8 +10,8 @@ fraction of the thread's on-CPU samples that fall in it. Where the sampler
 had CPU ticks (a process's samples include tick ones), its on-CPU samples
 are those: a tick, an interrupt, finds the thread on its CPU whatever the
 sampler waits for, and each stands for the period its CPU ticked at then
-(period_ns: drawn at random about 1/rate, and held up to a second or so, so
-counting ticks as 1/rate each was off by up to 1.4 times in a second). When
+(period_ns: drawn at random about 1/rate and held up to a second or so; a
+thread spinning for 93 mean periods was given 67 to 131 ticks). When
 the sampler polled instead, without eBPF states, a sample counts as CPU time
 only if the sampler saw its thread running (per /proc, and not parked in a
 known wait), and stands for the time since its process's previous read;

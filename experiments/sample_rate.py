@@ -44,6 +44,8 @@ def thinned(samples: pd.DataFrame, k: int, phase: int) -> pd.DataFrame:
     reads = py[["pid", "t_ns"]].drop_duplicates().sort_values(["pid", "t_ns"])
     keep = reads[reads.groupby("pid").cumcount() % k == phase]
     py = py.merge(keep, on=["pid", "t_ns"])
+    if "period_ns" in py:  # a tick kept stands for the k ticks of its CPU it was one of
+        py["period_ns"] = py.period_ns * k
     cpu = samples[samples.source == "ebpf"].sort_values("t_ns")
     cpu = cpu[cpu.groupby(cpu.cpu.fillna(-1)).cumcount() % k == phase]
     return pd.concat([py, cpu], ignore_index=True).sort_values("t_ns", ignore_index=True)

@@ -82,8 +82,10 @@ def is_root() -> bool:
 
 def capture_lines(path: Path) -> list[str]:
     """The lines of a text capture, split on newlines only: read_text() would
-    also break on a stray \r in a sampled name. A missing file has none."""
-    return path.read_bytes().decode("utf-8", "replace").split("\n") if path.exists() else []
+    also break on a stray \r in a sampled name. What follows the last newline is
+    a line a kill or a full disk cut short (its last number may read whole): left
+    out. A missing file has none."""
+    return path.read_bytes().decode("utf-8", "replace").split("\n")[:-1] if path.exists() else []
 
 
 def tsv_rows(path: Path, columns: dict[str, str]) -> pd.DataFrame:

@@ -83,7 +83,7 @@ class ProcFS(Probe):
             self._sample()
             self._name_threads(set(self.pids))
         except OSError as e:  # a full disk: stop capturing; what was written stays readable
-            self.error = f"writing {CAPTURE}: {e.strerror}"
+            self.error = f"writing {CAPTURE} or {THREADS}: {e.strerror}"
 
     def _sample(self) -> None:
         next_tick, tick = time.monotonic(), 0
@@ -117,6 +117,7 @@ class ProcFS(Probe):
             if (fd := self.fds.pop(pid, None)) is not None:
                 os.close(fd)
             self.pids.pop(pid, None)
+            self.counts.pop(pid, None)  # a new process may take its pid
             return None
 
     def _name_threads(self, pids: set[int]) -> None:

@@ -93,7 +93,7 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                 frames.append((int(frame_id), function, filename, int(line)))
             elif f[0] == "S" and _S - 4 <= len(f) <= _S:
                 _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick, period = \
-                    (f + ["0"] * 3 + [""])[:_S]
+                    (f + ["0"] * (_S - 1 - len(f)) + [""])[:_S]
                 row = (int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", int(ident))
                 samples.append((*row, stale == "1", tick == "1", int(period) if period else None,
                                 stacks.setdefault(frame_ids, len(stacks))))

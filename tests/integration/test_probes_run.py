@@ -127,7 +127,7 @@ def test_every_thread_is_named_the_one_that_took_an_ended_ones_place_too(tmp_pat
     probe.start(run)
     try:
         probe.watch({"pid": target.pid, "name": "threads"})
-        time.sleep(0.5)  # its first scan, at the start, has been
+        time.sleep(0.5)  # seen: its thread count changed from none
         target.stdin.write("go\n")
         target.stdin.flush()
         first, second = map(int, target.stdout.readline().split())

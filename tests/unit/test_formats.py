@@ -141,6 +141,18 @@ def compiles(c: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["gcc", "-fsyntax-only", str(src)], capture_output=True, text=True)
 
 
+def test_older_sample_lines_read_with_defaults_and_a_cut_last_line_is_left_out(tmp_path):
+    (s,) = of(SAMPLER_LINES, "S")
+    full = "\t".join(["S", *(str(v) if k != "frame_ids" else "0,1" for k, v in s.items())])
+    fields = full.split("\t")
+    # as written before period_ns, tick, stale and ident: each, and a line cut short by a kill
+    older = ["\t".join(fields[:n]) for n in (11, 10, 9, 8)]
+    (tmp_path / "pyspy.tsv").write_text("\n".join(older) + "\n" + full[:-3])
+    samples, _, _ = read_samples(tmp_path / "pyspy.tsv")
+    assert samples.period_ns.isna().all() and samples.ident.tolist() == [s["ident"]] * 3 + [0]
+    assert samples.tick.tolist() == [True, False, False, False] and samples.stale.tolist() == [False] * 4
+
+
 def test_the_event_struct_ctypes_class_and_numpy_dtype_have_one_layout(tmp_path):
     dtype, Event = ebpf_format.numpy_dtype(), ebpf_format.Event
     assert dtype.itemsize == ctypes.sizeof(Event) == ebpf_format.SIZE

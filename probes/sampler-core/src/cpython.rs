@@ -66,7 +66,7 @@ pub struct ThreadSample {
     pub frame_ids: Rc<str>,
     /// its stack was read before this sample and the thread ran since (it is off a CPU now)
     pub stale: bool,
-    /// read because a CPU's tick found the thread on it (ticks.rs): it stands for one period of its CPU time
+    /// read because a CPU's tick found the thread on it (ticks.rs): it stands for the period of that tick
     pub tick: bool,
 }
 

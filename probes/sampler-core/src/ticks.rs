@@ -21,8 +21,8 @@
 //! about once a second. (Drawing one per tick doubled what a tick cost the
 //! sampler: the call interrupts that CPU.) So each tick carries the period it
 //! ended: a period held a second makes a thread's tick count over that second
-//! its CPU time over that period, 0.67 to 2 times its CPU time over the mean
-//! (70 to 131 ticks for 93 mean periods of CPU, in one test).
+//! its CPU time over that period, not over the mean (67 to 131 ticks for 93
+//! mean periods of CPU, in one test's runs).
 
 use crate::remote::{u32_at, u64_at};
 use crate::tickprog::{TickProgram, Walk, AT_CPU, AT_TIME, PERF_EVENT_IOC_SET_BPF};
