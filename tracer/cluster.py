@@ -117,23 +117,32 @@ class StartError(RuntimeError):
 
 
 def free_port() -> int:
-    """A port free now, outside the kernel's range of ephemeral ports. The members bind theirs
-    seconds later (after their imports), and an ephemeral port handed back may meanwhile become
-    the local end of any outgoing connection on the machine: a worker then failed to start with
-    "Address already in use". Below that range only an explicit bind takes a port."""
+    """A port free now, outside the kernel's range of ephemeral ports, and not one this process
+    handed out before. The members bind theirs seconds later (after their imports), and an
+    ephemeral port handed back may meanwhile become the local end of any outgoing connection on
+    the machine: a worker then failed to start with "Address already in use". Below that range
+    only an explicit bind takes a port, such as a member's given the same one (drawn twice at
+    random, both free until the first bound it: seen in CI)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     for _ in range(100):
         port = random.randrange(10000, low) if low > 11000 else 0
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((HOST, port))
             except OSError:
                 continue
-            return s.getsockname()[1]
+            port = s.getsockname()[1]
+        _HANDED_OUT.add(port)
+        return port
     raise StartError(f"no free port on {HOST} below {low} after 100 tries")
+
+
+_HANDED_OUT: set[int] = set()
 
 
 def dask_env(config: dict[str, str]) -> dict[str, str]:
