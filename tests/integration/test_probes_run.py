@@ -59,7 +59,7 @@ def test_tcp_bytes_agree_with_the_proxy(all_probes):
     before = c.index[c.opened_ns < ready]
     seen = tcp[tcp.hop == "peer"].groupby(["conn", "direction"]).bytes.sum()
     # at most 2% more: in CI, eBPF once saw 827 bytes more than the proxy forwarded on such a connection,
-    # of 305 KB (cause not found: no receive-queue drops on the machine; docs/measurements.md)
+    # of 305 KB (cause not found: no receive-queue drops on the machine; docs/probes.md)
     assert all(seen[k, d] <= 1.02 * c.loc[k, "bytes_to_upstream" if d == 0 else "bytes_from_upstream"]
                for k, d in seen.index if k in before), seen
     seen = seen[~seen.index.get_level_values("conn").isin(before)]
