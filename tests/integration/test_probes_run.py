@@ -66,8 +66,8 @@ def test_tcp_bytes_agree_with_the_proxy(all_probes):
     want = {(k, d): c.loc[k, "bytes_to_upstream" if d == 0 else "bytes_from_upstream"] for k, d in seen.index}
     exact = sum(seen[k] == v for k, v in want.items()) / len(want)
     assert exact >= 0.8, (seen, want)
-    # the others short by whole 64 KiB: a segment TCP merged into the one before it (socket busy) reads
-    # with the first one's length, which cannot undo the wrap of the 16-bit data_len (docs/probes.md)
+    # the others short by whole 64 KiB, likely a segment TCP merged into the one before it (socket busy):
+    # read with the first one's length, which cannot undo the wrap of the 16-bit data_len (docs/probes.md)
     short = {k: v - seen[k] for k, v in want.items()}
     assert all(d >= 0 and d % 65536 == 0 for d in short.values()), short
 
