@@ -107,8 +107,8 @@ class ProcFS(Probe):
             self.done.wait(max(0.0, next_tick - time.monotonic()))
 
     def _stat(self, pid: int) -> list[bytes] | None:
-        """stat_fields() ([17]: its thread count), from a file kept open and read again in place (a ninth of the CPU of
-        opening it each tick: 9 against 78 µs); None once the process is gone."""
+        """stat_fields() ([17]: its thread count), from a file kept open and read again in place
+        (a ninth of the CPU of opening it each tick: 9 against 78 µs); None once the process is gone."""
         try:
             if pid not in self.fds:
                 self.fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)

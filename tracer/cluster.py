@@ -128,17 +128,15 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         low = 32768
     for _ in range(100):
-        port = random.randrange(10000, low) if low > 11000 else 0
-        if port in _HANDED_OUT:
-            continue
         with socket.socket() as s:
             try:
-                s.bind((HOST, port))
+                s.bind((HOST, random.randrange(10000, low) if low > 11000 else 0))
             except OSError:
                 continue
             port = s.getsockname()[1]
-        _HANDED_OUT.add(port)
-        return port
+        if port not in _HANDED_OUT:  # the kernel's choice (port 0) is checked too
+            _HANDED_OUT.add(port)
+            return port
     raise StartError(f"no free port on {HOST} below {low} after 100 tries")
 
 
