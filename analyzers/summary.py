@@ -60,7 +60,8 @@ DEFINITIONS = {
                          "standing for the time since its process's previous read (Python sampler) or 1/cpu_hz "
                          "(eBPF); a worker's samples inside a task's compute span on its thread are compute",
     "cpu_check": "per process, CPU seconds in the makespan window from samples (cpu_by_category_s summed) and "
-                 "from the kernel (/proc utime+stime), their ratio, and the on-CPU samples behind the first",
+                 "from the kernel (the process's CPU clock, as the proc table has it), their ratio, and the on-CPU "
+                 "samples behind the first",
     "worker_idle_s": "per worker, seconds of the makespan in which it held no task (between a compute-task "
                      "arriving and its task-finished leaving)",
     "task_overhead_s": "distribution over finished tasks of (task-finished reaching the scheduler - the task "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import resource
 import subprocess
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..probes import ebpf_format, ebpf_tables
+from ..probes.procfs import cpu_s
 from ..probes.ebpf import Ebpf
 from ..probes.rundir import RunDir
 from .repeats import run_all, show
@@ -69,12 +69,6 @@ def chain_share(samples: pd.DataFrame, stacks: pd.DataFrame, frames: pd.DataFram
     return len(mine), float(mine.map(held).mean()) if len(mine) else 0.0
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _watched(status: Path, pid: int) -> None:
     deadline = time.monotonic() + 60
     while not (status.exists() and f"A\t{pid}\t" in status.read_text()):
@@ -95,9 +89,9 @@ def one(exe: Path, mode: str, hz: int, seconds: float, out: Path) -> dict:
         target = subprocess.Popen([str(exe), str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
         probe.watch_as(target.pid, {"fp": "python", "dwarf": "native"}[mode], "chain")
         _watched(cap / "ebpf_status.tsv", target.pid)
-        agent_before = _cpu_s(probe.proc.pid)
+        agent_before = cpu_s(probe.proc.pid)
         target.communicate(b"\n", timeout=seconds + 60)
-        agent_s = _cpu_s(probe.proc.pid) - agent_before
+        agent_s = cpu_s(probe.proc.pid) - agent_before
     finally:
         probe.stop()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

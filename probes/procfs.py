@@ -2,8 +2,11 @@
 the name of each of their threads.
 
 A thread in daskprobe itself: one read of /proc/PID/stat per process and
-tick, from a file kept open. The captures are text, one line per process per tick:
-    proc.tsv     t_ns  pid  utime_ticks  stime_ticks  rss_pages
+tick, from a file kept open, and of the process's CPU clock (its CPU time in
+ns, where stat counts 10 ms ticks: a probe's few ms a second, or a short
+window's, are read to the microsecond). The captures are text, one line per
+process per tick:
+    proc.tsv     t_ns  pid  utime_ticks  stime_ticks  rss_pages  cpu_ns
 and one line per thread not seen before (its kernel name, so that threads no
 Python sampler names, native ones included, have one), looked for once a second
 in the processes whose thread count changed, every 10 s and at the end in all
@@ -33,16 +36,20 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat after the command name (which may hold spaces): [0] is the
-    state, [11] and [12] utime and stime in ticks, [21] RSS in pages."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_ns(pid: int) -> int | None:
+    """CPU time (user + system, every thread's, ended ones' too) the process has used so far, in ns,
+    from its CPU clock (clock_getcpuclockid's, which Python does not wrap); None once it is gone."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+    except OSError:
+        return None
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    fields = stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """CPU seconds (user + system) the live process `pid` has used so far."""
+    if (ns := cpu_ns(pid)) is None:
+        raise ProcessLookupError(pid)
+    return ns / 1e9
 
 
 class ProcFS(Probe):
@@ -92,7 +99,10 @@ class ProcFS(Probe):
             for pid in list(self.pids):
                 if (fields := self._stat(pid)) is None or fields[0] in (b"Z", b"X") or fields[21] == b"0":
                     continue  # exiting (its memory already gone) or exited: nothing left to measure
-                lines.append(f"{time.monotonic_ns()}\t{pid}\t{int(fields[11])}\t{int(fields[12])}\t{int(fields[21])}\n")
+                if (cpu := cpu_ns(pid)) is None:
+                    continue
+                lines.append(f"{time.monotonic_ns()}\t{pid}\t{int(fields[11])}\t{int(fields[12])}\t{int(fields[21])}"
+                             f"\t{cpu}\n")
                 if self.counts.get(pid) != fields[17]:
                     self.counts[pid] = fields[17]
                     self.changed.add(pid)
@@ -107,8 +117,10 @@ class ProcFS(Probe):
             self.done.wait(max(0.0, next_tick - time.monotonic()))
 
     def _stat(self, pid: int) -> list[bytes] | None:
-        """stat_fields() ([17]: its thread count), from a file kept open and read again in place
-        (a ninth of the CPU of opening it each tick: 9 against 78 µs); None once the process is gone."""
+        """/proc/PID/stat after the command name, which may hold spaces ([0]: its state, [11] and [12]
+        utime and stime in ticks, [17] its thread count, [21] RSS in pages), from a file kept open and
+        read again in place (a ninth of the CPU of opening it each tick: 9 against 78 µs); None once
+        the process is gone."""
         try:
             if pid not in self.fds:
                 self.fds[pid] = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
@@ -145,11 +157,18 @@ def read_thread_names(path: Path) -> pd.DataFrame:
     return tsv_rows(path, {"pid": "int64", "tid": "int64", "comm": "str"})
 
 
+COLUMNS = dict.fromkeys(["t_ns", "pid", "utime", "stime", "rss_pages", "cpu_ns"], "int64")
+
+
 def read_proc(path: Path) -> pd.DataFrame:
-    """One row per process and tick: cpu_percent over the previous tick, rss_bytes."""
-    df = tsv_rows(path, dict.fromkeys(["t_ns", "pid", "utime", "stime", "rss_pages"], "int64"))
+    """One row per process and tick: cpu_s, cpu_percent over the previous tick, rss_bytes. Captures
+    made before lines had cpu_ns give CPU time in stat's ticks."""
+    df = tsv_rows(path, COLUMNS)
+    if df.empty:
+        df = tsv_rows(path, dict(list(COLUMNS.items())[:-1]))
+        df["cpu_ns"] = (df.utime + df.stime) * 1_000_000_000 // CLK_TCK
     df = df.sort_values(["pid", "t_ns"])
-    df["cpu_s"] = (df.utime + df.stime) / CLK_TCK
+    df["cpu_s"] = df.cpu_ns / 1e9
     g = df.groupby("pid")
     df["cpu_percent"] = (100 * g.cpu_s.diff() / (g.t_ns.diff() / 1e9)).fillna(0.0)
     df["rss_bytes"] = df.rss_pages * PAGE

@@ -242,10 +242,12 @@ DECODED = {
         C("hop", "str", "", "peer (between the connecting process and the proxy) or upstream (between the proxy "
           "and the process it fronts); null if none"),
     )),
-    "proc": Table("One row per process and tick (5 a second) of /proc/PID/stat (captures/proc.tsv).", (
+    "proc": Table("One row per process and tick (5 a second) of /proc/PID/stat and the process's CPU clock "
+                  "(captures/proc.tsv).", (
         C("t_ns", "int64", MONO, "when it was read"),
         PID,
-        C("cpu_s", "float64", "s", "CPU time (user + system) the process had used since it started"),
+        C("cpu_s", "float64", "s", "CPU time (user + system) the process had used since it started, from its CPU "
+          "clock (to the ns; in captures made before it was read, /proc/PID/stat's 10 ms ticks)"),
         C("cpu_percent", "float64", "%", "its CPU use since the previous tick (100: one core); 0 at the first"),
         C("rss_bytes", "int64", "bytes", "resident memory"),
         PROCESS,

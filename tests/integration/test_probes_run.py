@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from daskprobe.probes.procfs import ProcFS, read_thread_names
+from daskprobe.probes.procfs import CAPTURE, ProcFS, read_proc, read_thread_names
 from daskprobe.probes.rundir import RunDir
 from helpers import PINNED_FLOW, run_flow, write_flow
 from helpers import check_trace, load
@@ -144,3 +144,39 @@ def test_every_thread_is_named_the_one_that_took_an_ended_ones_place_too(tmp_pat
     named = set(read_thread_names(run / "captures" / "threads.tsv").tid)
     assert first in named_at_once, (first, named_at_once)
     assert {target.pid, first, second} <= named
+
+
+SPUN = """
+import sys, threading, time
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+t = threading.Thread(target=spin, args=(0.137,))
+t.start()
+spin(0.061)
+t.join()  # an ended thread's CPU is the process's too
+print(time.process_time_ns(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_process_s_cpu_time_is_read_to_the_microsecond(tmp_path):
+    # /proc/PID/stat counts 10 ms ticks; the proc table's CPU time must be what the process itself counts
+    run = RunDir(tmp_path / "run")
+    (run / "captures").mkdir(parents=True)
+    target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "spun.py", SPUN))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    probe = ProcFS()
+    probe.start(run)
+    try:
+        probe.watch({"pid": target.pid, "name": "spun"})
+        own = int(target.stdout.readline()) / 1e9
+        time.sleep(0.5)  # read while it waits, using no CPU
+    finally:
+        probe.stop()
+        target.kill()
+        target.wait()
+    proc = read_proc(run / "captures" / CAPTURE)
+    after = proc[proc.t_ns > proc.t_ns.max() - 0.3e9].cpu_s
+    assert len(after) >= 1 and (abs(after - own) < 0.0005).all(), (own, after.tolist())

@@ -107,8 +107,10 @@ def test_any_msgpack_value_is_decoded_or_reported(tmp_path):
 
 def test_a_torn_last_line_is_dropped_not_the_table(tmp_path):
     proc = tmp_path / procfs.CAPTURE
-    proc.write_text("1000\t5\t10\t2\t300\n2000\t5\t12\t2\t300\n3000\t5\t13\t2\t")
-    assert len(procfs.read_proc(proc)) == 2
+    proc.write_text("1000\t5\t10\t2\t300\t120000123\n2000\t5\t12\t2\t300\t140000456\n3000\t5\t13\t2\t300\t15")
+    assert procfs.read_proc(proc).cpu_s.tolist() == [0.120000123, 0.140000456]
+    proc.write_text("1000\t5\t10\t2\t300\n2000\t5\t12\t2\t300\n3000\t5\t13\t2\t")  # before cpu_ns
+    assert procfs.read_proc(proc).cpu_s.tolist() == [12 / procfs.CLK_TCK, 14 / procfs.CLK_TCK]
     small = tmp_path / "ebpf_small.tsv"
     small.write_text("gil\t5\t6\t100\t2\noffcpu\t5\t6\t")
     assert ebpf_tables.read_small(small).total_ns.tolist() == [100]

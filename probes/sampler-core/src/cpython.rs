@@ -24,9 +24,11 @@
 use crate::frames::Frames;
 use crate::layout::{Frame, Gil, Instr, Layout, FRAME_OWNED_BY_CSTACK};
 use crate::linetable;
+use crate::names::Names;
 use crate::procstat::{State, ThreadStat};
 use crate::pthread;
 use crate::remote::{u32_at, u64_at, Remote};
+use crate::text;
 use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -154,15 +156,17 @@ pub struct Reader {
     relist: bool,
     /// threads ticked, not known, for which the list was walked since the last RELIST walk
     walked_for: std::collections::HashSet<u64>,
+    names: Names,
 }
 
 impl Reader {
     /// `interp`: the PyInterpreterState; `gil`: what py-spy found as the GIL's
-    /// address when it attached (see layout::Gil).
-    pub fn new(pid: i32, layout: Layout, interp: usize, gil: usize) -> Result<Reader, String> {
+    /// address when it attached (see layout::Gil); `modules`: where the interpreter keeps sys.modules.
+    pub fn new(pid: i32, layout: Layout, interp: usize, gil: usize, modules: usize) -> Result<Reader, String> {
         let mut r = Reader { remote: Remote::new(pid), pid, layout, interp, gil, tid_offset: None,
                              codes: HashMap::new(), threads: HashMap::new(), s: Scratch::default(),
-                             listed: Instant::now(), relist: true, walked_for: Default::default() };
+                             listed: Instant::now(), relist: true, walked_for: Default::default(),
+                             names: Names::new(modules) };
         if r.layout.thread.native_tid.is_none() {
             let mut listed = Vec::new();
             r.list_threads(&mut listed, true);
@@ -174,6 +178,11 @@ impl Reader {
 
     pub fn name(&self) -> &'static str {
         self.layout.reader
+    }
+
+    /// Each thread's name (threading's), by identifier (names.rs).
+    pub fn thread_names(&mut self) -> Option<HashMap<u64, String>> {
+        self.names.read(&self.remote, &self.layout)
     }
 
     /// One sample of every Python thread into `samples`; false when the interpreter could not be read.
@@ -669,10 +678,11 @@ impl Reader {
         let mut ok = [false; 3];
         self.remote.read_many(&[(name, PEEK), (filename, PEEK), (table, PEEK)], &mut peek, &mut ok);
         let part = |i: usize| if ok[i] && [name, filename, table][i] != 0 { &peek[i * PEEK..][..PEEK] } else { &[][..] };
-        let function = self.string_in(part(0)).or_else(|| self.string(name))
-            .or_else(|| c.qualname.and_then(|_| self.string(field(c.name))))?;
-        let filename = self.string_in(part(1)).or_else(|| self.string(filename))?;
         let t = &self.layout.text;
+        let string = |addr| text::read(&self.remote, t, addr);
+        let function = text::within(t, part(0)).or_else(|| string(name))
+            .or_else(|| c.qualname.and_then(|_| string(field(c.name))))?;
+        let filename = text::within(t, part(1)).or_else(|| string(filename))?;
         let table = part(2).get(t.bytes_size..t.bytes_size + 8).map(|b| u64_at(b, 0) as usize)
             .and_then(|size| part(2).get(t.bytes_data..t.bytes_data.checked_add(size)?)).map(<[u8]>::to_vec)
             .or_else(|| self.bytes(table))?;
@@ -682,35 +692,6 @@ impl Reader {
             first_line: u32_at(fields, c.firstlineno - start) as i32,
             fields: fields.to_vec(), function, filename, table, ids: HashMap::new(),
         })
-    }
-
-    /// Where a str's characters lie, from its header: (offset in the object, bytes), and bytes per character.
-    fn str_shape(&self, h: &[u8]) -> Option<(usize, usize, usize)> {
-        let t = &self.layout.text;
-        let len = u64_at(h, t.str_length) as usize;
-        let state = u32_at(h, t.str_state);
-        let (kind, compact, ascii) = (((state >> 2) & 7) as usize, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
-        if !compact || len >= 4096 || !matches!(kind, 1 | 2 | 4) {
-            return None;
-        }
-        Some((if ascii { t.str_ascii_data } else { t.str_compact_data }, len * kind, kind))
-    }
-
-    fn string(&self, addr: usize) -> Option<String> {
-        let mut h = [0u8; MAX_STRUCT];
-        let h = &mut h[..self.layout.text.str_compact_data];
-        if addr == 0 || !self.remote.read(addr, h) {
-            return None;
-        }
-        let (at, len, kind) = self.str_shape(h)?;
-        let mut data = vec![0u8; len];
-        self.remote.read(addr + at, &mut data).then(|| decode(&data, kind))?
-    }
-
-    /// The str whose copy, from its start, `b` is, if the copy holds all of it.
-    fn string_in(&self, b: &[u8]) -> Option<String> {
-        let (at, len, kind) = self.str_shape(b.get(..self.layout.text.str_compact_data)?)?;
-        decode(b.get(at..at + len)?, kind)
     }
 
     fn bytes(&self, addr: usize) -> Option<Vec<u8>> {
@@ -741,13 +722,6 @@ fn frame_entry(f: &Frame, rec: &[u8], addr: usize) -> Result<(Option<(u64, i64)>
         (code, offset)
     });
     Ok((entry, back))
-}
-
-fn decode(data: &[u8], kind: usize) -> Option<String> {
-    data.chunks_exact(kind)
-        .map(|c| char::from_u32(match kind { 1 => c[0] as u32, 2 => u16::from_ne_bytes([c[0], c[1]]) as u32,
-                                             _ => u32::from_ne_bytes(c.try_into().unwrap()) }))
-        .collect()
 }
 
 /// py-spy's heuristic for threads parked in a wait that /proc shows as running (woken, not yet on a

@@ -3,8 +3,10 @@
 //!
 //! 3.10, 3.11 and 3.12 come from their headers (Include/cpython/pystate.h,
 //! Include/internal/pycore_frame.h, Include/cpython/code.h,
-//! Include/cpython/unicodeobject.h, Include/internal/pycore_gil.h), checked
-//! with offsetof against pyenv's 3.10.13, 3.11.7 and 3.12.1. These structures
+//! Include/cpython/unicodeobject.h, Include/internal/pycore_gil.h; for
+//! `Objects`, Include/cpython/object.h, Include/internal/pycore_dict.h and
+//! 3.10's Objects/dict-common.h), checked with offsetof against pyenv's
+//! 3.10.13, 3.11.7, 3.12.1 and 3.13.0. These structures
 //! do not change within a minor version; a build where they differ anyway
 //! (a debug build) fails the check against py-spy when attaching.
 //! 3.13 publishes them itself: _Py_DebugOffsets, at the start of _PyRuntime.
@@ -20,6 +22,7 @@ pub struct Layout {
     pub frame: Frame,
     pub code: Code,
     pub text: Text,
+    pub objects: Objects,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -95,6 +98,51 @@ pub struct Text {
     pub bytes_data: usize,
 }
 
+/// What reading an attribute of a Python object takes (names.rs): dicts, ints, and where an
+/// instance keeps its attributes. The offsets the versions share are names.rs's constants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objects {
+    pub keys: Keys,
+    pub long: Long,
+    pub attrs: Attrs,
+    /// PyHeapTypeObject.ht_cached_keys: the keys an instance's values (3.11+) are laid out by
+    pub cached_keys: usize,
+    /// where values[0] lies in a PyDictValues (3.13 put four bytes of state before it)
+    pub values_at: usize,
+}
+
+/// PyDictKeysObject's header.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Keys {
+    /// 3.10: dk_size entries' indices at 40, of 1 to 8 bytes by dk_size; entries of 24 bytes
+    Sized,
+    /// 3.11+: dk_log2_index_bytes at 9, dk_kind at 10 (0: entries of 24 bytes, with the hash; else 16),
+    /// dk_nentries at 24, indices at 32
+    Log2,
+}
+
+/// How an int says how many 30-bit digits it has.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Long {
+    /// ob_size: their count, negative for a negative int (3.10, 3.11)
+    Size,
+    /// lv_tag: their count times 8, its low two bits the sign (3.12+)
+    Tag,
+}
+
+/// Where an instance of a class with Py_TPFLAGS_MANAGED_DICT keeps its attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attrs {
+    /// 3.10: no such flag; the dict at tp_dictoffset
+    Dict,
+    /// 3.11: a PyDictValues pointer 4 words before the object, its dict 3 before
+    Split,
+    /// 3.12: 3 words before it, its dict, or its values pointer less one (the low bit set)
+    Tagged,
+    /// 3.13: its dict 3 words before it, or else (Py_TPFLAGS_INLINE_VALUES) its values right after it
+    Inline,
+}
+
 impl Thread {
     /// bytes read of each PyThreadState while walking the list
     pub fn head_len(&self) -> usize {
@@ -119,6 +167,9 @@ const TEXT_WSTR: Text = Text { str_length: 16, str_state: 32, str_ascii_data: 48
                                 bytes_size: 16, bytes_data: 32 };
 const TEXT: Text = Text { str_ascii_data: 40, str_compact_data: 56, ..TEXT_WSTR };
 
+const OBJECTS_312: Objects = Objects { keys: Keys::Log2, long: Long::Tag, attrs: Attrs::Tagged, cached_keys: 880,
+                                       values_at: 0 };
+
 fn py310() -> Layout {
     Layout {
         reader: "cpython310",
@@ -127,6 +178,7 @@ fn py310() -> Layout {
         frame: Frame { size: 100, code: 32, back: 24, instr: 96, instr_kind: Instr::Index, owner: None },
         code: Code { firstlineno: 40, filename: 104, name: 112, qualname: None, linetable: 120, format: Format::Pairs },
         text: TEXT_WSTR,
+        objects: Objects { keys: Keys::Sized, long: Long::Size, attrs: Attrs::Dict, cached_keys: 872, ..OBJECTS_312 },
     }
 }
 
@@ -139,6 +191,7 @@ fn py311() -> Layout {
         code: Code { firstlineno: 72, filename: 112, name: 120, qualname: Some(128), linetable: 136,
                      format: Format::Locations },
         text: TEXT_WSTR,
+        objects: Objects { long: Long::Size, attrs: Attrs::Split, cached_keys: 872, ..OBJECTS_312 },
     }
 }
 
@@ -152,6 +205,7 @@ fn py312() -> Layout {
         code: Code { firstlineno: 68, filename: 112, name: 120, qualname: Some(128), linetable: 136,
                      format: Format::Locations },
         text: TEXT,
+        objects: OBJECTS_312,
     }
 }
 
@@ -199,6 +253,8 @@ fn from_debug_offsets(d: &[u8]) -> Result<Layout, String> {
                      format: Format::Locations },
         text: Text { str_length: w(69), str_state: w(68), str_ascii_data: w(70), str_compact_data: w(70) + 16,
                      bytes_size: w(65), bytes_data: w(66) },
+        // not among the debug offsets: from the 3.13 headers, as 3.12's but for the inline values
+        objects: Objects { attrs: Attrs::Inline, values_at: 8, ..OBJECTS_312 },
     })
 }
 
@@ -234,6 +290,8 @@ mod tests {
         assert_eq!(l.code, Code { firstlineno: 68, filename: 112, name: 120, qualname: Some(128), linetable: 136,
                                   format: Format::Locations });
         assert_eq!(l.text, TEXT);
+        assert_eq!(l.objects, Objects { keys: Keys::Log2, long: Long::Tag, attrs: Attrs::Inline, cached_keys: 880,
+                                        values_at: 8 });
     }
 
     #[test]

@@ -28,9 +28,11 @@ mod frames;
 mod layout;
 mod lines;
 mod linetable;
+mod names;
 mod procstat;
 mod pthread;
 mod remote;
+mod text;
 mod threads;
 mod tickprog;
 mod ticks;
@@ -185,15 +187,16 @@ impl Target {
         true
     }
 
-    /// Thread names come from py-spy (it reads threading's table): asked again
+    /// Thread names come from threading's table, read by our reader (names.rs): asked again
     /// when a thread we have not seen appears (a new identifier, or a known one
     /// on another native thread), and while one is unnamed (a thread runs a
     /// little before threading registers its name; some never are) after
-    /// NAME_RETRY's first wait, doubled at each miss up to its second.
+    /// NAME_RETRY's first wait, doubled at each miss up to its second. Where
+    /// ours cannot read the table, py-spy's reads it.
     fn name_threads(&mut self, samples: &[ThreadSample]) {
-        if self.fast.is_none() {
+        let Some(r) = self.fast.as_mut() else {
             return; // py-spy's own reads name the threads (Target::read)
-        }
+        };
         let new = samples.iter().any(|s| self.names.get(&s.ident).is_none_or(|n| n.0 != s.tid));
         let unnamed = samples.iter().any(|s| self.names.get(&s.ident).is_some_and(|n| n.1.is_empty()));
         if !new && !(unnamed && self.named_at.0.elapsed() >= self.named_at.1) {
@@ -201,11 +204,13 @@ impl Target {
         }
         let wait = if new { NAME_RETRY.0 } else { (self.named_at.1 * 2).min(NAME_RETRY.1) };
         self.named_at = (Instant::now(), wait);
-        self.spy.python_thread_names.clear(); // its cache, by identifier, would give an ended thread's name
-        let mut named: HashMap<u64, String> = self.spy.get_stack_traces().unwrap_or_default().into_iter()
-            .map(|tr| (tr.thread_id, clean(&tr.thread_name.unwrap_or_default()))).collect();
+        let mut named = r.thread_names().unwrap_or_else(|| {
+            self.spy.python_thread_names.clear(); // its cache, by identifier, would give an ended thread's name
+            self.spy.get_stack_traces().unwrap_or_default().into_iter()
+                .map(|tr| (tr.thread_id, tr.thread_name.unwrap_or_default())).collect()
+        });
         for s in samples {
-            self.names.insert(s.ident, (s.tid, named.remove(&s.ident).unwrap_or_default()));
+            self.names.insert(s.ident, (s.tid, clean(&named.remove(&s.ident).unwrap_or_default())));
         }
     }
 }
@@ -214,7 +219,8 @@ impl Target {
 fn our_reader(pid: i32, spy: &mut PythonSpy) -> Result<Reader, String> {
     let minor = spy.version.minor;
     let layout = layout::select(minor, debug_offsets(pid, spy).as_deref())?;
-    let mut r = Reader::new(pid, layout, spy.addresses.interpreter_address, spy.addresses.threadstate_address)
+    let a = &spy.addresses;
+    let mut r = Reader::new(pid, layout, a.interpreter_address, a.threadstate_address, a.imports_modules_address)
         .map_err(|e| format!("our CPython 3.{minor} reader: {e}"))?;
     // A thread starting or ending between the two reads can spoil one check.
     if (0..3).any(|_| agrees(&mut r, spy)) {
@@ -240,12 +246,17 @@ fn debug_offsets(pid: i32, spy: &PythonSpy) -> Option<Vec<u8>> {
 }
 
 /// Our reader is used only where it reads what py-spy reads: the outermost
-/// function of every thread both see, and at least one such thread.
+/// function of every thread both see, and at least one such thread; and the
+/// name of every thread both name.
 fn agrees(r: &mut Reader, spy: &mut PythonSpy) -> bool {
     let ours = r.outermost_functions();
+    let Some(names) = r.thread_names() else { return false };
     let Ok(traces) = spy.get_stack_traces() else { return false };
     let mut same = 0;
     for tr in traces {
+        if tr.thread_name.as_ref().zip(names.get(&tr.thread_id)).is_some_and(|(theirs, ours)| theirs != ours) {
+            return false;
+        }
         let Some(outermost) = tr.frames.last() else { continue };
         match ours.get(&tr.thread_id) {
             Some(f) if *f == outermost.name => same += 1,
@@ -432,5 +443,77 @@ fn main() {
                 false
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// Threads named in the shapes real code names them: by the constructor, by a subclass, after
+    /// starting, with characters of one, two and four bytes, one whose instance dict was asked for.
+    const NAMED: &str = r#"
+import sys, threading
+class Mine(threading.Thread):
+    def run(self):
+        stop.wait()
+stop = threading.Event()
+ts = [threading.Thread(target=stop.wait, name="latin-é"), Mine(name="mine"),
+      threading.Thread(target=stop.wait, name="wide-線"), threading.Thread(target=stop.wait),
+      threading.Thread(target=stop.wait, name="astral-🐍")]
+for t in ts:
+    t.daemon = True
+    t.start()
+ts[3].name = "renamed-later"
+ts[1].__dict__
+threading.current_thread().name = "Main-X"
+print(" ".join(f"{t.ident}={t.name}" for t in threading.enumerate()), flush=True)
+sys.stdin.readline()
+"#;
+
+    /// The newest pyenv CPython 3.`minor`.x, if installed.
+    fn pyenv_python(minor: u32) -> Option<std::path::PathBuf> {
+        let root: std::path::PathBuf = match std::env::var("PYENV_ROOT") {
+            Ok(r) => r.into(),
+            Err(_) => std::path::Path::new(&std::env::var("HOME").ok()?).join(".pyenv"),
+        };
+        let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(root.join("versions")).ok()?
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let patch = name.strip_prefix(&format!("3.{minor}."))?.parse().ok()?;
+                Some((patch, root.join("versions").join(&name).join(format!("bin/python3.{minor}"))))
+            }).collect();
+        found.sort();
+        found.pop().map(|f| f.1)
+    }
+
+    /// Our reader names every thread as threading.enumerate() does, on each version it reads.
+    #[test]
+    fn our_reader_names_threads_as_threading_does() {
+        if unsafe { libc::geteuid() } != 0 {
+            return; // reading another process's memory needs root here
+        }
+        for minor in 10..=13 {
+            let Some(python) = pyenv_python(minor) else {
+                eprintln!("CPython 3.{minor} not in pyenv: not checked");
+                continue;
+            };
+            let mut p = Command::new(python).args(["-c", NAMED]).stdin(Stdio::piped()).stdout(Stdio::piped())
+                .spawn().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(p.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            let t = Target::attach(p.id() as i32, &Config::default(), false);
+            let names = t.map(|mut t| (t.reader.clone(), t.fast.as_mut().and_then(|r| r.thread_names())));
+            p.kill().unwrap();
+            p.wait().unwrap();
+            let (reader, names) = names.unwrap();
+            assert_eq!(reader, format!("cpython3{minor}"));
+            let mut shown: Vec<String> = names.unwrap().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+            shown.sort();
+            let mut expected: Vec<String> = line.split_whitespace().map(String::from).collect();
+            expected.sort();
+            assert_eq!(shown, expected, "3.{minor}");
+        }
     }
 }
