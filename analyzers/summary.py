@@ -67,7 +67,7 @@ DEFINITIONS = {
     "task_overhead_s": "distribution over finished tasks of (task-finished reaching the scheduler - the task "
                        "being ready) - its compute span, in seconds; ready = the later of its last dependency's "
                        "task-finished reaching the scheduler and its graph's last byte",
-    "scheduler_cpu_per_task_s": "scheduler CPU seconds (from /proc) in the makespan window / tasks",
+    "scheduler_cpu_per_task_s": "scheduler CPU seconds (the proc table's: its CPU clock) in the makespan window / tasks",
     "findings": "what the split says to change: each cause that took at least 10% of the session (and any "
                 "recomputed keys), with its seconds (90% interval where they rest on samples), share of "
                 "session_s, evidence and advice; ordered by seconds",

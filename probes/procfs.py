@@ -17,6 +17,7 @@ in the processes whose thread count changed, every 10 s and at the end in all
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from pathlib import Path
@@ -60,13 +61,17 @@ class ProcFS(Probe):
     # thread was 0.8% of the CPU of a cluster running 10 ms tasks. Per-thread CPU comes from eBPF
     # and the samples; these readings are the processes' totals, for which 200 ms is enough.
     def __init__(self, rate: float = 5.0):
-        self.period, self.pids, self.fds, self.done = 1.0 / rate, {}, {}, threading.Event()
+        self.period, self.pids, self.fds = 1.0 / rate, {}, {}
         self.thread = None
         self.counts, self.changed = {}, set()  # thread count by pid, as /proc/PID/stat last had it
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         self.out = open_append(run / "captures" / CAPTURE, text=True)
         self.names, self.named = open_append(run / "captures" / THREADS, text=True), set()
+        # told to stop through a pipe it polls: an Event's timed wait cost this VM 115 µs of CPU, a poll's 75
+        self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC)
+        self.stopping = select.poll()
+        self.stopping.register(self.stop_r, select.POLLIN)
         self.thread = threading.Thread(target=self._loop, name="daskprobe-procfs", daemon=True)
         self.thread.start()
 
@@ -75,9 +80,9 @@ class ProcFS(Probe):
 
     def stop(self, grace: float = 5.0) -> None:
         if self.thread:
-            self.done.set()
+            os.write(self.stop_w, b"x")
             self.thread.join()
-            for fd in self.fds.values():
+            for fd in [*self.fds.values(), self.stop_r, self.stop_w]:
                 os.close(fd)
             for f in (self.out, self.names):
                 try:
@@ -94,7 +99,7 @@ class ProcFS(Probe):
 
     def _sample(self) -> None:
         next_tick, tick = time.monotonic(), 0
-        while not self.done.is_set():
+        while True:
             lines = []
             for pid in list(self.pids):
                 if (fields := self._stat(pid)) is None or fields[0] in (b"Z", b"X") or fields[21] == b"0":
@@ -114,7 +119,8 @@ class ProcFS(Probe):
             self.out.write("".join(lines))
             self.out.flush()
             next_tick += self.period
-            self.done.wait(max(0.0, next_tick - time.monotonic()))
+            if self.stopping.poll(max(0, round((next_tick - time.monotonic()) * 1000))):
+                return
 
     def _stat(self, pid: int) -> list[bytes] | None:
         """/proc/PID/stat after the command name, which may hold spaces ([0]: its state, [11] and [12]

@@ -94,7 +94,7 @@ def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
             for i in range(5):
                 await comm.write({"op": f"m{i}"})
                 await comm.read()
-            await asyncio.sleep(1.0)  # a block retired (100 ms), then a write due (100 ms), and slack
+            await asyncio.sleep(1.0)  # a block retired (100 ms), then a write due (200 ms), and slack
             tap.kill()
             tap.wait()
             await comm.close()

@@ -162,7 +162,17 @@ mod tests {
                    Some(std::process::id() as i32));
         let mut child = std::process::Command::new("bash")
             .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; read -t 10 <&3")]).spawn().unwrap();
-        let (theirs, _) = listener.accept().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let start = std::time::Instant::now();
+        let theirs = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if start.elapsed().as_secs() < 10 && child.try_wait().unwrap().is_none() => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => panic!("bash did not connect ({e}): no /dev/tcp?"),
+            }
+        };
         let found = pid_of(&theirs.peer_addr().unwrap(), &theirs.local_addr().unwrap());
         drop(theirs);
         child.wait().unwrap();

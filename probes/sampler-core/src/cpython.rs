@@ -29,7 +29,8 @@ use crate::procstat::{State, ThreadStat};
 use crate::pthread;
 use crate::remote::{u32_at, u64_at, Remote};
 use crate::text;
-use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES, NONE, SLOT};
+use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_PRINT, AT_TSTATE, GIL_BYTES, NONE,
+                      PRINT, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -131,6 +132,8 @@ struct Scratch {
     /// memory read around a frame outside the chunk
     window: Vec<u8>,
     codes: Vec<u64>,
+    /// each copied frame's code object, with the PRINT bytes of it BPF copied at the tick
+    prints: Vec<(u64, [u8; PRINT])>,
     ranges: Vec<(usize, usize)>,
     fields: Vec<u8>,
     ok: Vec<bool>,
@@ -180,9 +183,11 @@ impl Reader {
         self.layout.reader
     }
 
-    /// Each thread's name (threading's), by identifier (names.rs).
+    /// Each thread's name (threading's), by identifier (names.rs); None where it could not be read.
     pub fn thread_names(&mut self) -> Option<HashMap<u64, String>> {
-        self.names.read(&self.remote, &self.layout)
+        // torn bytes cost this lookup (see Target::read)
+        let (names, remote, layout) = (&mut self.names, &self.remote, &self.layout);
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| names.read(remote, layout))).ok().flatten()
     }
 
     /// One sample of every Python thread into `samples`; false when the interpreter could not be read.
@@ -458,13 +463,15 @@ impl Reader {
     pub fn bpf_walk(&self) -> Walk {
         let (t, f) = (&self.layout.thread, &self.layout.frame);
         let (gil, gil_len) = self.gil_range();
-        if f.size >= SLOT || f.back + 8 > f.size || !f.back.is_multiple_of(8) || gil_len > GIL_BYTES {
+        let word_in_frame = |at: usize| at + 8 <= f.size && at.is_multiple_of(8);
+        if f.size > AT_PRINT || !word_in_frame(f.back) || !word_in_frame(f.code) || gil_len > GIL_BYTES {
             return Walk::default();
         }
         let or_none = |o: Option<usize>| o.map_or(NONE, |o| o as u64);
         Walk { frame: t.frame as u64, cframe_frame: or_none(t.cframe_frame), native_tid: or_none(t.native_tid),
                frame_size: f.size as u64, back: f.back as u64, gil: gil as u64, gil_len: gil_len as u64,
-               ident: t.ident as u64, pthread_tid: or_none(self.tid_offset) }
+               ident: t.ident as u64, pthread_tid: or_none(self.tid_offset), code: f.code as u64,
+               print: print_at(&self.layout.code) as u64 }
     }
 
     /// (native id, PyThreadState) of each thread listed: BPF reads their stacks at their ticks.
@@ -477,9 +484,14 @@ impl Reader {
     /// held the thread (the list is walked again at the next read) or the copy is not a stack.
     pub fn copied(&mut self, records: &[&[u8]], frames: &mut Frames, out: &mut impl Write)
                   -> Vec<Option<ThreadSample>> {
+        self.s.prints.clear();
         let stacks: Vec<Option<Vec<(u64, i64)>>> = records.iter().map(|rec| self.copied_stack(rec)).collect();
+        // a code object cached with the fields BPF found at the tick is the one there: not read again
+        let at = print_at(&self.layout.code) - self.layout.code.fields().0;
+        let cached = |c: &u64, p: &[u8; PRINT]| self.codes.get(c).is_some_and(|k| k.fields[at..at + PRINT] == p[..]);
+        let doubtful: Vec<u64> = self.s.prints.iter().filter(|(c, p)| !cached(c, p)).map(|f| f.0).collect();
         self.s.codes.clear();
-        self.s.codes.extend(stacks.iter().flatten().flatten().map(|f| f.0));
+        self.s.codes.extend(doubtful);
         self.check_codes();
         records.iter().zip(stacks).map(|(rec, stack)| {
             self.s.stack = stack?;
@@ -516,6 +528,10 @@ impl Reader {
                 return None;
             }
             let Ok((entry, back)) = frame_entry(f, slot, addr) else { break };
+            if let Some((code, _)) = entry {
+                let print = rec[AT_FRAMES + i * SLOT + AT_PRINT..][..PRINT].try_into().unwrap();
+                self.s.prints.push((code, print));
+            }
             stack.extend(entry);
             addr = back;
         }
@@ -703,6 +719,13 @@ impl Reader {
         let mut data = vec![0u8; size];
         self.remote.read(addr + t.bytes_data, &mut data).then_some(data)
     }
+}
+
+/// Where, in a code object, the PRINT bytes BPF copies of it start: they end with its line table's
+/// pointer, after its name's (3.11+: and qualified name's; 3.10: its file name's), all among the
+/// fields a cached code object is checked by (Code::fields).
+fn print_at(c: &crate::layout::Code) -> usize {
+    c.linetable + 8 - PRINT
 }
 
 /// What the copy `rec` of a frame at `addr` holds: its (code object, byte offset of its last

@@ -43,10 +43,14 @@ impl Names {
     /// Each thread's name by identifier; empty before threading is imported, None when the
     /// process could not be read as the layout says.
     pub fn read(&mut self, r: &Remote, l: &Layout) -> Option<HashMap<u64, String>> {
-        let Some((active, dict_type)) = self.active.or_else(|| self.find(r, l)) else {
+        let kept = match self.active {
+            Some(kept) => Some(kept),
+            None => self.find(r, l)?,
+        };
+        let Some((active, dict_type)) = kept else {
             return Some(HashMap::new());
         };
-        if r.read_u64(active + OB_TYPE)? != dict_type {
+        if r.read_u64(active.wrapping_add(OB_TYPE))? != dict_type {
             self.active = None; // cannot happen while threading is loaded: look again next time
             return None;
         }
@@ -57,37 +61,43 @@ impl Names {
                 names.insert(ident, name);
             }
         }
+        if names.is_empty() {
+            self.active = None; // a live interpreter has a thread: what was kept is not threading's table
+        }
         Some(names)
     }
 
-    /// sys.modules["threading"].__dict__["_active"], if threading is loaded.
-    fn find(&mut self, r: &Remote, l: &Layout) -> Option<(usize, u64)> {
+    /// sys.modules["threading"].__dict__["_active"] (Some(None): threading is not loaded yet); None
+    /// when sys.modules could not be read.
+    fn find(&mut self, r: &Remote, l: &Layout) -> Option<Option<(usize, u64)>> {
         let modules = r.read_u64(self.modules)? as usize;
-        let threading = lookup(r, l, modules, "threading")?;
-        let globals = r.read_u64(threading + MD_DICT)? as usize;
-        let active = lookup(r, l, globals, "_active")?;
-        self.active = Some((active, r.read_u64(modules + OB_TYPE)?));
-        self.active
+        let dict_type = r.read_u64(modules.wrapping_add(OB_TYPE))?;
+        let Some(threading) = lookup(r, l, modules, "threading")? else { return Some(None) };
+        let globals = r.read_u64(threading.wrapping_add(MD_DICT))? as usize;
+        // threading being imported has no _active yet
+        self.active = lookup(r, l, globals, "_active")?.map(|active| (active, dict_type));
+        Some(self.active)
     }
 }
 
-/// The value under the str key `name` in the dict at `dict`.
-fn lookup(r: &Remote, l: &Layout, dict: usize, name: &str) -> Option<usize> {
+/// The value under the str key `name` in the dict at `dict` (Some(None): no such key); None when the
+/// dict could not be read.
+fn lookup(r: &Remote, l: &Layout, dict: usize, name: &str) -> Option<Option<usize>> {
     let mut h = [0u8; MA_VALUES + 8];
     r.read(dict, &mut h).then_some(())?;
     find(r, l, u64_at(&h, MA_KEYS) as usize, u64_at(&h, MA_VALUES) as usize, name)
 }
 
-/// The value under `name` among the keys at `keys` (values in `values`, a PyDictValues, if not 0):
-/// every key's start read in one call and compared.
-fn find(r: &Remote, l: &Layout, keys: usize, values: usize, name: &str) -> Option<usize> {
+/// The value under `name` among the keys at `keys` (values in `values`, a PyDictValues, if not 0),
+/// as `lookup` gives it: every key's start read in one call and compared.
+fn find(r: &Remote, l: &Layout, keys: usize, values: usize, name: &str) -> Option<Option<usize>> {
     let items = entries(r, &l.objects, keys, values)?;
     let peek = (l.text.str_ascii_data + name.len()).max(l.text.str_compact_data);
     let ranges: Vec<(usize, usize)> = items.iter().map(|&(k, _)| (k, peek)).collect();
     let (mut buf, mut ok) = (vec![0u8; peek * ranges.len()], vec![false; ranges.len()]);
     r.read_many(&ranges, &mut buf, &mut ok);
-    let at = (0..items.len()).find(|&i| ok[i] && text::within(&l.text, &buf[i * peek..][..peek]).as_deref() == Some(name))?;
-    Some(items[at].1)
+    let at = (0..items.len()).find(|&i| ok[i] && text::within(&l.text, &buf[i * peek..][..peek]).as_deref() == Some(name));
+    Some(at.map(|i| items[i].1))
 }
 
 /// The (key, value) pairs of the dict at `dict`, in insertion order, set ones only.
@@ -114,10 +124,10 @@ fn entries(r: &Remote, o: &Objects, keys: usize, values: usize) -> Option<Vec<(u
         return None;
     }
     let mut e = vec![0u8; n * width];
-    r.read(keys + at, &mut e).then_some(())?;
+    r.read(keys.wrapping_add(at), &mut e).then_some(())?;
     let key = width - 16; // after the hash, where there is one
     let mut v = vec![0u8; if values != 0 { n * 8 } else { 0 }];
-    if values != 0 && !r.read(values + o.values_at, &mut v) {
+    if values != 0 && !r.read(values.wrapping_add(o.values_at), &mut v) {
         return None;
     }
     let value = |i: usize| if values != 0 { u64_at(&v, i * 8) } else { u64_at(&e, i * width + key + 8) };
@@ -134,7 +144,7 @@ fn attr(r: &Remote, l: &Layout, obj: usize, name: &str) -> Option<usize> {
     let tp = u64_at(&h, 32 + OB_TYPE) as usize;
     let fields = [TP_BASICSIZE, TP_FLAGS, TP_DICTOFFSET, o.cached_keys];
     let (mut t, mut ok) = ([0u8; 32], [false; 4]);
-    r.read_many(&fields.map(|f| (tp + f, 8)), &mut t, &mut ok);
+    r.read_many(&fields.map(|f| (tp.wrapping_add(f), 8)), &mut t, &mut ok);
     if !ok.iter().all(|&k| k) {
         return None;
     }
@@ -143,19 +153,19 @@ fn attr(r: &Remote, l: &Layout, obj: usize, name: &str) -> Option<usize> {
     let managed = flags & MANAGED_DICT != 0;
     let (dict, values) = match o.attrs {
         Attrs::Split if managed => (before(3), before(4)),
-        Attrs::Tagged if managed && before(3) & 1 == 1 => (0, before(3) + 1),
-        Attrs::Inline if managed && before(3) == 0 && flags & INLINE_VALUES != 0 => (0, obj + basicsize),
+        Attrs::Tagged if managed && before(3) & 1 == 1 => (0, before(3).wrapping_add(1)),
+        Attrs::Inline if managed && before(3) == 0 && flags & INLINE_VALUES != 0 => (0, obj.wrapping_add(basicsize)),
         Attrs::Tagged | Attrs::Inline if managed => (before(3), 0),
         _ => {
             // 3.10, or a class that keeps its dict at tp_dictoffset
-            let at = (dictoffset as i64 > 0).then(|| obj + dictoffset as usize)?;
+            let at = (dictoffset as i64 > 0).then(|| obj.wrapping_add(dictoffset as usize))?;
             (r.read_u64(at)? as usize, 0)
         }
     };
     match (dict, values) {
         (0, 0) => None,
-        (0, values) => find(r, l, cached, values, name),
-        (dict, _) => lookup(r, l, dict, name),
+        (0, values) => find(r, l, cached, values, name).flatten(),
+        (dict, _) => lookup(r, l, dict, name).flatten(),
     }
 }
 

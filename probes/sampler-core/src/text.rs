@@ -20,8 +20,8 @@ pub fn shape(t: &Text, h: &[u8]) -> Option<(usize, usize, usize)> {
 
 /// The str at `addr`: its header, then its characters.
 pub fn read(remote: &Remote, t: &Text, addr: usize) -> Option<String> {
-    let mut h = [0u8; 128];
-    let h = &mut h[..t.str_compact_data];
+    let mut h = [0u8; 256];
+    let h = h.get_mut(..t.str_compact_data)?;
     if addr == 0 || !remote.read(addr, h) {
         return None;
     }

@@ -127,9 +127,11 @@ fn main() {
     writer.write();
 }
 
-/// The capture, written by the reading thread itself at most every FLUSH_EVERY, when it is awake
-/// anyway (for packets): a writer thread of its own woke 10 times a second. After a failed write
-/// (a full disk) it writes no more, and what is queued from then on is dropped at once.
+/// The capture, written by the reading thread itself when it is awake anyway (for packets) and
+/// half of FLUSH_EVERY has passed, else when FLUSH_EVERY plus a block's RETIRE_MS have: while
+/// packets come, their blocks wake it every RETIRE_MS and a timer of its own would wake it as
+/// often again (a writer thread of its own woke 10 times a second). After a failed write (a full
+/// disk) it writes no more, and what is queued from then on is dropped at once.
 struct Writer {
     capture: Option<Capture>,
     rx: Receiver<Vec<u8>>,
@@ -141,14 +143,15 @@ struct Writer {
 
 impl Writer {
     fn maybe(&mut self) {
-        if now_ns() - self.at >= FLUSH_EVERY.as_nanos() as u64 {
+        if now_ns() - self.at >= FLUSH_EVERY.as_nanos() as u64 / 2 {
             self.write();
         }
     }
 
-    /// Milliseconds until what may be queued is due to be written; None when nothing is.
+    /// Milliseconds until what may be queued is due to be written, if no packet wakes the reader
+    /// before; None when nothing is.
     fn due_in_ms(&self) -> Option<i32> {
-        let due = self.at + FLUSH_EVERY.as_nanos() as u64;
+        let due = self.at + FLUSH_EVERY.as_nanos() as u64 + packets::RETIRE_MS as u64 * 1_000_000;
         self.queued.then(|| (due.saturating_sub(now_ns()) / 1_000_000) as i32 + 1)
     }
 
