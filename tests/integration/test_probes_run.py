@@ -1,5 +1,6 @@
 """Every probe at once on a real cluster, and what happens when one cannot run."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -122,25 +123,33 @@ print(*ids, flush=True)
 """
 
 
-def test_every_thread_is_named_the_one_that_took_an_ended_ones_place_too(tmp_path):
-    # The proc probe lists a process's threads where its count changed, every 10 s in all, and at the end.
+@contextlib.contextmanager
+def _watched(tmp_path, flow: str, name: str):
+    """A Python process running `flow`, watched by a started proc probe: (run, process); both
+    stopped after the block."""
     run = RunDir(tmp_path / "run")
     (run / "captures").mkdir(parents=True)
-    target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "threads.py", THREADS))],
+    target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / f"{name}.py", flow))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     probe = ProcFS()
     probe.start(run)
     try:
-        probe.watch({"pid": target.pid, "name": "threads"})
+        probe.watch({"pid": target.pid, "name": name})
+        yield run, target
+    finally:
+        probe.stop()
+        target.kill()
+        target.wait()
+
+
+def test_every_thread_is_named_the_one_that_took_an_ended_ones_place_too(tmp_path):
+    # The proc probe lists a process's threads where its count changed, every 10 s in all, and at the end.
+    with _watched(tmp_path, THREADS, "threads") as (run, target):
         time.sleep(0.5)  # seen: its thread count changed from none
         target.stdin.write("go\n")
         target.stdin.flush()
         first, second = map(int, target.stdout.readline().split())
         named_at_once = set(read_thread_names(run / "captures" / "threads.tsv").tid)
-    finally:
-        probe.stop()
-        target.kill()
-        target.wait()
     named = set(read_thread_names(run / "captures" / "threads.tsv").tid)
     assert first in named_at_once, (first, named_at_once)
     assert {target.pid, first, second} <= named
@@ -163,20 +172,9 @@ sys.stdin.readline()
 
 def test_a_process_s_cpu_time_is_read_to_the_microsecond(tmp_path):
     # /proc/PID/stat counts 10 ms ticks; the proc table's CPU time must be what the process itself counts
-    run = RunDir(tmp_path / "run")
-    (run / "captures").mkdir(parents=True)
-    target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "spun.py", SPUN))],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    probe = ProcFS()
-    probe.start(run)
-    try:
-        probe.watch({"pid": target.pid, "name": "spun"})
+    with _watched(tmp_path, SPUN, "spun") as (run, target):
         own = int(target.stdout.readline()) / 1e9
         time.sleep(0.5)  # read while it waits, using no CPU
-    finally:
-        probe.stop()
-        target.kill()
-        target.wait()
     proc = read_proc(run / "captures" / CAPTURE)
     after = proc[proc.t_ns > proc.t_ns.max() - 0.3e9].cpu_s
     assert len(after) >= 1 and (abs(after - own) < 0.0005).all(), (own, after.tolist())
