@@ -82,7 +82,8 @@ class PySpy(Probe):
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
     `S` lines of older captures, without the thread's Python identifier, the stale flag, the tick
-    flag or the tick's period, get ident 0, false and a null period."""
+    flag or the tick's period, get ident 0, false and a null period. A thread's samples taken before
+    it was named carry its first name."""
     import pandas as pd
     frames, samples, stacks = [], [], {}
     for text in capture_lines(path):
@@ -100,6 +101,12 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "ident", "stale",
                                        "tick", "period_ns", "stack_id"])
     s["period_ns"] = s.period_ns.astype("Int64")
+    # A thread runs a little before threading registers its name, and the sampler asks again at a
+    # growing interval: its samples from before then take the first name it was given.
+    key = ["pid", "tid", "ident"]
+    first = s[s.thread_name != ""].drop_duplicates(key)[key + ["thread_name"]]
+    given = s[key].merge(first, on=key, how="left").thread_name.fillna("").to_numpy()
+    s["thread_name"] = s.thread_name.where(s.thread_name != "", given)
     # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above
     # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.
     main = (s.tid > 2**31 - 1) & (s.thread_name == "MainThread")

@@ -153,6 +153,16 @@ def test_older_sample_lines_read_with_defaults_and_a_cut_last_line_is_left_out(t
     assert samples.tick.tolist() == [True, False, False, False] and samples.stale.tolist() == [False] * 4
 
 
+def test_a_thread_s_samples_from_before_it_was_named_carry_its_first_name(tmp_path):
+    line = "S\t{t}\t10\t{tid}\t1\t0\t{name}\t0\t{ident}\t0\t1\t10000000"
+    rows = [(1, 11, "", 7), (2, 11, "", 7), (3, 11, "worker", 7), (4, 11, "renamed", 7),
+            (5, 12, "", 8), (6, 11, "", 9)]  # another thread never named; another thread on tid 11 later
+    (tmp_path / "pyspy.tsv").write_text("F\t0\tf\t/a.py\t1\n" + "".join(
+        line.format(t=t, tid=tid, name=name, ident=ident) + "\n" for t, tid, name, ident in rows))
+    samples, _, _ = read_samples(tmp_path / "pyspy.tsv")
+    assert samples.thread_name.tolist() == ["worker", "worker", "worker", "renamed", "", ""]
+
+
 def test_the_event_struct_ctypes_class_and_numpy_dtype_have_one_layout(tmp_path):
     dtype, Event = ebpf_format.numpy_dtype(), ebpf_format.Event
     assert dtype.itemsize == ctypes.sizeof(Event) == ebpf_format.SIZE
