@@ -84,6 +84,7 @@ class ProcFS(Probe):
             self.thread.join()
             for fd in [*self.fds.values(), self.stop_r, self.stop_w]:
                 os.close(fd)
+            self.thread = None  # stopped: a second stop() has nothing to close
             for f in (self.out, self.names):
                 try:
                     f.close()

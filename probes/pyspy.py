@@ -104,7 +104,7 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     # A thread runs a little before threading registers its name, and the sampler asks again at a
     # growing interval: its samples from before then take the first name it was given.
     key = ["pid", "tid", "ident"]
-    first = s[s.thread_name != ""].drop_duplicates(key)[key + ["thread_name"]]
+    first = s[s.thread_name != ""].sort_values("t_ns", kind="stable").drop_duplicates(key)[key + ["thread_name"]]
     given = s[key].merge(first, on=key, how="left").thread_name.fillna("").to_numpy()
     s["thread_name"] = s.thread_name.where(s.thread_name != "", given)
     # Where py-spy cannot read native thread ids (CPython 3.8) it gives pthread ids (addresses, above

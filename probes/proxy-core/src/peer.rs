@@ -103,15 +103,26 @@ fn holds(pid: i32, target: &str) -> bool {
     fds.flatten().any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target))
 }
 
+/// The process's parent, from /proc/PID/stat (the field after the state, which follows the name).
+fn parent(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn owner_of(inode: u32) -> Option<i32> {
     let target = format!("socket:[{inode}]");
     let known = OWNERS.lock().unwrap().clone();
-    let pid = known.iter().copied().find(|&p| holds(p, &target)).or_else(|| {
+    let mut pid = known.iter().copied().find(|&p| holds(p, &target)).or_else(|| {
         let mut pids: Vec<i32> = fs::read_dir("/proc").ok()?.flatten()
             .filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|p| !known.contains(p)).collect();
         pids.sort_unstable_by(|a, b| b.cmp(a)); // the newest first, as a cluster's processes most often are
         pids.into_iter().find(|&p| holds(p, &target))
     })?;
+    // A process forked after the socket was opened holds it too (a worker's child, say): the
+    // connection is its opener's, the oldest holder up the tree.
+    while let Some(up) = parent(pid).filter(|&up| up > 1 && holds(up, &target)) {
+        pid = up;
+    }
     let mut owners = OWNERS.lock().unwrap();
     owners.retain(|&p| p != pid);
     owners.insert(0, pid);
@@ -177,5 +188,28 @@ mod tests {
         drop(theirs);
         child.wait().unwrap();
         assert_eq!(found, Some(child.id() as i32));
+    }
+
+    #[test]
+    fn a_connection_is_its_opener_s_not_a_child_s_that_inherited_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        OWNERS.lock().unwrap().clear(); // found by scanning, where the child is the newer holder
+        // SAFETY: the child only sleeps and exits (async-signal-safe), holding our fds the while
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::sleep(3);
+                libc::_exit(0);
+            }
+        }
+        let found = pid_of(&accepted.peer_addr().unwrap(), &accepted.local_addr().unwrap());
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        drop(ours);
+        assert_eq!(found, Some(std::process::id() as i32), "the child is {child}");
     }
 }

@@ -29,8 +29,8 @@ use crate::procstat::{State, ThreadStat};
 use crate::pthread;
 use crate::remote::{u32_at, u64_at, Remote};
 use crate::text;
-use crate::tickprog::{Walk, AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_PRINT, AT_TSTATE, GIL_BYTES, NONE,
-                      PRINT, SLOT};
+use crate::tickprog::{Walk, AT_COUNT, AT_FIRST_LINE, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_TSTATE, GIL_BYTES,
+                      NONE, PRINT, SLOT};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -132,8 +132,8 @@ struct Scratch {
     /// memory read around a frame outside the chunk
     window: Vec<u8>,
     codes: Vec<u64>,
-    /// each copied frame's code object, with the PRINT bytes of it BPF copied at the tick
-    prints: Vec<(u64, [u8; PRINT])>,
+    /// each copied frame's code object, with its first line and PRINT bytes as BPF copied them at the tick
+    prints: Vec<(u64, [u8; 4 + PRINT])>,
     ranges: Vec<(usize, usize)>,
     fields: Vec<u8>,
     ok: Vec<bool>,
@@ -461,17 +461,17 @@ impl Reader {
     /// Where BPF finds this interpreter's frames (tickprog.rs); a frame_size of 0 (its ticks come
     /// to the sampler) where a frame or the GIL's state would not fit BPF's copy.
     pub fn bpf_walk(&self) -> Walk {
-        let (t, f) = (&self.layout.thread, &self.layout.frame);
+        let (t, f, c) = (&self.layout.thread, &self.layout.frame, &self.layout.code);
         let (gil, gil_len) = self.gil_range();
         let word_in_frame = |at: usize| at + 8 <= f.size && at.is_multiple_of(8);
-        if f.size > AT_PRINT || !word_in_frame(f.back) || !word_in_frame(f.code) || gil_len > GIL_BYTES {
+        if f.size > AT_FIRST_LINE || !word_in_frame(f.back) || !word_in_frame(f.code) || gil_len > GIL_BYTES {
             return Walk::default();
         }
         let or_none = |o: Option<usize>| o.map_or(NONE, |o| o as u64);
         Walk { frame: t.frame as u64, cframe_frame: or_none(t.cframe_frame), native_tid: or_none(t.native_tid),
                frame_size: f.size as u64, back: f.back as u64, gil: gil as u64, gil_len: gil_len as u64,
                ident: t.ident as u64, pthread_tid: or_none(self.tid_offset), code: f.code as u64,
-               print: print_at(&self.layout.code) as u64 }
+               print: (c.linetable + 8).saturating_sub(PRINT) as u64, first_line: c.firstlineno as u64 }
     }
 
     /// (native id, PyThreadState) of each thread listed: BPF reads their stacks at their ticks.
@@ -487,8 +487,10 @@ impl Reader {
         self.s.prints.clear();
         let stacks: Vec<Option<Vec<(u64, i64)>>> = records.iter().map(|rec| self.copied_stack(rec)).collect();
         // a code object cached with the fields BPF found at the tick is the one there: not read again
-        let at = print_at(&self.layout.code) - self.layout.code.fields().0;
-        let cached = |c: &u64, p: &[u8; PRINT]| self.codes.get(c).is_some_and(|k| k.fields[at..at + PRINT] == p[..]);
+        let at = print_in_fields(&self.layout.code);
+        let cached = |c: &u64, p: &[u8; 4 + PRINT]| at.is_some_and(|(line, print)| self.codes.get(c).is_some_and(|k| {
+            k.fields[line..line + 4] == p[..4] && k.fields[print..print + PRINT] == p[4..]
+        }));
         let doubtful: Vec<u64> = self.s.prints.iter().filter(|(c, p)| !cached(c, p)).map(|f| f.0).collect();
         self.s.codes.clear();
         self.s.codes.extend(doubtful);
@@ -529,7 +531,7 @@ impl Reader {
             }
             let Ok((entry, back)) = frame_entry(f, slot, addr) else { break };
             if let Some((code, _)) = entry {
-                let print = rec[AT_FRAMES + i * SLOT + AT_PRINT..][..PRINT].try_into().unwrap();
+                let print = rec[AT_FRAMES + i * SLOT + AT_FIRST_LINE..][..4 + PRINT].try_into().unwrap();
                 self.s.prints.push((code, print));
             }
             stack.extend(entry);
@@ -721,11 +723,14 @@ impl Reader {
     }
 }
 
-/// Where, in a code object, the PRINT bytes BPF copies of it start: they end with its line table's
-/// pointer, after its name's (3.11+: and qualified name's; 3.10: its file name's), all among the
-/// fields a cached code object is checked by (Code::fields).
-fn print_at(c: &crate::layout::Code) -> usize {
-    c.linetable + 8 - PRINT
+/// Where, in a code object's cached fields (Code::fields), the first line and the PRINT bytes BPF
+/// copies with each frame lie (bpf_walk): the pointers to its line table and, before it, its name
+/// (3.11+: and qualified name; 3.10: and file name). None where a layout has them elsewhere.
+fn print_in_fields(c: &crate::layout::Code) -> Option<(usize, usize)> {
+    let (start, len) = c.fields();
+    let print = (c.linetable + 8).checked_sub(PRINT)?.checked_sub(start)?;
+    let line = c.firstlineno.checked_sub(start)?;
+    (print + PRINT <= len && line + 4 <= len).then_some((line, print))
 }
 
 /// What the copy `rec` of a frame at `addr` holds: its (code object, byte offset of its last
@@ -760,7 +765,15 @@ fn is_idle_leaf(qualname: &str, filename: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_idle_leaf, offset_in};
+    use super::{is_idle_leaf, offset_in, print_in_fields};
+
+    #[test]
+    fn what_bpf_copies_of_a_code_object_is_among_the_fields_it_is_cached_by() {
+        // (first line, pointers) within Code::fields: 3.10's file name, name, line table; 3.11+'s
+        // name, qualified name, line table
+        let at: Vec<_> = (10..=12).map(|m| print_in_fields(&crate::layout::select(m, None).unwrap().code)).collect();
+        assert_eq!(at, [Some((0, 64)), Some((0, 48)), Some((0, 52))]);
+    }
 
     #[test]
     fn a_wait_is_idle_by_its_own_name_or_its_qualified_one() {

@@ -37,11 +37,13 @@ pub const MAX_DEPTH: usize = 160;
 /// bytes kept of each frame: more than any layout's frame (3.10's, 100)
 pub const SLOT: usize = 128;
 pub const GIL_BYTES: usize = 24;
-/// bytes of each frame's code object copied at the end of its slot (AT_PRINT): the fields its name
-/// and line table come from, which tell the sampler whether the code object it cached at that
-/// address is still the one there (cpython.rs)
+/// bytes of each frame's code object copied at the end of its slot (AT_PRINT): the pointers its
+/// name and line table come from, after its first line number (4 bytes at AT_FIRST_LINE), which
+/// tell the sampler whether the code object it cached at that address is still the one there
+/// (cpython.rs)
 pub const PRINT: usize = 24;
 pub const AT_PRINT: usize = SLOT - PRINT;
+pub const AT_FIRST_LINE: usize = AT_PRINT - 4;
 
 /// A record's start; its frames follow, `count` SLOTs.
 #[repr(C)]
@@ -99,9 +101,11 @@ pub struct Walk {
     pub ident: u64,
     /// in glibc's struct pthread, the native id (3.10; NONE where the PyThreadState has it)
     pub pthread_tid: u64,
-    /// in a frame, the pointer to its code object; in that, where the PRINT bytes start
+    /// in a frame, the pointer to its code object; in that, where the PRINT bytes start, and its
+    /// first line number
     pub code: u64,
     pub print: u64,
+    pub first_line: u64,
 }
 
 pub struct TickProgram {
@@ -221,6 +225,7 @@ const W_IDENT: i16 = offset_of!(Walk, ident) as i16;
 const W_PTHREAD_TID: i16 = offset_of!(Walk, pthread_tid) as i16;
 const W_CODE: i16 = offset_of!(Walk, code) as i16;
 const W_PRINT: i16 = offset_of!(Walk, print) as i16;
+const W_FIRST_LINE: i16 = offset_of!(Walk, first_line) as i16;
 /// on the program's stack (r10 is its frame pointer): pid_tgid, the process, the current
 /// frame, and a 0 (the scratch's key)
 const S_PID_TGID: i16 = -8;
@@ -322,7 +327,8 @@ fn slot_word(a: &mut Asm, dst: u8, slot: i32, field: i16) {
 }
 
 /// The frames from the current one, each copied whole into its slot, with its code object's PRINT
-/// bytes (zeros where that read fails), and left by its `back` field, unrolled MAX_DEPTH times
+/// bytes and first line (zeros where a read fails), and left by its `back` field, unrolled MAX_DEPTH
+/// times
 fn copy_frames(a: &mut Asm) {
     a.op(LDX_DW, 6, 10, S_FRAME, 0);
     for i in 0..MAX_DEPTH {
@@ -332,10 +338,12 @@ fn copy_frames(a: &mut Asm) {
             .op(LDX_DW, 2, 7, W_FRAME_SIZE, 0).op(AND_K, 2, 0, 0, SLOT as i32 - 1)
             .op(MOV_X, 3, 6, 0, 0)
             .op(CALL, 0, 0, 0, PROBE_READ_USER);
-        slot_word(a, 3, slot, W_CODE);
-        a.op(LDX_DW, 1, 7, W_PRINT, 0).op(ADD_X, 3, 1, 0, 0)
-            .op(MOV_X, 1, 9, 0, 0).op(ADD_K, 1, 0, 0, slot + AT_PRINT as i32).op(MOV_K, 2, 0, 0, PRINT as i32)
-            .op(CALL, 0, 0, 0, PROBE_READ_USER);
+        slot_word(a, 6, slot, W_CODE); // the frame is copied: r6 holds its code object till `back`
+        for (field, at, len) in [(W_PRINT, AT_PRINT, PRINT), (W_FIRST_LINE, AT_FIRST_LINE, 4)] {
+            a.op(LDX_DW, 3, 7, field, 0).op(ADD_X, 3, 6, 0, 0)
+                .op(MOV_X, 1, 9, 0, 0).op(ADD_K, 1, 0, 0, slot + at as i32).op(MOV_K, 2, 0, 0, len as i32)
+                .op(CALL, 0, 0, 0, PROBE_READ_USER);
+        }
         slot_word(a, 6, slot, W_BACK);
     }
     a.op(ST_W, 9, 0, AT_COUNT as i16, MAX_DEPTH as i32).place("copied");

@@ -379,11 +379,11 @@ mod tests {
     /// ground truth: chains built here.
     #[test]
     fn a_known_thread_s_frames_are_copied_at_its_ticks() {
-        use crate::tickprog::{AT_COUNT, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_PRINT, AT_TSTATE, MAX_DEPTH,
-                              NONE, NOT_PYTHON, SLOT};
+        use crate::tickprog::{AT_COUNT, AT_FIRST_LINE, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_PRINT, AT_TSTATE,
+                              MAX_DEPTH, NONE, NOT_PYTHON, SLOT};
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
-        // each frame's code object: 8 bytes, then the 3 words BPF copies of it (Walk.print 8)
-        let codes: Vec<Box<[u64; 4]>> = (0..MAX_DEPTH as u64 + 5).map(|i| Box::new([0, i, i << 8, i << 16])).collect();
+        // each frame's code object: its first line at 4 (Walk.first_line), then the 3 words BPF copies of it (Walk.print 8)
+        let codes: Vec<Box<[u64; 4]>> = (1..MAX_DEPTH as u64 + 6).map(|i| Box::new([(i + 7) << 32, i, i << 8, i << 16])).collect();
         let chain = |n: usize| -> Vec<Box<[u64; 9]>> {
             let mut frames: Vec<Box<[u64; 9]>> = (0..n).map(|i| Box::new([codes[i].as_ptr() as u64; 9])).collect();
             for i in 0..n {
@@ -401,7 +401,7 @@ mod tests {
         tstate[20] = tid; // at 160
         let gil = Box::new([0, tstate.as_ptr() as u64, 1]);
         let walk = Walk { frame: 56, cframe_frame: 0, native_tid: 160, frame_size: 72, back: 8,
-                          gil: gil.as_ptr() as u64, gil_len: 24, ident: 152, pthread_tid: NONE, code: 0, print: 8 };
+                          gil: gil.as_ptr() as u64, gil_len: 24, ident: 152, pthread_tid: NONE, code: 0, print: 8, first_line: 4 };
         t.watch(std::process::id() as i32, walk);
         t.thread(std::process::id() as i32, tid, Some(tstate.as_ptr() as u64));
         let word = u64_at;
@@ -415,13 +415,16 @@ mod tests {
             records
         };
         let code = |rec: &[u8], i: usize| word(rec, AT_FRAMES + i * SLOT);
-        let print = |rec: &[u8], i: usize| (0..3).map(|k| word(rec, AT_FRAMES + i * SLOT + AT_PRINT + 8 * k)).collect::<Vec<_>>();
+        let print = |rec: &[u8], i: usize| {
+            let line = u32_at(rec, AT_FRAMES + i * SLOT + AT_FIRST_LINE) as u64;
+            std::iter::once(line << 32).chain((0..3).map(|k| word(rec, AT_FRAMES + i * SLOT + AT_PRINT + 8 * k))).collect::<Vec<_>>()
+        };
         let records = spin(&mut t);
         assert!(records.len() >= 10, "{} copies in 300 ms of CPU", records.len());
         for rec in &records {
             assert_eq!((u32_at(rec, AT_COUNT), rec.len()), (3, AT_FRAMES + 3 * SLOT));
             assert_eq!((0..3).map(|i| code(rec, i)).collect::<Vec<_>>(), (0..3).map(|i| codes[i].as_ptr() as u64).collect::<Vec<_>>());
-            assert_eq!((0..3).map(|i| print(rec, i)).collect::<Vec<_>>(), (0..3).map(|i| codes[i][1..].to_vec()).collect::<Vec<_>>());
+            assert_eq!((0..3).map(|i| print(rec, i)).collect::<Vec<_>>(), (0..3).map(|i| codes[i].to_vec()).collect::<Vec<_>>());
             assert_eq!((word(rec, AT_NATIVE_TID), word(rec, AT_TSTATE)), (tid, tstate.as_ptr() as u64));
             assert_eq!(word(rec, AT_IDENT), pthread.as_ptr() as u64);
             assert_eq!((word(rec, AT_GIL + 8), word(rec, AT_GIL + 16)), (tstate.as_ptr() as u64, 1));
@@ -436,7 +439,7 @@ mod tests {
             assert_eq!(word(rec, AT_NATIVE_TID), tid);
             assert_eq!(u32_at(rec, AT_COUNT) as usize, MAX_DEPTH);
             assert_eq!(code(rec, MAX_DEPTH - 1), codes[MAX_DEPTH - 1].as_ptr() as u64);
-            assert_eq!(print(rec, MAX_DEPTH - 1), codes[MAX_DEPTH - 1][1..]);
+            assert_eq!(print(rec, MAX_DEPTH - 1), codes[MAX_DEPTH - 1][..]);
         }
         let woke = |t: &mut Ticks| {
             let (start, mut on, mut copied, mut seen) = (std::time::Instant::now(), Vec::new(), Vec::new(), 0);

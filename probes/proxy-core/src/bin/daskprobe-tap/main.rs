@@ -128,7 +128,8 @@ fn main() {
 }
 
 /// The capture, written by the reading thread itself when it is awake anyway (for packets) and
-/// half of FLUSH_EVERY has passed, else when FLUSH_EVERY plus a block's RETIRE_MS have: while
+/// nearly FLUSH_EVERY has passed (blocks retire about as often), else when FLUSH_EVERY plus a
+/// block's RETIRE_MS have: while
 /// packets come, their blocks wake it every RETIRE_MS and a timer of its own would wake it as
 /// often again (a writer thread of its own woke 10 times a second). After a failed write (a full
 /// disk) it writes no more, and what is queued from then on is dropped at once.
@@ -143,7 +144,7 @@ struct Writer {
 
 impl Writer {
     fn maybe(&mut self) {
-        if now_ns() - self.at >= FLUSH_EVERY.as_nanos() as u64 / 2 {
+        if now_ns() - self.at >= FLUSH_EVERY.as_nanos() as u64 * 9 / 10 {
             self.write();
         }
     }
