@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..probes import ebpf_format, ebpf_tables
-from ..probes.procfs import cpu_s
 from ..probes.ebpf import Ebpf
+from ..probes.procfs import cpu_s
 from ..probes.rundir import RunDir
 from .repeats import run_all, show
 

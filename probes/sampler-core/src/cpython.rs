@@ -471,7 +471,7 @@ impl Reader {
         Walk { frame: t.frame as u64, cframe_frame: or_none(t.cframe_frame), native_tid: or_none(t.native_tid),
                frame_size: f.size as u64, back: f.back as u64, gil: gil as u64, gil_len: gil_len as u64,
                ident: t.ident as u64, pthread_tid: or_none(self.tid_offset), code: f.code as u64,
-               print: (c.linetable + 8).saturating_sub(PRINT) as u64, first_line: c.firstlineno as u64 }
+               print: print_start(c).unwrap_or(0) as u64, first_line: c.firstlineno as u64 }
     }
 
     /// (native id, PyThreadState) of each thread listed: BPF reads their stacks at their ticks.
@@ -723,12 +723,17 @@ impl Reader {
     }
 }
 
+/// Where, in a code object, the PRINT bytes start: they end with its line table's pointer.
+fn print_start(c: &crate::layout::Code) -> Option<usize> {
+    (c.linetable + 8).checked_sub(PRINT)
+}
+
 /// Where, in a code object's cached fields (Code::fields), the first line and the PRINT bytes BPF
 /// copies with each frame lie (bpf_walk): the pointers to its line table and, before it, its name
 /// (3.11+: and qualified name; 3.10: and file name). None where a layout has them elsewhere.
 fn print_in_fields(c: &crate::layout::Code) -> Option<(usize, usize)> {
     let (start, len) = c.fields();
-    let print = (c.linetable + 8).checked_sub(PRINT)?.checked_sub(start)?;
+    let print = print_start(c)?.checked_sub(start)?;
     let line = c.firstlineno.checked_sub(start)?;
     (print + PRINT <= len && line + 4 <= len).then_some((line, print))
 }

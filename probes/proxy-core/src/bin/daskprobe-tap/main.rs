@@ -129,10 +129,10 @@ fn main() {
 
 /// The capture, written by the reading thread itself when it is awake anyway (for packets) and
 /// nearly FLUSH_EVERY has passed (blocks retire about as often), else when FLUSH_EVERY plus a
-/// block's RETIRE_MS have: while
-/// packets come, their blocks wake it every RETIRE_MS and a timer of its own would wake it as
-/// often again (a writer thread of its own woke 10 times a second). After a failed write (a full
-/// disk) it writes no more, and what is queued from then on is dropped at once.
+/// block's RETIRE_MS have: while packets come, their blocks wake it every RETIRE_MS, and a timer
+/// of its own would wake it as often again (a writer thread of its own woke 10 times a second).
+/// After a failed write (a full disk) it writes no more, and what is queued from then on is
+/// dropped at once.
 struct Writer {
     capture: Option<Capture>,
     rx: Receiver<Vec<u8>>,
