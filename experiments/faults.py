@@ -10,7 +10,7 @@ halves) once its first half is done:
     none           nothing (the baseline the others are compared with)
     kill-worker    SIGKILL of a worker (its nanny restarts it)
     kill-proxy     SIGKILL of the proxy: every connection of the cluster drops
-    kill-sampler   SIGKILL of the Python sampler
+    kill-sampler   SIGKILL of the sampler (Python stacks and /proc)
     kill-ebpf      SIGKILL of the eBPF agent
     full-disk      the run directory's filesystem (a 20 MB tmpfs) fills up
     resets         10,000 connections opened and reset on the scheduler's port
@@ -69,10 +69,11 @@ TABLES = ("messages", "attempts", "samples", "gil_waits", "offcpu", "proc")
 def inject(fault: str, run: RunDir, disk: Path | None) -> str | None:
     """Do the fault now; None if done, else why it could not be."""
     procs = {p["name"]: p["pid"] for p in run.meta()["processes"]}
-    target = {"kill-worker": "worker-0", "kill-proxy": "proxy", "kill-sampler": "probe:pyspy"}.get(fault)
-    if fault == "kill-ebpf":  # the eBPF probe is named by its kinds: find it by its agent
-        agent = [r["name"] for r in run.meta()["processes"] if "ebpf_agent" in " ".join(map(str, r["command"] or []))]
-        target = agent[0] if agent else "the eBPF agent"
+    target = {"kill-worker": "worker-0", "kill-proxy": "proxy"}.get(fault)
+    if fault in ("kill-sampler", "kill-ebpf"):  # probes are named by their kinds: found by their program
+        program = {"kill-sampler": "daskprobe-sampler", "kill-ebpf": "ebpf_agent"}[fault]
+        found = [r["name"] for r in run.meta()["processes"] if program in " ".join(map(str, r["command"] or []))]
+        target = found[0] if found else program
     if target:
         if not procs.get(target):
             return f"{target} is not running"

@@ -144,7 +144,8 @@ class Agent:
         for sub in ("captures", "logs"):
             (self.dir / sub).mkdir()
         for probe in registry.make(PROBES, rate):
-            self.skipped |= probe.partly_skipped() if (why := probe.available()) is None else {probe.name: why}
+            why = probe.available()
+            self.skipped |= probe.partly_skipped() if why is None else dict.fromkeys(probe.name.split(","), why)
             if why is None:
                 probe.start(self.run)
                 self.probes.append(probe)
@@ -152,7 +153,7 @@ class Agent:
             try:
                 probe.ready()
             except RuntimeError as e:
-                self.skipped[probe.name] = str(e)
+                self.skipped |= dict.fromkeys(probe.name.split(","), str(e))
                 self.probes.remove(probe)
 
     def watch(self, pid: str, name: str, role: str) -> bytes:

@@ -1,17 +1,15 @@
-"""Python stacks of every cluster process, sampled by probes/sampler-core
-(our reader for CPython 3.10 to 3.13, py-spy's for other versions and --native), each
-sample stamped with CLOCK_MONOTONIC by the sampler."""
+"""The capture of Python stacks (pyspy.tsv), sampled by probes/sampler-core (our
+reader for CPython 3.10 to 3.13, py-spy's for other versions and --native; started by
+sampler.py), each sample stamped with CLOCK_MONOTONIC by the sampler: its definition
+and its reader."""
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import CLUSTER_ROLES, SAMPLER_NICE, Probe, capture_lines, is_root, native_binary
-from .procs import spawn, stop
-from .rundir import RunDir
+from .base import capture_lines
 
 if TYPE_CHECKING:  # imported by read_samples: starting a run needs no pandas
     import pandas as pd
@@ -38,45 +36,6 @@ LINES = {
           "another thread by then, or a frame could not be read)"),
 }
 _F, _S = (1 + len(LINES[kind][0].split()) for kind in "FS")  # fields of the line, its letter included
-
-
-def _ptrace_allowed() -> bool:
-    """Yama 0 (classic) and 1 (ancestors, and those a process names: daskprobe's children
-    name daskprobe, see procs.our_child) let the sampler read the cluster; 2 and 3 do not."""
-    try:
-        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() in ("0", "1")
-    except FileNotFoundError:
-        return True
-
-
-class PySpy(Probe):
-    name = "pyspy"
-    roles = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
-
-    def __init__(self, rate: float = 100.0, native: bool = False):
-        self.rate, self.native = rate, native
-
-    def available(self) -> str | None:
-        if native_binary("daskprobe-sampler") is None:
-            return "daskprobe-sampler is not built (run ./setup.sh)"
-        if not is_root() and not _ptrace_allowed():
-            return "reading other processes' stacks needs root here (kernel.yama.ptrace_scope is 2 or 3)"
-        return None
-
-    def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
-        cmd = [native_binary("daskprobe-sampler"), "--out", str(run / "captures" / CAPTURE),
-               "--rate", str(self.rate)] + (["--native"] if self.native else [])
-        self.proc = spawn(cmd, run.log("sampler"), nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        if self.proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"py-spy sampler failed to start: see {run.log('sampler')}")
-
-    def watch(self, proc: dict) -> None:
-        self.proc.stdin.write(f"{proc['pid']} {proc['name']}\n".encode())
-        self.proc.stdin.flush()
-
-    def stop(self, grace: float = 5.0) -> None:
-        if self.proc:
-            stop([self.proc], grace)
 
 
 def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .base import Probe, is_root
 from .ebpf import KINDS as EBPF_KINDS, Ebpf
-from .procfs import ProcFS
-from .pyspy import PySpy
+from .sampler import KINDS as SAMPLER_KINDS, Sampler
 
 DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
@@ -25,11 +24,9 @@ WIRE = ("proxy", "tap")  # part of the cluster, not probe objects: they record t
 
 def make(names: list[str], sample_rate: float = 100.0, native: bool = False, cpu_hz: int = 99) -> list[Probe]:
     """Probe objects for the chosen names (the proxy and the tap are part of the cluster, not listed here);
-    the eBPF kinds share one agent."""
-    factories = {"pyspy": lambda: PySpy(sample_rate, native), "proc": ProcFS}
-    probes = [factories[n]() for n in names if n in factories]
-    kinds = [n for n in names if n in EBPF_KINDS]
-    return probes + ([Ebpf(kinds, cpu_hz)] if kinds else [])
+    the eBPF kinds share one agent, stacks and /proc one sampler."""
+    sampled, kinds = [n for n in names if n in SAMPLER_KINDS], [n for n in names if n in EBPF_KINDS]
+    return ([Sampler(sampled, sample_rate, native)] if sampled else []) + ([Ebpf(kinds, cpu_hz)] if kinds else [])
 
 
 def doctor() -> list[tuple[str, str | None, str]]:

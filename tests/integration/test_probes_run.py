@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from daskprobe.probes.procfs import CAPTURE, ProcFS, read_proc, read_thread_names
+from daskprobe.probes.procfs import CAPTURE, read_proc, read_thread_names
+from daskprobe.probes.sampler import Sampler
 from daskprobe.probes.rundir import RunDir
 from helpers import PINNED_FLOW, run_flow, write_flow
 from helpers import check_trace, load
@@ -127,11 +128,14 @@ print(*ids, flush=True)
 def _watched(tmp_path, flow: str, name: str):
     """A Python process running `flow`, watched by a started proc probe: (run, process); both
     stopped after the block."""
+    probe = Sampler(["proc"])
+    if why := probe.available():
+        pytest.skip(why)
     run = RunDir(tmp_path / "run")
-    (run / "captures").mkdir(parents=True)
+    for d in ("captures", "logs"):
+        (run / d).mkdir(parents=True)
     target = subprocess.Popen([sys.executable, str(write_flow(tmp_path / f"{name}.py", flow))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    probe = ProcFS()
     probe.start(run)
     try:
         probe.watch({"pid": target.pid, "name": name})

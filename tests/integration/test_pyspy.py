@@ -14,7 +14,8 @@ import pytest
 
 from helpers import write_flow
 from daskprobe.probes.base import native_binary
-from daskprobe.probes.pyspy import PySpy, read_samples
+from daskprobe.probes.pyspy import read_samples
+from daskprobe.probes.sampler import Sampler
 from daskprobe.probes.rundir import RunDir
 
 SWITCHER = """
@@ -45,7 +46,7 @@ print(json.dumps(spans))
 
 
 def test_samples_align_with_known_switches_within_1ms(tmp_path):
-    probe = PySpy(rate=250)
+    probe = Sampler(["pyspy"], rate=250)
     if why := probe.available():
         pytest.skip(why)
     run = RunDir(tmp_path / "run")
@@ -184,7 +185,7 @@ def _started(python: str, script: Path) -> subprocess.Popen:
 
 @pytest.mark.parametrize("version", OUR_VERSIONS)
 def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path, version):
-    if why := PySpy().available():
+    if why := Sampler(["pyspy"]).available():
         pytest.skip(why)
     target = _started(_pyenv_python(version), write_flow(tmp_path / "parked.py", PARKED))
     try:
@@ -229,7 +230,7 @@ sys.stdin.readline()
 @pytest.mark.parametrize("reader", ["auto", "pyspy"])
 @pytest.mark.parametrize("version", OUR_VERSIONS)
 def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, version, reader):
-    if why := PySpy().available():
+    if why := Sampler(["pyspy"]).available():
         pytest.skip(why)
     target = _started(_pyenv_python(version), write_flow(tmp_path / "idents.py", IDENTS))
     try:
@@ -292,7 +293,7 @@ def test_threads_and_functions_that_come_and_go_are_each_named_right(tmp_path, v
     # The reader walks the thread list only when something says it changed, and caches code
     # objects by address: a thread that starts later, and a function made where another was
     # freed, must each be read as themselves.
-    if why := PySpy().available():
+    if why := Sampler(["pyspy"]).available():
         pytest.skip(why)
     target = _started(_pyenv_python(version), write_flow(tmp_path / "churn.py", CHURN))
     out = tmp_path / "samples.tsv"
@@ -354,7 +355,7 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
     # stack was read keeps that stack, marked stale, for up to 100 ms (OFF_CPU_REREAD); then it is read
     # again. Ground truth: the time the thread left phase_one for a long sleep in phase_rest, on the
     # run's clock.
-    if why := PySpy().available():
+    if why := Sampler(["pyspy"]).available():
         pytest.skip(why)
     target = _started(sys.executable, write_flow(tmp_path / "waker.py", WAKER))
     out = tmp_path / "samples.tsv"
@@ -426,7 +427,7 @@ def test_each_thread_s_ticks_add_up_to_its_cpu_time_and_the_others_are_read_at_1
     # the CPU time the kernel counted for each thread (schedstat, read by the thread as it ended).
     # blink wakes every 10 ms, the ticks' mean period: at a fixed period it was found in 5 to 8 of
     # its 14 periods of CPU (the ticks were in step with it), at periods drawn at random in 11 to 16.
-    if why := PySpy().available():
+    if why := Sampler(["pyspy"]).available():
         pytest.skip(why)
     target = _started(sys.executable, write_flow(tmp_path / "ticked.py", TICKED))
     out = tmp_path / "samples.tsv"

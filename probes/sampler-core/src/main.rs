@@ -2,8 +2,11 @@
 //! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.10 to 3.13
 //! are read by our own reader (cpython.rs); other versions, and --native, by py-spy.
 //!
-//! usage: daskprobe-sampler --out FILE [--rate HZ] [--native] [--reader auto|pyspy] [--poll]
-//! Reads "PID NAME" lines on stdin: processes to sample, added at any time.
+//! usage: daskprobe-sampler [--out FILE] [--rate HZ] [--native] [--reader auto|pyspy] [--poll]
+//!                          [--proc FILE --threads FILE]
+//! Reads lines on stdin, at any time: "PID NAME", a process to sample (into
+//! --out); "proc PID", a process to read /proc for (procs.rs: the proc probe's
+//! captures, at the wakes sampling makes anyway).
 //!
 //! A thread is read when a CPU's tick finds it on the CPU (ticks.rs): by
 //! BPF at the tick, for the Python threads our reader has listed
@@ -30,6 +33,7 @@ mod lines;
 mod linetable;
 mod names;
 mod procstat;
+mod procs;
 mod pthread;
 mod remote;
 mod text;
@@ -45,8 +49,6 @@ use py_spy::python_process_info::PythonProcessInfo;
 use py_spy::{Config, PythonSpy};
 use remote::Remote;
 use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::io::{BufRead, BufWriter, Write};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,7 +79,9 @@ fn stop_on_signals() {
 const NAME_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
 struct Args {
-    out: String,
+    out: Option<String>,
+    /// proc.tsv and threads.tsv
+    procs: Option<(String, String)>,
     rate: f64,
     native: bool,
     pyspy_only: bool,
@@ -85,11 +89,14 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { out: String::new(), rate: 100.0, native: false, pyspy_only: false, poll: false };
+    let mut a = Args { out: None, procs: None, rate: 100.0, native: false, pyspy_only: false, poll: false };
+    let (mut proc, mut threads) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
-            "--out" => a.out = it.next().ok_or("--out needs a value")?,
+            "--out" => a.out = Some(it.next().ok_or("--out needs a value")?),
+            "--proc" => proc = Some(it.next().ok_or("--proc needs a value")?),
+            "--threads" => threads = Some(it.next().ok_or("--threads needs a value")?),
             "--rate" => a.rate = it.next().ok_or("--rate needs a value")?.parse().map_err(|e| format!("{e}"))?,
             "--native" => a.native = true,
             "--poll" => a.poll = true,
@@ -101,25 +108,52 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    if a.out.is_empty() || a.rate <= 0.0 {
-        return Err("--out FILE is required and --rate must be positive".into());
+    a.procs = match (proc, threads) {
+        (Some(p), Some(t)) => Some((p, t)),
+        (None, None) => None,
+        _ => return Err("--proc and --threads go together".into()),
+    };
+    if (a.out.is_none() && a.procs.is_none()) || a.rate <= 0.0 {
+        return Err("--out FILE or --proc FILE is required, and --rate must be positive".into());
     }
     Ok(a)
 }
 
-/// The processes named on stdin, each also counted on `wake` (an eventfd) to end a wait for ticks.
-fn read_pids(wake: libc::c_int) -> Receiver<(i32, String)> {
+enum Watch {
+    Stacks(i32, String),
+    Proc(i32),
+}
+
+/// The processes named on stdin, each also counted on `wake` (an eventfd) to end a wait.
+fn read_pids(wake: libc::c_int) -> Receiver<Watch> {
     let (tx, rx) = channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-            let mut parts = line.splitn(2, ' ');
-            if let Some(Ok(pid)) = parts.next().map(str::parse) {
-                let _ = tx.send((pid, parts.next().unwrap_or("").to_string()));
+            let (first, rest) = line.split_once(' ').unwrap_or((&line, ""));
+            let watch = match (first, first.parse()) {
+                ("proc", _) => rest.trim().parse().map(Watch::Proc).ok(),
+                (_, Ok(pid)) => Some(Watch::Stacks(pid, rest.to_string())),
+                _ => None,
+            };
+            if let Some(w) = watch {
+                let _ = tx.send(w);
                 unsafe { libc::eventfd_write(wake, 1) };
             }
         }
     });
     rx
+}
+
+/// Sleeps for `d` at most (None: until woken): a line on stdin (counted on `wake`) or a signal
+/// ends it.
+fn nap(wake: libc::c_int, d: Option<Duration>) {
+    let mut fd = libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 };
+    let ts = d.map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as _ });
+    let at = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    if unsafe { libc::ppoll(&mut fd, 1, at, std::ptr::null()) } > 0 {
+        let mut count = 0u64;
+        unsafe { libc::eventfd_read(wake, &mut count) };
+    }
 }
 
 /// One sampled process: py-spy attached to it (it finds the interpreter and
@@ -371,13 +405,16 @@ fn main() {
     // Pausing the target costs it time; read its memory while it runs unless
     // native stacks are wanted (they need the pause).
     config.blocking = if args.native { LockingStrategy::Lock } else { LockingStrategy::NonBlocking };
-    // never through a symlink planted where the capture goes (ELOOP instead)
-    let file = OpenOptions::new().create(true).append(true).custom_flags(libc::O_NOFOLLOW).open(&args.out)
-        .expect("cannot open --out");
-    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, file), frames: Frames::default(), samples: Vec::new() };
+    let out: Box<dyn Write> = match &args.out {
+        Some(path) => Box::new(procs::append(path).expect("cannot open --out")),
+        None => Box::new(std::io::sink()), // no stacks asked for: nothing is written there
+    };
+    let mut procs = args.procs.as_ref()
+        .map(|(p, t)| procs::Procs::open(p, t).expect("cannot open --proc or --threads"));
+    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, out), frames: Frames::default(), samples: Vec::new() };
     let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     let new_pids = read_pids(wake);
-    let mut ticks = (!args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
+    let mut ticks = (args.out.is_some() && !args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
         .and_then(|t| {
             t.map_err(|e| eprintln!("daskprobe-sampler: no CPU ticks ({e}): every thread is read {} times a second",
                                     args.rate)).ok()
@@ -391,7 +428,16 @@ fn main() {
     stop_on_signals();
     println!("ready");
     loop {
-        while let Ok((pid, name)) = new_pids.try_recv() {
+        while let Ok(w) = new_pids.try_recv() {
+            let (pid, name) = match w {
+                Watch::Proc(pid) => {
+                    procs.as_mut().map_or_else(|| eprintln!("daskprobe-sampler: no --proc: {pid} not read"),
+                                               |p| p.watch(pid));
+                    continue;
+                }
+                Watch::Stacks(_, _) if args.out.is_none() => continue, // no --out: no stacks
+                Watch::Stacks(pid, name) => (pid, name),
+            };
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
                     if let Some(ticks) = &ticks {
@@ -427,8 +473,14 @@ fn main() {
                 ticks.unwatch(pid);
             }
         }
+        if let Some(p) = procs.as_mut() {
+            p.maybe();
+        }
         if STOP.load(Ordering::Relaxed) {
             let _ = s.out.flush();
+            if let Some(p) = procs.as_mut() {
+                p.finish();
+            }
             std::process::exit(0);
         }
         if flushed.elapsed() >= FLUSH_EVERY {
@@ -442,7 +494,9 @@ fn main() {
                 if polled {
                     next = (next + period).max(now); // fell behind: skip, don't burst
                 }
-                std::thread::sleep(next.saturating_duration_since(now));
+                let poll = args.out.is_some().then(|| next.saturating_duration_since(now));
+                let read = procs.as_ref().map(|p| p.due_in());
+                nap(wake, poll.into_iter().chain(read).min());
                 false
             }
         };

@@ -1,0 +1,66 @@
+"""daskprobe-sampler (probes/sampler-core), for two probes that share its wake-ups: Python
+stacks ("pyspy": pyspy.py defines the capture) and /proc readings ("proc": procfs.py). A
+timed wait costs a VM 60-110 µs of CPU, more than a reading of every process's /proc: read
+in a thread of daskprobe's own, they were a fifth of what measuring cost on 10 ms tasks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from . import procfs, pyspy
+from .base import CLUSTER_ROLES, SAMPLER_NICE, Probe, is_root, native_binary
+from .procs import spawn, stop
+from .rundir import RunDir
+
+KINDS = ("pyspy", "proc")
+STACK_ROLES = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
+PROC_ROLES = CLUSTER_ROLES | {"probe"}  # the probes' own cost is measured too
+
+
+def _ptrace_allowed() -> bool:
+    """Yama 0 (classic) and 1 (ancestors, and those a process names: daskprobe's children
+    name daskprobe, see procs.our_child) let the sampler read the cluster; 2 and 3 do not."""
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() in ("0", "1")
+    except FileNotFoundError:
+        return True
+
+
+class Sampler(Probe):
+    def __init__(self, kinds: list[str], rate: float = 100.0, native: bool = False):
+        self.kinds, self.rate, self.native = [k for k in KINDS if k in kinds], rate, native
+        self.name = ",".join(self.kinds)
+        self.roles = (STACK_ROLES if "pyspy" in self.kinds else set()) | (PROC_ROLES if "proc" in self.kinds else set())
+
+    def available(self) -> str | None:
+        if native_binary("daskprobe-sampler") is None:
+            return "daskprobe-sampler is not built (run ./setup.sh)"
+        return self.partly_skipped().get("pyspy") if self.kinds == ["pyspy"] else None
+
+    def partly_skipped(self) -> dict[str, str]:
+        if "pyspy" in self.kinds and not is_root() and not _ptrace_allowed():
+            return {"pyspy": "reading other processes' stacks needs root here (kernel.yama.ptrace_scope is 2 or 3)"}
+        return {}
+
+    def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
+        self.stacks = "pyspy" in self.kinds and not self.partly_skipped()
+        cap = run / "captures"
+        cmd = [native_binary("daskprobe-sampler"), "--rate", str(self.rate)] + (["--native"] if self.native else [])
+        cmd += ["--out", str(cap / pyspy.CAPTURE)] if self.stacks else []
+        cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
+        self.proc = spawn(cmd, run.log("sampler"), nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the sampler failed to start: see {run.log('sampler')}")
+
+    def watch(self, proc: dict) -> None:
+        """Each kind whose roles hold the process's (a row without one: each kind)."""
+        role = proc.get("role")
+        lines = f"{proc['pid']} {proc['name']}\n" * (self.stacks and role in STACK_ROLES | {None})
+        lines += f"proc {proc['pid']}\n" * ("proc" in self.kinds and role in PROC_ROLES | {None})
+        self.proc.stdin.write(lines.encode())
+        self.proc.stdin.flush()
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc:
+            stop([self.proc], grace)
