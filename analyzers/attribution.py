@@ -139,7 +139,7 @@ def _runnable(segs, seconds, proc_cpu, pid, runnable, s0, s1, pool) -> pd.DataFr
     it (within the segments) that found another of its threads holding the GIL, the rest
     cpu_starvation. Without such reads (no Python sampler, no runnable time hit), all starvation.
     A read on a tick reports the ticked threads only: a GIL holder on a CPU is among them when its
-    own CPU ticks, one off a CPU at the reads every 100 ms."""
+    own CPU ticks, one off a CPU at the reads every 200 ms."""
     r0, r1, _ = intersect(s0, s1, *runnable)
     reads = proc_cpu[proc_cpu.source == "pyspy"]
     reads = reads[inside(reads.t_ns.to_numpy(), r0, r1)]

@@ -136,7 +136,7 @@ def _gil(s: dict, t: dict) -> dict | None:
 
 def gil_holder(t: dict) -> str | None:
     """The function most often on top of a non-main thread's GIL-holding samples (the sampler reads the
-    holder's stack at each read of it: a tick on it, and every 100 ms), with its process."""
+    holder's stack at each read of it: a tick on it, and every 200 ms), with its process."""
     smp = t["samples"]
     if smp.empty or "owns_gil" not in smp:
         return None

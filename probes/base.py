@@ -21,7 +21,7 @@ CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
 # busy 2-core machine it keeps them from taking CPU from the cluster.
 HELPER_NICE = 10
 # The Python sampler wakes at a CPU tick that found a cluster thread running whose stack BPF could not
-# copy (tickprog.rs), to read it then, and every 100 ms; at
+# copy (tickprog.rs), to read it then, and every 200 ms; at
 # nice 10 it took that CPU from the cluster often enough to slow a scheduler-bound graph (merge-10K,
 # makespan +2-4% against polling); at 19 it waits its turn (docs/measurements.md).
 SAMPLER_NICE = 19

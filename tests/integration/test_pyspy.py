@@ -422,7 +422,7 @@ def _steal_ns() -> int:
     return int(Path("/proc/stat").read_text().split(maxsplit=9)[8]) * 10**9 // os.sysconf("SC_CLK_TCK")
 
 
-def test_each_thread_s_ticks_add_up_to_its_cpu_time_and_the_others_are_read_at_10_hz(tmp_path):
+def test_each_thread_s_ticks_add_up_to_its_cpu_time_and_the_others_are_read_at_5_hz(tmp_path):
     # With perf events the sampler reads a thread when a CPU's tick finds it on that CPU. Ground truth:
     # the CPU time the kernel counted for each thread (schedstat, read by the thread as it ended).
     # blink wakes every 10 ms, the ticks' mean period: at a fixed period it was found in 5 to 8 of
@@ -457,6 +457,6 @@ def test_each_thread_s_ticks_add_up_to_its_cpu_time_and_the_others_are_read_at_1
     sleeper = s[s.thread_name == "sleeper"]
     # asleep but for its start (a tick may find it there, by a chance of about 1 in 200)
     assert sleeper.tick.sum() <= 1 and not sleeper[~sleeper.tick].active.any()
-    # the threads off a CPU are read every 100 ms
-    assert len(sleeper) >= 0.5 * 10 * seconds, (len(sleeper), seconds)
+    # the threads off a CPU are read every 200 ms
+    assert len(sleeper) >= 0.5 * 5 * seconds, (len(sleeper), seconds)
     assert sleeper.iloc[2:].fns.map(lambda f: "nap" in f).all()

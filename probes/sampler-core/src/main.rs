@@ -10,7 +10,7 @@
 //!
 //! A thread is read when a CPU's tick finds it on the CPU (ticks.rs): by
 //! BPF at the tick, for the Python threads our reader has listed
-//! (tickprog.rs; the copies are named here every 100 ms), else by the
+//! (tickprog.rs; the copies are named here every 200 ms), else by the
 //! sampler, woken for that thread (py-spy's reader reads them all, and only
 //! those ticked count as ticked); and every OFF_CPU_EVERY, for the threads
 //! off a CPU. Where perf events cannot be opened, and with --poll, every
@@ -60,8 +60,9 @@ use ticks::{Copied, Tick, Ticks};
 const MAX_READ_NS: u64 = 2_000_000;
 /// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// With ticks, how often the threads off a CPU are read (the stacks they wait in, the GIL holder).
-const OFF_CPU_EVERY: Duration = Duration::from_millis(100);
+/// With ticks, how often the threads off a CPU are read (the stacks they wait in, the GIL holder), and
+/// the copies drained: at 100 ms this was a third of the sampler's CPU on 10 ms tasks.
+const OFF_CPU_EVERY: Duration = Duration::from_millis(200);
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

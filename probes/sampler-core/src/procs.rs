@@ -65,7 +65,7 @@ impl Procs {
         self.next.saturating_duration_since(Instant::now())
     }
 
-    /// A reading if one is due, or nearly: wakes come every 100 ms, and one a little early must
+    /// A reading if one is due, or nearly: wakes come every 200 ms, and one a little early must
     /// not push the reading to the next.
     pub fn maybe(&mut self) {
         let now = Instant::now();

@@ -8,7 +8,7 @@
 //! A tick of a Python thread our reader knows (its PyThreadState, given with
 //! `thread`) is read there and then: the program copies the thread's frames,
 //! leaf first, up to MAX_DEPTH of them, with the thread's ids and the GIL's
-//! state, into a record of the ring that the sampler drains every 100 ms
+//! state, into a record of the ring that the sampler drains every 200 ms
 //! (cpython.rs names them). The sampler is not woken: a wake-up cost it
 //! about 100 µs on this VM, 1% of a CPU's time at 100 Hz, which no reading of
 //! stacks after the tick can avoid. The copy costs the ticked thread a read
@@ -72,7 +72,7 @@ pub const AT_IDENT: usize = offset_of!(Header, ident);
 pub const AT_FRAMES: usize = size_of::<Header>();
 const RECORD: usize = AT_FRAMES + MAX_DEPTH * SLOT;
 /// the ring holds this long of every CPU's ticks: four of the sampler's drains
-const RING_SECONDS: f64 = 0.4;
+const RING_SECONDS: f64 = 0.8;
 /// stacks as deep as this, on average, for the ring's size
 const TYPICAL_DEPTH: usize = 100;
 /// in a `Walk`, a field the version lacks
@@ -154,7 +154,7 @@ impl TickProgram {
     /// From now on `pid`'s ticks are kept: read here as `walk` says, or passed to the sampler.
     pub fn watch(&self, pid: i32, walk: Walk) {
         if let Err(e) = self.procs.update(&(pid as u32), &walk) {
-            eprintln!("daskprobe-sampler: pid {pid} not added to the tick program ({e}): it is read only every 100 ms");
+            eprintln!("daskprobe-sampler: pid {pid} not added to the tick program ({e}): it is read only every 200 ms");
         }
     }
 

@@ -1,7 +1,7 @@
 //! Which threads are on a CPU, from the kernel: a cpu-clock perf event on
 //! each CPU ticks at the sampling rate, skipping the idle task. At a tick
 //! of a Python thread our reader knows, BPF copies its frames into a ring
-//! the sampler drains every 100 ms (tickprog.rs); one of a thread known
+//! the sampler drains every 200 ms (tickprog.rs); one of a thread known
 //! not to be Python's is dropped; any other tick of a sampled process writes
 //! the thread it found running into that CPU's ring, waking the sampler,
 //! which then reads only that thread's stack. So what
