@@ -15,8 +15,11 @@ on a shared VM that is noise no pairing removes. While the session ran
 cluster's are reported too. --sample-rate sets the Python sampler's rate in
 both settings, --cpu-hz the eBPF sampler's. --wire adds: round-trip time of
 a small Dask-framed message and throughput of one 256 MiB frame, through
-the proxy and over a direct loopback socket. --pool DIR... runs nothing and
-summarizes the pairs of earlier runs together.
+the proxy and over a direct loopback socket. --bpf-time (root) has the kernel
+count each BPF program's run time (kernel.bpf_stats_enabled, on for the whole
+benchmark): time spent in the processes the programs trace or interrupt, the
+cluster's mostly, which no measuring process's CPU shows. --pool DIR... runs
+nothing and summarizes the pairs of earlier runs together.
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -41,6 +44,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from ..probes import ebpf_format
 from ..probes.proxy import Route, start_proxy, stop_proxy
 from ..tracer.cluster import free_port
 
@@ -67,8 +71,22 @@ def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
     if proc.exists():  # the last cumulative CPU reading of each measuring process
         cpu = pd.read_parquet(proc).dropna(subset=["process"]).groupby("process").cpu_s.max()
         row |= {f"cpu_s[{name}]": float(v) for name, v in cpu.items() if name.startswith(("probe:", "proxy", "daskprobe"))}
-        row |= session_cpu(out)
+        row |= session_cpu(out) | bpf_time(out)
     return row
+
+
+def bpf_time(run: Path) -> dict:
+    """With --bpf-time: the seconds each BPF program ran in the run (the kernel's count), as
+    `bpf_s[name]`, and the cluster's CPU seconds over the whole run (its processes' /proc readings)."""
+    path = run / "captures" / ebpf_format.PROGRAMS
+    if not path.exists():
+        return {}
+    programs = pd.read_csv(path, sep="\t", names=["name", "runs", "ns"]).groupby("name").ns.sum() / 1e9
+    proc = pd.read_parquet(run / "tables" / "proc.parquet").dropna(subset=["process"])
+    roles = pd.read_parquet(run / "tables" / "processes.parquet").set_index("name").role
+    used = proc.groupby("process").cpu_s.agg(lambda c: c.max() - c.min())
+    cluster = used[used.index.map(roles).isin(["scheduler", "worker", "nanny", "client"])].sum()
+    return {f"bpf_s[{name}]": float(v) for name, v in programs.items()} | {"run_cluster_cpu_s": float(cluster)}
 
 
 def session_cpu(run: Path) -> dict:
@@ -242,6 +260,22 @@ def session_share(df: pd.DataFrame, by: str = "probes") -> pd.DataFrame:
                       else c)
 
 
+def bpf_share(df: pd.DataFrame) -> pd.DataFrame:
+    """Per graph, setting and BPF program (and `all` of them), medians over runs: its run time per
+    run (ms) and its share of the cluster's CPU over the run. BPF runs in whatever process it
+    interrupts or traces: mostly the cluster's, where no measuring process's CPU shows it."""
+    cols = [c for c in df.columns if c.startswith("bpf_s[")]
+    if not cols:
+        return pd.DataFrame()
+    runs = df.dropna(subset=["run_cluster_cpu_s"]).assign(**{"bpf_s[all]": lambda d: d[cols].sum(axis=1)})
+    long = runs.melt(id_vars=["graph", "probes", "run_cluster_cpu_s"], value_vars=cols + ["bpf_s[all]"],
+                     var_name="program", value_name="s").dropna()
+    long["program"] = long.program.str[len("bpf_s["):-1].str.removeprefix("tracepoint__")
+    long["ms"], long["percent_of_cluster"] = long.s * 1000, 100 * long.s / long.run_cluster_cpu_s
+    out = long.groupby(["graph", "probes", "program"], sort=False)[["ms", "percent_of_cluster"]].median()
+    return out.reset_index().sort_values(["graph", "probes"], kind="stable", ignore_index=True)
+
+
 def steal(df: pd.DataFrame, by: str = "probes") -> pd.DataFrame:
     """Median and largest steal per run, per graph and setting (runs recorded before steal was: none)."""
     if "steal_s" not in df:
@@ -268,6 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--big-frame-mib", type=int, default=256)
     ap.add_argument("--sample-rate", type=float, help="py-spy's rate in both settings (default: daskprobe's)")
     ap.add_argument("--cpu-hz", type=int, help="the eBPF CPU sampler's rate in both settings (default: daskprobe's)")
+    ap.add_argument("--bpf-time", action="store_true",
+                    help="count BPF programs' run time (kernel.bpf_stats_enabled, root; it adds a little to each run)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                     help="run nothing: summarize the pairs of earlier runs' --out directories together")
@@ -291,11 +327,20 @@ def main(argv=None) -> int:
             results["wire"] = wire(Path(tmp), args.round_trips, args.big_frame_mib << 20, 5)
     run_args = ["--sample-rate", str(args.sample_rate)] * bool(args.sample_rate) + \
         ["--cpu-hz", str(args.cpu_hz)] * bool(args.cpu_hz)
-    raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
+    was = args.bpf_time and ebpf_format.stats_enabled()
+    try:
+        if args.bpf_time:
+            ebpf_format.stats_enabled(True)
+        raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
+    finally:
+        if args.bpf_time:
+            ebpf_format.stats_enabled(was)
     summary, cpu, stolen, share = summarize(raw, pair), probe_cpu(raw), steal(raw), session_share(raw)
+    in_bpf = bpf_share(raw)
     raw.to_csv(out / "results.csv", index=False)
     results |= {"makespan": summary.to_dict("records"), "probe_cpu_s": cpu.to_dict("records"),
-                "session_cpu": share.to_dict("records"), "steal_s": stolen.to_dict("records")}
+                "session_cpu": share.to_dict("records"), "steal_s": stolen.to_dict("records"),
+                "bpf_ms": in_bpf.to_dict("records")}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print_table(f"makespan ratio {b} / {a} (median of ABBA pairs)", summary)
     if not cpu.empty:
@@ -303,6 +348,9 @@ def main(argv=None) -> int:
     if not share.empty:
         print_table("CPU seconds while the session ran: each measuring process, the cluster, and the measuring "
                     "share of the cluster's (median over runs; budget 0.02)", share)
+    if not in_bpf.empty:
+        print_table("milliseconds per run in each BPF program, and as a share of the cluster's CPU over the run "
+                    "(median over runs; spent in the processes they trace or interrupt)", in_bpf)
     if not stolen.empty:
         print_table(STEAL_TITLE, stolen)
     if args.wire:

@@ -100,8 +100,8 @@ def one(exe: Path, mode: str, hz: int, seconds: float, out: Path) -> dict:
     unwind_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     samples, stacks, frames = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", 0, 0)
     n, share = chain_share(samples, stacks, frames, target.pid, CHAIN)
-    programs = pd.read_csv(cap / "ebpf_programs.tsv", sep="\t", names=["name", "runs", "ns"]).set_index("name")
-    written = sum(f.stat().st_size for f in cap.glob("ebpf_*") if f.name != "ebpf_programs.tsv")
+    programs = pd.read_csv(cap / ebpf_format.PROGRAMS, sep="\t", names=["name", "runs", "ns"]).set_index("name")
+    written = sum(f.stat().st_size for f in cap.glob("ebpf_*") if f.name != ebpf_format.PROGRAMS)
     return {"mode": mode, "samples": n, "chain_share": share,
             "bpf_us": programs.ns["on_cpu_sample"] / max(n, 1) / 1e3,
             "agent_us": agent_s / max(n, 1) * 1e6, "bytes": written / max(n, 1),
@@ -116,13 +116,6 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _stats_enabled(on: bool | None = None) -> bool:
-    path = Path("/proc/sys/kernel/bpf_stats_enabled")
-    if on is not None:
-        path.write_text("1" if on else "0")
-    return path.read_text().strip() == "1"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=5)
@@ -135,17 +128,17 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     exe = build_chain(out)
-    was = _stats_enabled()
+    was = ebpf_format.stats_enabled()
     plan = []
     for r in range(args.repeat):
         for mode in ("fp", "dwarf") if r % 2 == 0 else ("dwarf", "fp"):
             run = functools.partial(one, exe, mode, args.hz, args.seconds, out / f"{mode}-r{r}")
             plan.append((f"{mode} r{r}", lambda run=run, r=r: run() | {"repeat": r}))
     try:
-        _stats_enabled(True)
+        ebpf_format.stats_enabled(True)
         summary = run_all(out, plan, summarize)
     finally:
-        _stats_enabled(was)
+        ebpf_format.stats_enabled(was)
     show(summary, [("the chain found", ["mode", "chain_share_median", "chain_share_min", "samples_median"]),
                    ("per sample: in BPF (µs)", ["mode", "bpf_us_median", "bpf_us_min", "bpf_us_max"]),
                    ("per sample: agent CPU (µs), bytes written, unwinding CPU (µs)",

@@ -19,7 +19,7 @@ appends to DIR:
     ebpf_ustacks.bin struct ustack records (ebpf_format.py): CPU samples of the native processes,
                      with their user registers and the top of their user stack, as BPF copied them
     ebpf_maps.tsv    t_ns pid start end offset path   (a sampled process's executable mappings, hex, when they change)
-    ebpf_programs.tsv  name runs run_time_ns        (each BPF program's cost, if the kernel counts it)
+    ebpf_programs.tsv  name runs run_time_ns        (each BPF program's cost, if the kernel counts it: ebpf_format)
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
                      pid -1: the whole agent, e.g. events lost to a full ring buffer)
@@ -520,13 +520,9 @@ class Agent:
             self.out("ebpf_events.bin", "ab").write(b"".join(map(ebpf_format.record, ended)))
 
     def program_costs(self) -> None:
-        """Each BPF program's runs and time in them, which the kernel counts only while
-        sysctl kernel.bpf_stats_enabled is 1 (the unwinding benchmark turns it on)."""
-        for name, fn in self.b.funcs.items():
-            with open(f"/proc/self/fdinfo/{fn.fd}") as f:
-                info = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-            if int(info.get("run_cnt", 0)):
-                self.out("ebpf_programs.tsv").write(f"{name.decode()}\t{info['run_cnt']}\t{info['run_time_ns']}\n")
+        names = {fn.fd: name.decode() for name, fn in self.b.funcs.items()}
+        if lines := ebpf_format.program_costs(os.getpid(), names):
+            self.out(ebpf_format.PROGRAMS).write(lines)
 
 
 class RingReader:

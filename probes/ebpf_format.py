@@ -8,6 +8,7 @@ sibling, and numpy is imported only by the readers' call.
 """
 
 import ctypes
+import os
 import struct
 
 # In order, each at its natural alignment, as C, BPF, ctypes and numpy (align=True) all place them.
@@ -115,3 +116,34 @@ def timens_ns() -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+# Each BPF program's cost, counted by the kernel only while sysctl kernel.bpf_stats_enabled is 1
+# (the overhead and unwinding benchmarks turn it on): written at their end by the agent and the
+# sampler, one line per program that ran.
+PROGRAMS = "ebpf_programs.tsv"  # name  runs  run_time_ns
+STATS = "/proc/sys/kernel/bpf_stats_enabled"
+
+
+def stats_enabled(on: bool | None = None) -> bool:
+    """Whether the kernel counts BPF programs' runs and run time; `on` sets it first (root)."""
+    if on is not None:
+        with open(STATS, "w") as f:
+            f.write("1" if on else "0")
+    with open(STATS) as f:
+        return f.read().strip() == "1"
+
+
+def program_costs(pid: int, names: dict[int, str], other: str = "bpf") -> str:
+    """PROGRAMS' lines for the BPF programs process `pid` holds open that ran: by `names` (fd ->
+    name), the others named `other` (its lines are summed by name)."""
+    lines = []
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                info = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:  # closed meanwhile
+            continue
+        if "prog_type" in info and int(info.get("run_cnt", 0)):
+            lines.append(f"{names.get(int(fd), other)}\t{info['run_cnt']}\t{info['run_time_ns']}\n")
+    return "".join(lines)

@@ -5,13 +5,14 @@ in a thread of daskprobe's own, they were a fifth of what measuring cost on 10 m
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
-from . import procfs, pyspy
+from . import ebpf_format, procfs, pyspy
 from .base import CLUSTER_ROLES, SAMPLER_NICE, Probe, is_root, native_binary
 from .procs import spawn, stop
-from .rundir import RunDir
+from .rundir import RunDir, open_append
 
 KINDS = ("pyspy", "proc")
 STACK_ROLES = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
@@ -28,6 +29,8 @@ def _ptrace_allowed() -> bool:
 
 
 class Sampler(Probe):
+    """One daskprobe-sampler for the kinds chosen (KINDS), named after them (`pyspy,proc`)."""
+
     def __init__(self, kinds: list[str], rate: float = 100.0, native: bool = False):
         self.kinds, self.rate, self.native = [k for k in KINDS if k in kinds], rate, native
         self.name = ",".join(self.kinds)
@@ -45,7 +48,7 @@ class Sampler(Probe):
 
     def start(self, run: RunDir, ports: set[int] = frozenset()) -> None:
         self.stacks = "pyspy" in self.kinds and not self.partly_skipped()
-        cap = run / "captures"
+        cap = self.captures = run / "captures"
         cmd = [native_binary("daskprobe-sampler"), "--rate", str(self.rate)] + (["--native"] if self.native else [])
         cmd += ["--out", str(cap / pyspy.CAPTURE)] if self.stacks else []
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
@@ -63,4 +66,12 @@ class Sampler(Probe):
 
     def stop(self, grace: float = 5.0) -> None:
         if self.proc:
+            self._program_costs()
             stop([self.proc], grace)
+
+    def _program_costs(self) -> None:
+        """Its BPF tick programs' cost so far, where the kernel counts it, beside the eBPF agent's."""
+        with contextlib.suppress(OSError):  # it has ended, or the disk is full: the run goes on
+            if self.proc.poll() is None and (lines := ebpf_format.program_costs(self.proc.pid, {}, "sampler_tick")):
+                with open_append(self.captures / ebpf_format.PROGRAMS, text=True) as f:
+                    f.write(lines)

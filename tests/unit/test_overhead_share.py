@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from daskprobe.experiments.overhead import session_cpu
+from daskprobe.experiments.overhead import bpf_time, session_cpu
 
 
 def test_cpu_inside_the_window_is_interpolated_and_shared_out_by_role(tmp_path):
@@ -23,3 +23,19 @@ def test_cpu_inside_the_window_is_interpolated_and_shared_out_by_role(tmp_path):
     assert got["session_cluster_cpu_s"] == pytest.approx(2_000 * 3.0)  # 2,000 ns of the window at 3 s per ns
     assert got["session_cpu_s[proxy]"] == pytest.approx(200) and got["session_cpu_s[daskprobe]"] == 0
     assert got["measuring_share"] == pytest.approx((200 + 100) / 6_000)
+
+
+def test_bpf_time_sums_each_program_s_lines_against_the_cluster_s_cpu_over_the_run(tmp_path):
+    for d in ("tables", "captures"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "captures" / "ebpf_programs.tsv").write_text(
+        "on_cpu_sample\t10\t3000000\nsampler_tick\t5\t1000000\nsampler_tick\t7\t2000000\n")
+    pd.DataFrame({"name": ["scheduler", "worker-0", "probe:pyspy,proc"], "role": ["scheduler", "worker", "probe"]}
+                 ).to_parquet(tmp_path / "tables" / "processes.parquet")
+    pd.DataFrame({"process": ["scheduler", "scheduler", "worker-0", "worker-0", "probe:pyspy,proc"],
+                  "t_ns": [0, 10, 0, 10, 10], "cpu_s": [1.0, 3.0, 0.5, 1.5, 9.0]}).to_parquet(
+        tmp_path / "tables" / "proc.parquet")
+    got = bpf_time(tmp_path)
+    assert got == pytest.approx({"bpf_s[on_cpu_sample]": 0.003, "bpf_s[sampler_tick]": 0.003,
+                                 "run_cluster_cpu_s": 3.0})
+    assert bpf_time(tmp_path.parent / "none") == {}
