@@ -398,7 +398,7 @@ def test_an_unusable_out_is_refused_with_a_message(tmp_path, kind):
     assert kind == "read-only" or "keep" in ((out / "mine") if kind == "not empty" else out).read_text()
 
 
-@pytest.mark.parametrize("victim", ["probe:pyspy", "proxy"])
+@pytest.mark.parametrize("victim", ["probe:pyspy,proc", "proxy"])
 def test_a_helper_killed_mid_run_makes_the_run_partial_and_says_so(tmp_path, victim):
     p, run, marker, go = start(tmp_path, "--workers", "1", "--probes", "proxy,pyspy,proc")
     wait_for(marker.exists, what="the flow to start")
