@@ -52,9 +52,10 @@ class Sampler(Probe):
         cmd = [native_binary("daskprobe-sampler"), "--rate", str(self.rate)] + (["--native"] if self.native else [])
         cmd += ["--out", str(cap / pyspy.CAPTURE)] if self.stacks else []
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
-        self.proc = spawn(cmd, run.log("sampler"), nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.log = run.log("sampler")
+        self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self.proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"the sampler failed to start: see {run.log('sampler')}")
+            raise RuntimeError(f"the sampler failed to start: see {self.log}")
 
     def watch(self, proc: dict) -> None:
         """Each kind whose roles hold the process's (a row without one: each kind)."""
@@ -68,6 +69,14 @@ class Sampler(Probe):
         if self.proc:
             self._program_costs()
             stop([self.proc], grace)
+            self.error = self.error or self._capture_stopped()
+
+    def _capture_stopped(self) -> str | None:
+        """Why it stopped writing a capture (a full disk), as it said on stdout before it ended."""
+        if self.proc.poll() is None:  # not ended: what it said cannot be read to its end
+            return None
+        said = self.proc.stdout.read().decode(errors="replace").splitlines()
+        return next((ln.removeprefix("capture stopped: ") for ln in said if ln.startswith("capture stopped")), None)
 
     def _program_costs(self) -> None:
         """Its BPF tick programs' cost so far, where the kernel counts it, beside the eBPF agent's."""

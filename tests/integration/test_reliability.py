@@ -311,6 +311,8 @@ with Client() as c:
         assert p.returncode == 0, p.stderr[-3000:]  # the user's command exited 0
         assert not ours_in_a_traceback(p.stderr.split("stage failed")[0])
         assert f"filesystem at {disk}" in p.stderr, p.stderr[-3000:]
+        if messages == "tap":  # the sampler writes stacks and /proc readings every 200 ms: it says it stopped
+            assert "probe pyspy,proc stopped early: writing" in p.stderr, p.stderr[-3000:]
         run = RunDir(disk / "run")
         assert json.loads((run / "run.json").read_text())["partial"] is True  # a whole file, and says so
         filler.unlink()

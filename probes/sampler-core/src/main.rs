@@ -25,6 +25,15 @@
 //! up to 100 ms for a thread off a CPU: cpython.rs); a read that took longer
 //! is dropped, as an L line.
 
+/// A line in the sampler's log (stderr: the run's logs/sampler.log), never a panic where it cannot be
+/// written (a full disk), as eprintln! would: the capture already written must not be lost to it.
+macro_rules! log {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "daskprobe-sampler: {}", format_args!($($t)*));
+    }};
+}
+
 mod bpf;
 mod cpython;
 mod frames;
@@ -63,6 +72,8 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// With ticks, how often the threads off a CPU are read (the stacks they wait in, the GIL holder), and
 /// the copies drained: at 100 ms this was a third of the sampler's CPU on 10 ms tasks.
 const OFF_CPU_EVERY: Duration = Duration::from_millis(200);
+// with ticks, /proc is read at these wake-ups: they must come at least as often as its readings are due
+const _: () = assert!(OFF_CPU_EVERY.as_millis() <= procs::PERIOD.as_millis());
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -312,6 +323,23 @@ struct Sampler<W: Write> {
     samples: Vec<ThreadSample>,
 }
 
+impl Sampler<BufWriter<Box<dyn Write>>> {
+    /// Writes what is buffered; after a failed write (a full disk) it writes no more.
+    fn flush(&mut self) {
+        if let Err(e) = self.out.flush() {
+            capture_stopped("--out", &e);
+            self.out = BufWriter::new(Box::new(std::io::sink()));
+        }
+    }
+}
+
+/// Says that a capture is no longer written, and why: in the log, and on stdout, which daskprobe
+/// reads as the sampler ends (the log may be on the disk that is full).
+fn capture_stopped(what: &str, e: &std::io::Error) {
+    log!("writing {what}: {e}: capture stopped");
+    let _ = writeln!(std::io::stdout(), "capture stopped: writing {what}: {e}");
+}
+
 impl<W: Write> Sampler<W> {
     /// One round's reads of a process (see the top of this file); false when it is gone.
     /// `due`: polling, the time to read; with ticks, to read the threads off a CPU.
@@ -398,7 +426,7 @@ impl<W: Write> Sampler<W> {
 
 fn main() {
     let args = parse_args().unwrap_or_else(|e| {
-        eprintln!("daskprobe-sampler: {e}");
+        log!("{e}");
         std::process::exit(2);
     });
     let mut config = Config::default();
@@ -417,7 +445,7 @@ fn main() {
     let new_pids = read_pids(wake);
     let mut ticks = (args.out.is_some() && !args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
         .and_then(|t| {
-            t.map_err(|e| eprintln!("daskprobe-sampler: no CPU ticks ({e}): every thread is read {} times a second",
+            t.map_err(|e| log!("no CPU ticks ({e}): every thread is read {} times a second",
                                     args.rate)).ok()
         });
     let mut targets: Vec<Target> = Vec::new();
@@ -429,16 +457,23 @@ fn main() {
     stop_on_signals();
     println!("ready");
     loop {
-        while let Ok(w) = new_pids.try_recv() {
+        // /proc's first: an attach can take a few hundred ms (py-spy retries a process that is starting),
+        // and /proc is read on time between them
+        let (proc_watches, stack_watches): (Vec<_>, Vec<_>) =
+            new_pids.try_iter().partition(|w| matches!(w, Watch::Proc(_)));
+        for w in proc_watches.into_iter().chain(stack_watches) {
             let (pid, name) = match w {
                 Watch::Proc(pid) => {
-                    procs.as_mut().map_or_else(|| eprintln!("daskprobe-sampler: no --proc: {pid} not read"),
+                    procs.as_mut().map_or_else(|| log!("no --proc: {pid} not read"),
                                                |p| p.watch(pid));
                     continue;
                 }
                 Watch::Stacks(_, _) if args.out.is_none() => continue, // no --out: no stacks
                 Watch::Stacks(pid, name) => (pid, name),
             };
+            if let Some(p) = procs.as_mut() {
+                p.maybe();
+            }
             match Target::attach(pid, &config, args.pyspy_only) {
                 Ok(t) => {
                     if let Some(ticks) = &ticks {
@@ -478,14 +513,14 @@ fn main() {
             p.maybe();
         }
         if STOP.load(Ordering::Relaxed) {
-            let _ = s.out.flush();
+            s.flush();
             if let Some(p) = procs.as_mut() {
                 p.finish();
             }
             std::process::exit(0);
         }
         if flushed.elapsed() >= FLUSH_EVERY {
-            let _ = s.out.flush();
+            s.flush();
             flushed = Instant::now();
         }
         timer = match ticks.as_mut() {

@@ -40,18 +40,22 @@ pub struct Procs {
     changed: HashSet<i32>,
     readings: u32,
     next: Instant,
+    /// when the last reading was taken
+    read_at: Option<Instant>,
+    /// a write failed (a full disk): nothing more is read
+    stopped: bool,
 }
 
 /// A capture opened for appending, never through a symlink planted where it goes (ELOOP instead).
 pub fn append(path: &str) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).custom_flags(libc::O_NOFOLLOW).open(path)
+    OpenOptions::new().create(true).append(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 impl Procs {
     pub fn open(proc_path: &str, threads_path: &str) -> io::Result<Procs> {
         Ok(Procs { out: BufWriter::new(append(proc_path)?), names: BufWriter::new(append(threads_path)?),
                    watched: HashMap::new(), named: HashSet::new(), changed: HashSet::new(), readings: 0,
-                   next: Instant::now() })
+                   next: Instant::now(), read_at: None, stopped: false })
     }
 
     pub fn watch(&mut self, pid: i32) {
@@ -69,7 +73,7 @@ impl Procs {
     /// not push the reading to the next.
     pub fn maybe(&mut self) {
         let now = Instant::now();
-        if now + PERIOD / 4 < self.next {
+        if self.stopped || now + PERIOD / 4 < self.next {
             return;
         }
         self.next = (self.next + PERIOD).max(now + PERIOD / 2); // fell behind: skip, don't burst
@@ -81,20 +85,32 @@ impl Procs {
             self.name_threads();
         }
         self.readings += 1;
-        let _ = self.out.flush();
-        let _ = self.names.flush();
+        self.flush();
     }
 
-    /// The last reading, and every thread's name.
+    /// The last reading (unless one was just taken), and every thread's name.
     pub fn finish(&mut self) {
-        self.read();
+        if self.stopped {
+            return;
+        }
+        if self.read_at.is_none_or(|at| at.elapsed() >= PERIOD / 2) {
+            self.read();
+        }
         self.changed = self.watched.keys().copied().collect();
         self.name_threads();
-        let _ = self.out.flush();
-        let _ = self.names.flush();
+        self.flush();
+    }
+
+    /// After a failed write (a full disk) nothing more is read; what was written stays readable.
+    fn flush(&mut self) {
+        if let Err(e) = self.out.flush().and_then(|_| self.names.flush()) {
+            crate::capture_stopped("--proc or --threads", &e);
+            self.stopped = true;
+        }
     }
 
     fn read(&mut self) {
+        self.read_at = Some(Instant::now());
         let mut buf = [0u8; 1024];
         let mut gone = Vec::new();
         for (&pid, w) in self.watched.iter_mut() {
@@ -123,9 +139,11 @@ impl Procs {
                 if self.named.contains(&(pid, tid)) {
                     continue;
                 }
-                let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) else { continue };
+                let Ok(comm) = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")) else { continue };
                 self.named.insert((pid, tid));
-                let _ = writeln!(self.names, "{pid}\t{tid}\t{}", comm.trim_end_matches('\n').replace('\t', " "));
+                // 15 bytes, cut where they fall: a character cut short reads as U+FFFD
+                let comm = String::from_utf8_lossy(&comm).trim_end_matches('\n').replace(['\t', '\n'], " ");
+                let _ = writeln!(self.names, "{pid}\t{tid}\t{comm}");
             }
         }
     }

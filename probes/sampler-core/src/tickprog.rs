@@ -144,7 +144,7 @@ impl TickProgram {
         match Copier::load(&procs, cpus, rate) {
             Ok((prog, copier)) => Ok(TickProgram { prog, procs, copier: Some(copier) }),
             Err(e) => {
-                eprintln!("daskprobe-sampler: no stack reader at the tick ({e}): each tick wakes the sampler");
+                log!("no stack reader at the tick ({e}): each tick wakes the sampler");
                 let prog = load_perf_program(&filter(&procs))?;
                 Ok(TickProgram { prog, procs, copier: None })
             }
@@ -154,7 +154,7 @@ impl TickProgram {
     /// From now on `pid`'s ticks are kept: read here as `walk` says, or passed to the sampler.
     pub fn watch(&self, pid: i32, walk: Walk) {
         if let Err(e) = self.procs.update(&(pid as u32), &walk) {
-            eprintln!("daskprobe-sampler: pid {pid} not added to the tick program ({e}): it is read only every 200 ms");
+            log!("pid {pid} not added to the tick program ({e}): it is read only every 200 ms");
         }
     }
 
@@ -170,7 +170,7 @@ impl TickProgram {
         match tstate {
             Some(t) => {
                 if let Err(e) = threads.update(&key, &t) {
-                    eprintln!("daskprobe-sampler: thread {tid} not given to the tick program: {e}");
+                    log!("thread {tid} not given to the tick program: {e}");
                 }
             }
             None => threads.delete(&key),

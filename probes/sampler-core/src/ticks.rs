@@ -118,7 +118,7 @@ impl Ticks {
     pub fn open(rate: f64, wake: libc::c_int, every: Duration) -> Result<Ticks, String> {
         let cpus = online_cpus()?;
         let program = TickProgram::load(cpus.len(), rate)
-            .map_err(|e| eprintln!("daskprobe-sampler: no tick filter ({e}): ticks of every process wake the sampler"))
+            .map_err(|e| log!("no tick filter ({e}): ticks of every process wake the sampler"))
             .ok();
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let attr = Attr {
@@ -154,7 +154,7 @@ impl Ticks {
             if let Some(f) = &program {
                 if unsafe { libc::ioctl(fd, PERF_EVENT_IOC_SET_BPF, f.prog) } < 0 {
                     // its ticks all wake the sampler, which keeps those of its processes
-                    eprintln!("daskprobe-sampler: no tick filter on CPU {cpu}: {}", Error::last_os_error());
+                    log!("no tick filter on CPU {cpu}: {}", Error::last_os_error());
                 }
             }
         }
