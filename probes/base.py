@@ -101,16 +101,6 @@ def tsv_rows(path: Path, columns: dict[str, str]) -> pd.DataFrame:
     return df.dropna(subset=ints).astype(columns).reset_index(drop=True)
 
 
-def capture_stopped(log: Path) -> str | None:
-    """Why a helper that runs on when a capture cannot be written (a full disk) stopped writing it,
-    as its log says ("... capture stopped ...")."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    return next((ln.strip() for ln in text.splitlines() if "capture stopped" in ln), None)
-
-
 def ended_early(proc) -> str | None:
     """How a helper process that should still run has ended (None if it runs or there is none)."""
     code = proc.poll() if proc is not None else None

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..probes.base import Probe, capture_stopped, ended_early
+from ..probes.base import Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
@@ -370,8 +370,7 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     record(run, teardown_s=seconds)
     note_killed(run, killed, f"did not stop within {signals.grace:g} s of SIGTERM (a task still running?)")
     errors = died | {p.name: p.error for p in started if getattr(p, "error", None)}
-    # the proxy forwards on (and the tap reads on) when its capture cannot be written
-    if cluster and (stopped := capture_stopped(run.log(recorder))):
+    if cluster and (stopped := _capture_stopped(run, recorder)):
         errors[recorder] = stopped
     if cluster:
         record(run, processes=_processes(cluster, started, client, command))
@@ -380,6 +379,16 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
         full = "No space left" in error or "quota" in error.lower()
         say(f"probe {name} stopped early: {error}" + (f" ({disk_of(run.path)})" if full else ""))
     return bool(errors)
+
+
+def _capture_stopped(run: RunDir, recorder: str) -> str | None:
+    """The proxy forwards on (and the tap reads on) when its capture cannot be written; its log says
+    why it stopped capturing."""
+    try:
+        log = run.log(recorder).read_text(errors="replace")
+    except OSError:
+        return None
+    return next((ln.strip() for ln in log.splitlines() if "capture stopped" in ln), None)
 
 
 def note_killed(run: RunDir, procs: list[subprocess.Popen], why: str) -> None:
