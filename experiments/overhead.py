@@ -312,6 +312,8 @@ def main(argv=None) -> int:
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
     pair = (a, b)
+    if args.bpf_time and os.geteuid() != 0:
+        ap.error("--bpf-time needs root: it sets kernel.bpf_stats_enabled")
     if args.pool:
         raw = pooled(args.pool)
         print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(raw, pair))

@@ -72,6 +72,21 @@ def ours_in_a_traceback(err: str) -> bool:
     return any(line.strip().startswith("File ") and any(o in line for o in ours) for line in err.splitlines())
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """A test that fails before its run ends would leave it waiting for `go`: its daskprobe is
+    killed (its helpers and cluster die with it)."""
+    yield
+    while STARTED:
+        p = STARTED.pop()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def start(tmp_path, *opts, flow_code=None):
     marker, go = tmp_path / "started", tmp_path / "go"
     flow = write_flow(tmp_path / "flow.py", flow_code or SLEEPER.format(marker=str(marker), go=str(go)))
@@ -79,6 +94,7 @@ def start(tmp_path, *opts, flow_code=None):
     p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out), *opts, "--",
                           sys.executable, str(flow)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
+    STARTED.append(p)
     return p, RunDir(out), marker, go
 
 

@@ -13,6 +13,7 @@
 //! once a second in the processes whose thread count changed, every 10 s and
 //! at the end in all (listing them all each second was a quarter of the cost).
 
+use crate::procstat::after_comm;
 use daskprobe_clock::now_ns;
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -163,8 +164,7 @@ impl Stat {
     /// After the command name, which may hold spaces and parentheses: [0] the state, [11] and [12]
     /// utime and stime in ticks, [17] the thread count, [21] RSS in pages.
     fn parse(text: &[u8]) -> Option<Stat> {
-        let close = text.iter().rposition(|&b| b == b')')?;
-        let f: Vec<&str> = std::str::from_utf8(&text[close + 1..]).ok()?.split_whitespace().collect();
+        let f: Vec<&str> = std::str::from_utf8(after_comm(text)?).ok()?.split_whitespace().collect();
         let n = |i: usize| f.get(i)?.parse::<u64>().ok();
         Some(Stat { ended: matches!(*f.first()?, "Z" | "X"), utime: n(11)?, stime: n(12)?, threads: n(17)?,
                     rss: n(21)? })

@@ -45,11 +45,15 @@ impl ThreadStat {
             return Some(State { running: false, ran });
         }
         let n = self.stat.read_at(&mut buf, 0).ok()?;
-        // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'
-        let close = buf[..n].iter().rposition(|&b| b == b')')?;
-        let state = *buf.get(close + 2)?;
+        let state = *after_comm(&buf[..n])?.get(1)?;
         Some(State { running: state == b'R', ran })
     }
+}
+
+/// A /proc stat line after its command name: " S ppid ...". The name ("pid (comm) S ...") may hold
+/// spaces and parentheses: what follows the last ')' is the rest.
+pub fn after_comm(stat: &[u8]) -> Option<&[u8]> {
+    Some(&stat[stat.iter().rposition(|&b| b == b')')? + 1..])
 }
 
 fn schedstat(text: &[u8]) -> Option<(u64, u64)> {
