@@ -19,7 +19,8 @@ the proxy and over a direct loopback socket. --bpf-time (root) has the kernel
 count each BPF program's run time (kernel.bpf_stats_enabled, on for the whole
 benchmark): time spent in the processes the programs trace or interrupt, the
 cluster's mostly, which no measuring process's CPU shows. --pool DIR... runs
-nothing and summarizes the pairs of earlier runs together.
+nothing and summarizes the pairs of earlier runs together (the pair the first
+set ran, unless --compare says which).
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -295,7 +296,8 @@ def print_table(title: str, df: pd.DataFrame) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="merge-10K,merge_slow-1K-0.01")
-    ap.add_argument("--compare", default="none:proxy", help="two --probes settings A:B; reported: B/A")
+    ap.add_argument("--compare", help="two --probes settings A:B; reported: B/A (default none:proxy; "
+                    "with --pool, the pair the first set ran)")
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--wire", action="store_true", help="also the proxy's latency and big-frame throughput")
     ap.add_argument("--round-trips", type=int, default=5000)
@@ -308,14 +310,16 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                     help="run nothing: summarize the pairs of earlier runs' --out directories together")
     args = ap.parse_args(argv)
+    raw = pooled(args.pool) if args.pool else None
+    if args.compare is None:  # each set runs its pair A, B first
+        args.compare = ":".join(raw.probes.iloc[:2]) if raw is not None else "none:proxy"
     a, _, b = args.compare.partition(":")
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
     pair = (a, b)
     if args.bpf_time and os.geteuid() != 0:
         ap.error("--bpf-time needs root: it sets kernel.bpf_stats_enabled")
-    if args.pool:
-        raw = pooled(args.pool)
+    if raw is not None:
         print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(raw, pair))
         if not (stolen := steal(raw)).empty:
             print_table(STEAL_TITLE, stolen)

@@ -39,3 +39,15 @@ def test_bpf_time_sums_each_program_s_lines_against_the_cluster_s_cpu_over_the_r
     assert got == pytest.approx({"bpf_s[on_cpu_sample]": 0.003, "bpf_s[sampler_tick]": 0.003,
                                  "run_cluster_cpu_s": 3.0})
     assert bpf_time(tmp_path.parent / "none") == {}
+
+
+def test_pool_compares_the_pair_its_sets_ran_unless_told(tmp_path, capsys, monkeypatch):
+    from daskprobe.experiments.overhead import main
+    monkeypatch.setenv("COLUMNS", "200")  # rich's tables, uncut
+    rows = [{"graph": "g", "rep": rep, "probes": probes, "makespan_s": s}
+            for rep, pair in enumerate([(("none", 1.0), ("all", 1.1)), (("all", 2.2), ("none", 2.0))])
+            for probes, s in pair]
+    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
+    assert main(["--pool", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "all / none" in out and "1.100" in out
