@@ -69,12 +69,12 @@ def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_p
     procs = RunDir(out).table("processes").set_index("name")
     assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
     # its main thread sat in stdin.readline() from before the attach to after it: asleep all along
-    # (read every 100 ms as a thread off a CPU; a CPU tick never found it)
+    # (read every 200 ms as a thread off a CPU, some 10 reads over the script; a CPU tick never found it)
     pid = truth["pids"][-1]
     cpu, smp = RunDir(out).table("cpu_samples"), RunDir(out).table("samples")
     main = cpu[(cpu.pid == pid) & (cpu.tid == pid) & (cpu.source == "pyspy")]
     ticks = smp[(smp.pid == pid) & (smp.tid == pid) & (smp.source == "pyspy")].tick.fillna(False).sum()
-    assert len(main) >= 10 and main.on_cpu.mean() < 0.05 and ticks <= 1, (len(main), main.on_cpu.mean(), ticks)
+    assert len(main) >= 5 and main.on_cpu.mean() < 0.05 and ticks <= 1, (len(main), main.on_cpu.mean(), ticks)
     standing.stdin.write("go on\n")
     standing.stdin.flush()
     assert standing.stdout.readline().strip() == "3", "the cluster no longer works after the recording"
