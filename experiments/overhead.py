@@ -19,8 +19,8 @@ the proxy and over a direct loopback socket. --bpf-time (root) has the kernel
 count each BPF program's run time (kernel.bpf_stats_enabled, on for the whole
 benchmark): time spent in the processes the programs trace or interrupt, the
 cluster's mostly, which no measuring process's CPU shows. --pool DIR... runs
-nothing and summarizes the pairs of earlier runs together (the pair the first
-set ran, unless --compare says which).
+nothing and summarizes the pairs of earlier runs together (the pair they ran,
+unless --compare says which).
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -222,7 +222,7 @@ def summarize(df: pd.DataFrame, pair: tuple[str, str], by: str = "probes") -> pd
     wide["ratio"] = wide[b] / wide[a]
     table = wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
                                       ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
-                                      ratio_max=("ratio", "max"), pairs=("ratio", "size"))
+                                      ratio_max=("ratio", "max"), pairs=("ratio", "count"))
     ci = wide.groupby("graph").ratio.apply(_bootstrap_median_ci)
     table["ratio_ci90_low"], table["ratio_ci90_high"] = ci.str[0], ci.str[1]
     return table.reset_index()
@@ -238,6 +238,14 @@ def pooled(dirs: list[Path]) -> pd.DataFrame:
     """The results of several runs of this benchmark, their pairs numbered apart."""
     sets = [pd.read_csv(d / "results.csv") for d in dirs]
     return pd.concat([df.assign(rep=df.rep + 10_000 * i) for i, df in enumerate(sets)], ignore_index=True)
+
+
+def pooled_pair(dirs: list[Path]) -> str:
+    """The pair A:B the sets ran, from their results.json ("B / A"); an error if they differ."""
+    pairs = {"{1}:{0}".format(*json.loads((d / "results.json").read_text())["compare"].split(" / ")) for d in dirs}
+    if len(pairs) != 1:
+        raise SystemExit(f"the sets compared different pairs ({', '.join(sorted(pairs))}): say which with --compare")
+    return pairs.pop()
 
 
 def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
@@ -297,7 +305,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="merge-10K,merge_slow-1K-0.01")
     ap.add_argument("--compare", help="two --probes settings A:B; reported: B/A (default none:proxy; "
-                    "with --pool, the pair the first set ran)")
+                    "with --pool, the pair the sets ran)")
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--wire", action="store_true", help="also the proxy's latency and big-frame throughput")
     ap.add_argument("--round-trips", type=int, default=5000)
@@ -311,8 +319,8 @@ def main(argv=None) -> int:
                     help="run nothing: summarize the pairs of earlier runs' --out directories together")
     args = ap.parse_args(argv)
     raw = pooled(args.pool) if args.pool else None
-    if args.compare is None:  # each set runs its pair A, B first
-        args.compare = ":".join(raw.probes.iloc[:2]) if raw is not None else "none:proxy"
+    if args.compare is None:
+        args.compare = pooled_pair(args.pool) if args.pool else "none:proxy"
     a, _, b = args.compare.partition(":")
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")

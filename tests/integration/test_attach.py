@@ -69,7 +69,8 @@ def test_attach_records_every_task_after_it_and_leaves_the_cluster_running(tmp_p
     procs = RunDir(out).table("processes").set_index("name")
     assert sorted(procs.pid[["worker-0", "worker-1"]]) + [procs.pid["scheduler"]] == truth["pids"]
     # its main thread sat in stdin.readline() from before the attach to after it: asleep all along
-    # (read every 200 ms as a thread off a CPU, some 10 reads over the script; a CPU tick never found it)
+    # (read every 200 ms as a thread off a CPU: some 10 reads over the script, half asked for a slow
+    # machine's sake; a CPU tick never found it)
     pid = truth["pids"][-1]
     cpu, smp = RunDir(out).table("cpu_samples"), RunDir(out).table("samples")
     main = cpu[(cpu.pid == pid) & (cpu.tid == pid) & (cpu.source == "pyspy")]

@@ -41,13 +41,13 @@ def test_bpf_time_sums_each_program_s_lines_against_the_cluster_s_cpu_over_the_r
     assert bpf_time(tmp_path.parent / "none") == {}
 
 
-def test_pool_compares_the_pair_its_sets_ran_unless_told(tmp_path, capsys, monkeypatch):
-    from daskprobe.experiments.overhead import main
-    monkeypatch.setenv("COLUMNS", "200")  # rich's tables, uncut
-    rows = [{"graph": "g", "rep": rep, "probes": probes, "makespan_s": s}
-            for rep, pair in enumerate([(("none", 1.0), ("all", 1.1)), (("all", 2.2), ("none", 2.0))])
-            for probes, s in pair]
-    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
-    assert main(["--pool", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "all / none" in out and "1.100" in out
+
+def test_pool_compares_the_pair_its_sets_ran_and_refuses_to_guess_between_two(tmp_path):
+    from daskprobe.experiments.overhead import pooled_pair
+    sets = [tmp_path / name for name in ("a", "b", "c")]
+    for d, compare in zip(sets, ["all / none", "all / none", "proxy / none"]):
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({"compare": compare}))
+    assert pooled_pair(sets[:2]) == "none:all"
+    with pytest.raises(SystemExit, match="different pairs"):
+        pooled_pair(sets)
