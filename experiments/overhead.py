@@ -240,12 +240,9 @@ def pooled(dirs: list[Path]) -> pd.DataFrame:
     return pd.concat([df.assign(rep=df.rep + 10_000 * i) for i, df in enumerate(sets)], ignore_index=True)
 
 
-def pooled_pair(dirs: list[Path]) -> str:
-    """The pair A:B the sets ran, from their results.json ("B / A"); an error if they differ."""
-    pairs = {"{1}:{0}".format(*json.loads((d / "results.json").read_text())["compare"].split(" / ")) for d in dirs}
-    if len(pairs) != 1:
-        raise SystemExit(f"the sets compared different pairs ({', '.join(sorted(pairs))}): say which with --compare")
-    return pairs.pop()
+def pooled_pairs(dirs: list[Path]) -> set[str]:
+    """The pairs A:B the sets ran, from their results.json ("B / A")."""
+    return {"{1}:{0}".format(*json.loads((d / "results.json").read_text())["compare"].split(" / ")) for d in dirs}
 
 
 def probe_cpu(df: pd.DataFrame) -> pd.DataFrame:
@@ -318,16 +315,19 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", nargs="+", type=Path, metavar="DIR",
                     help="run nothing: summarize the pairs of earlier runs' --out directories together")
     args = ap.parse_args(argv)
-    raw = pooled(args.pool) if args.pool else None
-    if args.compare is None:
-        args.compare = pooled_pair(args.pool) if args.pool else "none:proxy"
+    if args.compare is None and args.pool:
+        if len(pairs := pooled_pairs(args.pool)) != 1:
+            ap.error(f"the sets compared different pairs ({', '.join(sorted(pairs))}): say which with --compare")
+        args.compare = pairs.pop()
+    args.compare = args.compare or "none:proxy"
     a, _, b = args.compare.partition(":")
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
     pair = (a, b)
     if args.bpf_time and os.geteuid() != 0:
         ap.error("--bpf-time needs root: it sets kernel.bpf_stats_enabled")
-    if raw is not None:
+    if args.pool:
+        raw = pooled(args.pool)
         print_table(f"makespan ratio {b} / {a}, pooled over {len(args.pool)} sets", summarize(raw, pair))
         if not (stolen := steal(raw)).empty:
             print_table(STEAL_TITLE, stolen)

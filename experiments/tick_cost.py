@@ -136,20 +136,27 @@ def slowdowns(iterations: pd.DataFrame, windows: list[tuple[str, int, int]]) -> 
 def run_windows(rate: int, pairs: int, bpf: bool, cpus: list[int]) -> tuple[pd.DataFrame, list]:
     """The loop's iterations (t0, ns) on the last CPU, and the windows, ticks on every CPU."""
     fds = tick_events(rate, cpus)
-    program = empty_program() if bpf else None
+    try:
+        if bpf:
+            fds.append(program := empty_program())
+            for fd in fds[:-1]:
+                fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, program)
+        return loop_beside(fds[:len(cpus)], pairs, cpus[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def loop_beside(events: list[int], pairs: int, cpu: int) -> tuple[pd.DataFrame, list]:
     seconds = pairs * 2 * (WINDOW_S + SETTLE_S) + 60
     with tempfile.TemporaryFile("w+") as out:  # a pipe, unread until the end, would fill and stall the loop
-        loop = subprocess.Popen(["taskset", "-c", str(cpus[-1]), sys.executable, "-c", LOOP, str(seconds)], stdout=out)
+        loop = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", LOOP, str(seconds)], stdout=out)
         try:
-            for fd in fds if bpf else ():
-                fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, program)
             time.sleep(1.0)
-            windows = alternate(fds, pairs)
+            windows = alternate(events, pairs)
         finally:
             loop.kill()
             loop.wait()
-            for fd in fds + ([program] if bpf else []):
-                os.close(fd)
         out.seek(0)
         return pd.read_csv(out, sep=" ", names=["t0", "ns"]), windows
 

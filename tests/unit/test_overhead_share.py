@@ -41,13 +41,13 @@ def test_bpf_time_sums_each_program_s_lines_against_the_cluster_s_cpu_over_the_r
     assert bpf_time(tmp_path.parent / "none") == {}
 
 
-
-def test_pool_compares_the_pair_its_sets_ran_and_refuses_to_guess_between_two(tmp_path):
-    from daskprobe.experiments.overhead import pooled_pair
+def test_pool_compares_the_pair_its_sets_ran_and_refuses_to_guess_between_two(tmp_path, capsys):
+    from daskprobe.experiments.overhead import main, pooled_pairs
     sets = [tmp_path / name for name in ("a", "b", "c")]
     for d, compare in zip(sets, ["all / none", "all / none", "proxy / none"]):
         d.mkdir()
         (d / "results.json").write_text(json.dumps({"compare": compare}))
-    assert pooled_pair(sets[:2]) == "none:all"
-    with pytest.raises(SystemExit, match="different pairs"):
-        pooled_pair(sets)
+    assert pooled_pairs(sets[:2]) == {"none:all"}
+    with pytest.raises(SystemExit):
+        main(["--pool", *map(str, sets)])
+    assert "compared different pairs (none:all, none:proxy)" in capsys.readouterr().err
