@@ -135,19 +135,20 @@ def slowdowns(iterations: pd.DataFrame, windows: list[tuple[str, int, int]]) -> 
 
 def run_windows(rate: int, pairs: int, bpf: bool, cpus: list[int]) -> tuple[pd.DataFrame, list]:
     """The loop's iterations (t0, ns) on the last CPU, and the windows, ticks on every CPU."""
-    fds = tick_events(rate, cpus)
+    fds, program = tick_events(rate, cpus), None
     try:
         if bpf:
-            fds.append(program := empty_program())
-            for fd in fds[:-1]:
+            program = empty_program()
+            for fd in fds:
                 fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, program)
-        return loop_beside(fds[:len(cpus)], pairs, cpus[-1])
+        return loop_beside(fds, pairs, cpus[-1])
     finally:
-        for fd in fds:
+        for fd in fds + [program] * (program is not None):
             os.close(fd)
 
 
 def loop_beside(events: list[int], pairs: int, cpu: int) -> tuple[pd.DataFrame, list]:
+    """The windows (alternate), with the loop running on `cpu` meanwhile; its iterations (t0, ns)."""
     seconds = pairs * 2 * (WINDOW_S + SETTLE_S) + 60
     with tempfile.TemporaryFile("w+") as out:  # a pipe, unread until the end, would fill and stall the loop
         loop = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", LOOP, str(seconds)], stdout=out)

@@ -1,5 +1,5 @@
 """CPU shares from a process the sampler read on CPU ticks: its tick samples alone stand for its CPU,
-each its tick's period; its other samples (threads off a CPU, read every 100 ms) count for none."""
+each its tick's period; its other samples (threads off a CPU, read every 200 ms) count for none."""
 
 import pandas as pd
 
@@ -23,8 +23,8 @@ def _classified(samples):
 def test_a_ticked_processs_cpu_rests_on_its_tick_samples_only():
     ms = 1_000_000
     rows = [(t * ms, 10, 11, "w", "pyspy", 0, True, False, True, False, 1) for t in (0, 3, 4, 30)]
-    # read every 100 ms, found running (a GIL holder): at times the sampler chose, not a tick
-    rows += [(t * ms, 10, 12, "w", "pyspy", 1, True, False, False, True, 2) for t in (100, 200)]
+    # read every 200 ms, found running (a GIL holder): at times the sampler chose, not a tick
+    rows += [(t * ms, 10, 12, "w", "pyspy", 1, True, False, False, True, 2) for t in (200, 400)]
     # a process polled: each read stands for the time since the previous one
     rows += [(t * ms, 20, 21, "s", "pyspy", 1, True, False, False, False, 3) for t in (0, 10, 30)]
     c = _classified(_samples(rows)).set_index(["pid", "t_ns"])
