@@ -20,7 +20,8 @@ count each BPF program's run time (kernel.bpf_stats_enabled, on for the whole
 benchmark): time spent in the processes the programs trace or interrupt, the
 cluster's mostly, which no measuring process's CPU shows. --pool DIR... runs
 nothing and summarizes the pairs of earlier runs together (the pair they ran,
-unless --compare says which).
+unless --compare says which). --compare none:none (A/A) measures the bench
+itself: its ratio's distance from 1 is what pairing leaves on this machine.
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -108,15 +109,24 @@ def session_cpu(run: Path) -> dict:
             "measuring_share": sum(measuring.values()) / cluster if cluster else np.nan}
 
 
+def sides(a: str, b: str) -> tuple[str, str]:
+    """The labels of settings A and B in the tables: their --probes, told apart when they are the
+    same (an A/A run, which measures what the pairing itself leaves: a ratio away from 1 is bias)."""
+    return (a, b) if a != b else (f"{a} (A)", f"{b} (B)")
+
+
 def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console,
               run_args: list[str]) -> pd.DataFrame:
+    """Runs A and B in ABBA order; `pair` holds their labels (`sides`), each its --probes first."""
     rows = []
     for graph in graphs:
         for rep in range(repeat):
-            for probes in (pair if rep % 2 == 0 else pair[::-1]):
-                row = run_once(graph, probes, out / f"{graph}-{probes.replace(',', '+')}-{rep}", run_args)
-                rows.append({"graph": graph, "rep": rep, "probes": probes} | row)
-                console.log(f"{graph} rep {rep} --probes {probes}: {row['makespan_s']:.3f} s")
+            for label in (pair if rep % 2 == 0 else pair[::-1]):
+                probes = label.split(" ")[0]
+                name = label.replace(",", "+").replace(" (", "-").rstrip(")")
+                row = run_once(graph, probes, out / f"{graph}-{name}-{rep}", run_args)
+                rows.append({"graph": graph, "rep": rep, "probes": label} | row)
+                console.log(f"{graph} rep {rep} --probes {label}: {row['makespan_s']:.3f} s")
     return pd.DataFrame(rows)
 
 
@@ -323,7 +333,7 @@ def main(argv=None) -> int:
     a, _, b = args.compare.partition(":")
     if not a or not b:
         ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
-    pair = (a, b)
+    pair = sides(a, b)
     if args.bpf_time and os.geteuid() != 0:
         ap.error("--bpf-time needs root: it sets kernel.bpf_stats_enabled")
     if args.pool:
