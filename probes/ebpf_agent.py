@@ -145,7 +145,8 @@ int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which
 // A GIL wait is a sleep on the GIL's condition: take_gil's call of pthread_cond_timedwait (its only
 // call in libpython), each up to the switch interval (5 ms). Probing take_gil itself trapped at every
 // acquisition, waited for or not: 1.6 us each, about 2% of merge-10K's CPU; Dask's processes sleep
-// 12 to 700 times less often. libc's function is probed, so the caller is checked: Python's code.
+// 12 to 700 times less often. libc's function is probed, in the watched processes only, so the
+// caller is checked: Python's code.
 struct text { u64 lo; u64 hi; };
 BPF_HASH(gil_text, u32, struct text, 4096);
 BPF_HASH(gil_start, u32, u64, 65536);
@@ -402,10 +403,7 @@ class Agent:
                 return f"E\t{pid}\tgil: {name}: no take_gil symbol in {lib} (stripped, or not CPython)\n"
             if libc not in self.gil_libcs:
                 self.gil_libcs[libc] = libc and default_version(libc, "pthread_cond_timedwait")
-                if self.gil_libcs[libc]:
-                    self.b.attach_uprobe(name=libc, addr=self.gil_libcs[libc], fn_name="gil_enter")
-                    self.b.attach_uretprobe(name=libc, addr=self.gil_libcs[libc], fn_name="gil_exit")
-            if not self.gil_libcs[libc]:
+            if not (at := self.gil_libcs[libc]):
                 return f"E\t{pid}\tgil: {name}: no pthread_cond_timedwait in its libc ({libc})\n"
             text = text_of(pid, lib)
         except (OSError, ValueError, struct.error) as e:  # gone, or an ELF file we cannot read
@@ -414,6 +412,13 @@ class Agent:
             return f"E\t{pid}\tgil: {name}: {lib} is not mapped\n"
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
+        try:
+            # for this process only: the kernel writes the breakpoint into its memory alone, so no
+            # other process on the machine traps at its condition waits
+            self.b.attach_uprobe(name=libc, addr=at, fn_name="gil_enter", pid=pid)
+            self.b.attach_uretprobe(name=libc, addr=at, fn_name="gil_exit", pid=pid)
+        except Exception as e:  # bcc's only kind; the process gone meanwhile, say
+            return f"E\t{pid}\tgil: {name}: attaching to {libc}: {e}\n"
         return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait\n"
 
     def frames(self, stack_id: int, pid: int) -> str:

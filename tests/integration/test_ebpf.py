@@ -84,6 +84,32 @@ def test_only_waits_for_the_gil_are_gil_waits(tmp_path):
     assert small[(small.kind == "gil") & (small.pid == target.pid)]["count"].sum() < 100, small
 
 
+def libc_text_breakpoints_kb(pid: int) -> int:
+    """The kernel's own record of a uprobe in a process: the page of libc's code it wrote the
+    breakpoint into becomes the process's private copy (smaps: Anonymous)."""
+    lines = open(f"/proc/{pid}/smaps").read().splitlines()
+    at = next(i for i, line in enumerate(lines) if " r-xp " in line and line.endswith("/libc.so.6"))
+    return int(next(line for line in lines[at + 1:] if line.startswith("Anonymous:")).split()[1])
+
+
+def test_the_gil_probe_traps_in_the_watched_processes_only(tmp_path):
+    # a process on the machine the run does not watch, started before the probe: its condition
+    # waits must not trap
+    bystander = started([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"])
+    try:
+        assert bystander.stdout.readline().strip() == "up"  # libc mapped
+        assert libc_text_breakpoints_kb(bystander.pid) == 0
+        with probe_session(tmp_path, Ebpf(["gil"])) as s:
+            target = started([sys.executable, str(write_flow(tmp_path / "alone.py", ALONE))])
+            s.watch(target.pid, attached="take_gil")
+            watched, other = libc_text_breakpoints_kb(target.pid), libc_text_breakpoints_kb(bystander.pid)
+            assert target.communicate("go\n", timeout=60)[0].strip() == "done"
+        assert watched > 0 and other == 0, (watched, other)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 DLSYM = """
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[1])
