@@ -1,6 +1,6 @@
 """daskprobe's eBPF agent. Runs under Debian's python3 (which has bcc), stdlib only.
 
-    /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil] [--offcpu] [--tcp PORT,...] [--nice N]
+    /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil [--gil-per-process N]] [--offcpu] [--tcp PORT,...] [--nice N]
 
 Reads "PID python|native NAME" lines on stdin: processes (tgids) to watch,
 added at any time; GIL waits are probed in the python ones. Compiles at the
@@ -317,6 +317,7 @@ class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.symbols = args, {}, {}, {}
         self.gil_libs, self.gil_libcs = {}, {}  # take_gil's name by file; pthread_cond_timedwait's address by libc
+        self.gil_probes = {}  # libc -> pid (None: the whole machine) -> the uprobe events attached for it
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
         self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted, and when they were read
         self.owed = set()  # pids with a sample outside their last mappings
@@ -413,13 +414,39 @@ class Agent:
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
         try:
-            # for this process only: the kernel writes the breakpoint into its memory alone, so no
-            # other process on the machine traps at its condition waits
-            self.b.attach_uprobe(name=libc, addr=at, fn_name="gil_enter", pid=pid)
-            self.b.attach_uretprobe(name=libc, addr=at, fn_name="gil_exit", pid=pid)
+            scope = self.attach_waits(libc, at, pid)
         except Exception as e:  # bcc's only kind; the process gone meanwhile, say
             return f"E\t{pid}\tgil: {name}: attaching to {libc}: {e}\n"
-        return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait\n"
+        return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait ({scope})\n"
+
+    def attach_waits(self, libc: str, at: int, pid: int) -> str:
+        """Probes libc's pthread_cond_timedwait for `pid`, and says for whom. Per process, the kernel
+        writes the breakpoint into the watched processes' memory only, so no other process on the
+        machine traps at its condition waits; past --gil-per-process of them, one probe for the
+        whole machine replaces theirs, whose checks would make every trap cost more."""
+        probes = self.gil_probes.setdefault(libc, {})
+        self.drop_waits(probes, [p for p in probes if p is not None and not os.path.exists(f"/proc/{p}")])
+        if None in probes or pid in probes:
+            return "probed machine-wide" if None in probes else "probed in this process"
+        whom = pid if len(probes) < self.args.gil_per_process else -1
+        before = set(self.b.uprobe_fds)
+        try:
+            self.b.attach_uprobe(name=libc, addr=at, fn_name="gil_enter", pid=whom)
+            self.b.attach_uretprobe(name=libc, addr=at, fn_name="gil_exit", pid=whom)
+        except Exception:  # none half attached: a retry starts afresh
+            for event in set(self.b.uprobe_fds) - before:
+                self.b.detach_uprobe_event(event)
+            raise
+        probes[pid if whom == pid else None] = set(self.b.uprobe_fds) - before
+        if whom == pid:
+            return "probed in this process"
+        self.drop_waits(probes, [p for p in probes if p is not None])  # the machine-wide probe serves them
+        return f"probed machine-wide, past {self.args.gil_per_process} processes"
+
+    def drop_waits(self, probes: dict, pids: list) -> None:
+        for p in pids:
+            for event in probes.pop(p):
+                self.b.detach_uprobe_event(event)
 
     def frames(self, stack_id: int, pid: int) -> str:
         """A kernel stack (pid -1) symbolized; a user stack as "#" and its addresses (hex, leaf first),
@@ -585,6 +612,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu", type=int, default=0, help="CPU samples per second per CPU (0: off)")
     ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--gil-per-process", type=int, default=0,
+                    help="how many processes get a GIL probe of their own before one serves the machine")
     ap.add_argument("--offcpu", action="store_true")
     ap.add_argument("--tcp", type=lambda s: [int(p) for p in s.split(",") if p], default=[])
     ap.add_argument("--nice", type=int, default=0, help="its niceness once loaded")

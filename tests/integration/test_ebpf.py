@@ -11,7 +11,7 @@ import pytest
 from helpers import probe_session, write_flow
 from daskprobe.experiments.unwind_cost import CHAIN, build_chain, chain_share
 from daskprobe.probes import ebpf_format, ebpf_tables
-from daskprobe.probes.ebpf import AGENT, SYSTEM_PYTHON, Ebpf
+from daskprobe.probes.ebpf import AGENT, GIL_PER_PROCESS_MAX, SYSTEM_PYTHON, Ebpf
 
 SPINNERS = """
 import json, sys, threading, time
@@ -33,15 +33,27 @@ def started(cmd, **kw):
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
 
 
-def test_gil_waits_of_spinning_threads(tmp_path):
+@pytest.mark.parametrize("others", [0, GIL_PER_PROCESS_MAX], ids=["probed-per-process", "probed-machine-wide"])
+def test_gil_waits_of_spinning_threads(tmp_path, others):
     n = 4
-    with probe_session(tmp_path, Ebpf(["gil"])) as s:
-        target = started([sys.executable, str(write_flow(tmp_path / "spin.py", SPINNERS.format(n=n)))])
-        s.watch(target.pid, attached="take_gil")
-        spans = json.loads(target.communicate("go\n", timeout=60)[0])
+    idle = [started([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"])
+            for _ in range(others)]
+    try:
+        with probe_session(tmp_path, Ebpf(["gil"])) as s:
+            for p in idle:
+                assert p.stdout.readline().strip() == "up"
+                s.watch(p.pid, attached="take_gil")
+            target = started([sys.executable, str(write_flow(tmp_path / "spin.py", SPINNERS.format(n=n)))])
+            s.watch(target.pid, attached="take_gil")
+            spans = json.loads(target.communicate("go\n", timeout=60)[0])
+    finally:
+        for p in idle:
+            p.kill()
+            p.wait()
     cap = s.run / "captures"
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
-    assert (status.what.str.contains("take_gil")).any(), status
+    mine = status[status.what.str.contains("take_gil") & (status.pid == target.pid)]
+    assert mine.what.str.contains("machine-wide" if others else "in this process").all() and len(mine) == 1, status
     waits = ebpf_tables.read_gil(ebpf_tables.read_events(cap / ebpf_tables.EVENTS))
     small = ebpf_tables.read_small(cap / "ebpf_small.tsv")
     spinners = {tid for tid, _, _ in spans}
