@@ -115,18 +115,17 @@ def sides(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a != b else (f"{a} (A)", f"{b} (B)")
 
 
-def makespans(graphs: list[str], pair: tuple[str, str], repeat: int, out: Path, console: Console,
+def makespans(graphs: list[str], settings: dict[str, str], repeat: int, out: Path, console: Console,
               run_args: list[str]) -> pd.DataFrame:
-    """Runs A and B in ABBA order; `pair` holds their labels (`sides`), each its --probes first."""
-    rows = []
+    """Runs A and B in ABBA order; `settings`: each side's label (`sides`) and its --probes."""
+    rows, pair = [], list(settings)
     for graph in graphs:
         for rep in range(repeat):
             for label in (pair if rep % 2 == 0 else pair[::-1]):
-                probes = label.split(" ")[0]
                 name = label.replace(",", "+").replace(" (", "-").rstrip(")")
-                row = run_once(graph, probes, out / f"{graph}-{name}-{rep}", run_args)
+                row = run_once(graph, settings[label], out / f"{graph}-{name}-{rep}", run_args)
                 rows.append({"graph": graph, "rep": rep, "probes": label} | row)
-                console.log(f"{graph} rep {rep} --probes {label}: {row['makespan_s']:.3f} s")
+                console.log(f"{graph} rep {rep} {label}: {row['makespan_s']:.3f} s")
     return pd.DataFrame(rows)
 
 
@@ -355,7 +354,7 @@ def main(argv=None) -> int:
     try:
         if args.bpf_time:
             ebpf_format.stats_enabled(True)
-        raw = makespans(args.graphs.split(","), pair, args.repeat, out, console, run_args)
+        raw = makespans(args.graphs.split(","), dict(zip(pair, (a, b))), args.repeat, out, console, run_args)
     finally:
         if args.bpf_time:
             ebpf_format.stats_enabled(was)

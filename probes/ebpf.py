@@ -22,8 +22,8 @@ SYSTEM_PYTHON = os.environ.get("DASKPROBE_BCC_PYTHON", "/usr/bin/python3")
 TRACEFS = Path("/sys/kernel/tracing")
 KINDS = ("cpu", "gil", "offcpu", "tcp")
 # The GIL probe's uprobes are attached per process, so that no other process traps; but each adds its
-# check, about 45 ns here, to every trap in every watched process (a call of pthread_cond_timedwait:
-# +2.2 µs with one, +5.0 with 32, +2.0 with one probe for the whole machine). Past this many, one does.
+# check to the traps of every watched process, about 90 ns a call of pthread_cond_timedwait (+2.2 µs
+# with one, +5.0 with 32, +2.0 with one probe for the whole machine). Past this many, one does.
 GIL_PER_PROCESS_MAX = 8
 INIT_PID_NS = 0xEFFFFFFC  # the inode of the kernel's first pid namespace (PROC_PID_INIT_INO)
 

@@ -145,8 +145,8 @@ int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which
 // A GIL wait is a sleep on the GIL's condition: take_gil's call of pthread_cond_timedwait (its only
 // call in libpython), each up to the switch interval (5 ms). Probing take_gil itself trapped at every
 // acquisition, waited for or not: 1.6 us each, about 2% of merge-10K's CPU; Dask's processes sleep
-// 12 to 700 times less often. libc's function is probed, in the watched processes only, so the
-// caller is checked: Python's code.
+// 12 to 700 times less often. libc's function is probed (in the watched processes, or past a few of
+// them in every process), so the caller is checked: Python's code.
 struct text { u64 lo; u64 hi; };
 BPF_HASH(gil_text, u32, struct text, 4096);
 BPF_HASH(gil_start, u32, u64, 65536);
@@ -167,6 +167,14 @@ int gil_exit(struct pt_regs *ctx) {
     u32 tgid = id >> 32, tid = (u32)id;
     u64 *start = gil_start.lookup(&tid);
     if (!start) return 0;
+    // a return to elsewhere than Python's code leaves an entry whose own return went unseen (the
+    // probes swapped for one for the whole machine meanwhile; the thread's id reused): dropped
+    struct text *t = gil_text.lookup(&tgid);
+    u64 to = PT_REGS_IP(ctx);  // at a return probe, where the call returns to
+    if (!t || to < t->lo || to >= t->hi) {
+        gil_start.delete(&tid);
+        return 0;
+    }
     u64 now = bpf_ktime_get_ns(), wait = now - *start;
     if (wait >= GIL_MIN_NS) {
         struct event e = {};
@@ -260,6 +268,16 @@ def mapped(pid: int, pattern: str) -> str | None:
 def libpython_of(pid: int) -> str | None:
     """The file that holds take_gil for this process: its libpython, else its executable."""
     return mapped(pid, r"/libpython3\.\d+[^/]*\.so") or os.readlink(f"/proc/{pid}/exe")
+
+
+def started(pid: int) -> str | None:
+    """When the process started (its /proc stat's field 22, clock ticks since boot): with its pid, who
+    it is (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def libc_of(pid: int) -> str | None:
@@ -402,9 +420,15 @@ class Agent:
                 self.gil_libs[lib] = take_gil_symbol(lib)
             if (sym := self.gil_libs[lib]) is None:
                 return f"E\t{pid}\tgil: {name}: no take_gil symbol in {lib} (stripped, or not CPython)\n"
-            if libc not in self.gil_libcs:
-                self.gil_libcs[libc] = libc and default_version(libc, "pthread_cond_timedwait")
-            if not (at := self.gil_libcs[libc]):
+            if not libc:
+                return f"E\t{pid}\tgil: {name}: no libc mapped\n"
+            # the file the process maps, through its root: in another mount namespace, another file
+            path = f"/proc/{pid}/root{libc}"
+            st = os.stat(path)
+            key = (st.st_dev, st.st_ino)
+            if key not in self.gil_libcs:
+                self.gil_libcs[key] = default_version(path, "pthread_cond_timedwait")
+            if not (at := self.gil_libcs[key]):
                 return f"E\t{pid}\tgil: {name}: no pthread_cond_timedwait in its libc ({libc})\n"
             text = text_of(pid, lib)
         except (OSError, ValueError, struct.error) as e:  # gone, or an ELF file we cannot read
@@ -414,39 +438,47 @@ class Agent:
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
         try:
-            scope = self.attach_waits(libc, at, pid)
+            scope = self.attach_waits(key, path, at, pid)
         except Exception as e:  # bcc's only kind; the process gone meanwhile, say
+            del table[ctypes.c_uint32(pid)]
             return f"E\t{pid}\tgil: {name}: attaching to {libc}: {e}\n"
         return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait ({scope})\n"
 
-    def attach_waits(self, libc: str, at: int, pid: int) -> str:
+    def attach_waits(self, libc: tuple[int, int], path: str, at: int, pid: int) -> str:
         """Probes libc's pthread_cond_timedwait for `pid`, and says for whom. Per process, the kernel
         writes the breakpoint into the watched processes' memory only, so no other process on the
         machine traps at its condition waits; past --gil-per-process of them, one probe for the
         whole machine replaces theirs, whose checks would make every trap cost more."""
-        probes = self.gil_probes.setdefault(libc, {})
-        self.drop_waits(probes, [p for p in probes if p is not None and not os.path.exists(f"/proc/{p}")])
-        if None in probes or pid in probes:
+        probes = self.gil_probes.setdefault(libc, {})  # (pid, its start time) -> its probes' events
+        self.drop_waits(probes, [k for k in probes if k is not None and started(k[0]) != k[1]])
+        me = (pid, started(pid))
+        if None in probes or me in probes:
             return "probed machine-wide" if None in probes else "probed in this process"
         whom = pid if len(probes) < self.args.gil_per_process else -1
         before = set(self.b.uprobe_fds)
         try:
-            self.b.attach_uprobe(name=libc, addr=at, fn_name="gil_enter", pid=whom)
-            self.b.attach_uretprobe(name=libc, addr=at, fn_name="gil_exit", pid=whom)
+            self.b.attach_uprobe(name=path, addr=at, fn_name="gil_enter", pid=whom)
+            self.b.attach_uretprobe(name=path, addr=at, fn_name="gil_exit", pid=whom)
         except Exception:  # none half attached: a retry starts afresh
-            for event in set(self.b.uprobe_fds) - before:
-                self.b.detach_uprobe_event(event)
+            self.drop_events(set(self.b.uprobe_fds) - before)
             raise
-        probes[pid if whom == pid else None] = set(self.b.uprobe_fds) - before
+        probes[me if whom == pid else None] = set(self.b.uprobe_fds) - before
         if whom == pid:
             return "probed in this process"
-        self.drop_waits(probes, [p for p in probes if p is not None])  # the machine-wide probe serves them
-        return f"probed machine-wide, past {self.args.gil_per_process} processes"
+        self.drop_waits(probes, [k for k in probes if k is not None])  # the machine-wide probe serves them
+        return f"probed machine-wide, past {self.args.gil_per_process} processes with probes of their own"
 
-    def drop_waits(self, probes: dict, pids: list) -> None:
-        for p in pids:
-            for event in probes.pop(p):
+    def drop_waits(self, probes: dict, keys: list) -> None:
+        for k in keys:
+            self.drop_events(probes.pop(k))
+
+    def drop_events(self, events: set) -> None:
+        """Detaches each; one that fails stays (its check on every trap) and is said in the log."""
+        for event in events:
+            try:
                 self.b.detach_uprobe_event(event)
+            except Exception as e:
+                print(f"ebpf agent: could not detach {event!r}: {e}", file=sys.stderr, flush=True)
 
     def frames(self, stack_id: int, pid: int) -> str:
         """A kernel stack (pid -1) symbolized; a user stack as "#" and its addresses (hex, leaf first),
@@ -613,7 +645,8 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=0, help="CPU samples per second per CPU (0: off)")
     ap.add_argument("--gil", action="store_true")
     ap.add_argument("--gil-per-process", type=int, default=0,
-                    help="how many processes get a GIL probe of their own before one serves the machine")
+                    help="how many processes get a GIL probe of their own before one serves the machine "
+                         "(0: one for the machine from the start)")
     ap.add_argument("--offcpu", action="store_true")
     ap.add_argument("--tcp", type=lambda s: [int(p) for p in s.split(",") if p], default=[])
     ap.add_argument("--nice", type=int, default=0, help="its niceness once loaded")

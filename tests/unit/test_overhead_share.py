@@ -53,13 +53,13 @@ def test_pool_compares_the_pair_its_sets_ran_and_refuses_to_guess_between_two(tm
     assert "compared different pairs (none:all, none:proxy)" in capsys.readouterr().err
 
 
-def test_an_a_a_set_keeps_its_two_sides_apart_and_pools_to_their_ratio(tmp_path, capsys):
-    from daskprobe.experiments.overhead import main, sides
+def test_an_a_a_set_keeps_its_two_sides_apart_and_pools_to_their_ratio(tmp_path):
+    from daskprobe.experiments.overhead import pooled, pooled_pairs, sides, summarize
     assert sides("none", "none") == ("none (A)", "none (B)") and sides("none", "all") == ("none", "all")
     (tmp_path / "results.json").write_text(json.dumps({"compare": "none / none"}))
-    a, b = sides("none", "none")
+    a, b = sides(*pooled_pairs([tmp_path]).pop().split(":"))
     pd.DataFrame({"graph": ["g"] * 4, "rep": [0, 0, 1, 1], "probes": [a, b, b, a],
                   "makespan_s": [10.0, 11.0, 9.0, 10.0]}).to_csv(tmp_path / "results.csv", index=False)
-    assert main(["--pool", str(tmp_path)]) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ g "))
-    assert "│ 1.000  │ 0.900  │ 1.100  │ 2 " in row  # the pairs' ratios 1.1 and 0.9: median, min, max, count
+    row = summarize(pooled([tmp_path]), (a, b)).iloc[0]
+    # the pairs' ratios B/A are 1.1 and 0.9
+    assert (row.ratio_median, row.ratio_min, row.ratio_max, row.pairs) == pytest.approx((1.0, 0.9, 1.1, 2))
