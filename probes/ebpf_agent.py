@@ -334,8 +334,10 @@ def default_version(path: str, name: str) -> int | None:
 class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.symbols = args, {}, {}, {}
-        self.gil_libs, self.gil_libcs = {}, {}  # take_gil's name by file; pthread_cond_timedwait's address by libc
-        self.gil_probes = {}  # libc -> pid (None: the whole machine) -> the uprobe events attached for it
+        # take_gil's name by file; pthread_cond_timedwait's offset by libc file (device, inode)
+        self.gil_libs, self.gil_libcs = {}, {}
+        # libc file -> (pid, its start time), or None for the whole machine -> the uprobe events attached
+        self.gil_probes = {}
         self.ustacks, self.maps = 0, {}  # records in ebpf_ustacks.bin; pid -> its last mappings written
         self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted, and when they were read
         self.owed = set()  # pids with a sample outside their last mappings
@@ -444,12 +446,12 @@ class Agent:
             return f"E\t{pid}\tgil: {name}: attaching to {libc}: {e}\n"
         return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait ({scope})\n"
 
-    def attach_waits(self, libc: tuple[int, int], path: str, at: int, pid: int) -> str:
+    def attach_waits(self, file: tuple[int, int], path: str, at: int, pid: int) -> str:
         """Probes libc's pthread_cond_timedwait for `pid`, and says for whom. Per process, the kernel
         writes the breakpoint into the watched processes' memory only, so no other process on the
         machine traps at its condition waits; past --gil-per-process of them, one probe for the
         whole machine replaces theirs, whose checks would make every trap cost more."""
-        probes = self.gil_probes.setdefault(libc, {})  # (pid, its start time) -> its probes' events
+        probes = self.gil_probes.setdefault(file, {})
         self.drop_waits(probes, [k for k in probes if k is not None and started(k[0]) != k[1]])
         me = (pid, started(pid))
         if None in probes or me in probes:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,10 @@ def test_gil_waits_in_a_mount_namespace_with_a_libc_of_its_own(tmp_path):
         if target.stdout.readline().strip() != "up":
             target.kill()
             pytest.skip("no mount namespace here (unshare --mount, root)")
+        deadline = time.monotonic() + 30
+        while os.readlink(f"/proc/{target.pid}/exe") != os.path.realpath(sys.executable):  # the shell's exec
+            assert time.monotonic() < deadline, "the shell did not exec Python"
+            time.sleep(0.01)
         assert os.stat(f"/proc/{target.pid}/root{libc}").st_ino == copy.stat().st_ino
         s.watch(target.pid, attached="take_gil")
         spans = json.loads(target.communicate("go\n", timeout=60)[0])
