@@ -18,6 +18,7 @@ from daskprobe.probes import ebpf_format, ebpf_tables
 from daskprobe.probes.ebpf import AGENT, GIL_PER_PROCESS_MAX, SYSTEM_PYTHON, Ebpf
 from daskprobe.probes.procs import reap_exiting
 
+LIBC = re.compile(r"/libc(\.so|-[\d.]+\.so)")  # libc's file, as the agent finds it in a process's maps
 SPINNERS = """
 import json, sys, threading, time
 spans = []
@@ -84,7 +85,7 @@ def expected_gil_s(spans) -> float:
 
 def test_gil_waits_in_a_mount_namespace_with_a_libc_of_its_own(tmp_path):
     # a container's view: the same path, another file; the probe's offset must come from that file
-    libc = next(line.split()[-1] for line in open("/proc/self/maps") if re.search(r"/libc(\.so|-[\d.]+\.so)", line))
+    libc = next(line.split()[-1] for line in open("/proc/self/maps") if LIBC.search(line))
     copy = tmp_path / "libc.so.6"
     copy.write_bytes(Path(libc).read_bytes())
     spin = write_flow(tmp_path / "spin.py", SPINNERS.format(n=3))
@@ -143,7 +144,7 @@ def libc_text_breakpoints_kb(pid: int) -> int:
     """The kernel's own record of a uprobe in a process: the page of libc's code it wrote the
     breakpoint into becomes the process's private copy (smaps: Anonymous)."""
     lines = open(f"/proc/{pid}/smaps").read().splitlines()
-    code = [i for i, line in enumerate(lines) if " r-xp " in line and re.search(r"/libc(\.so|-[\d.]+\.so)", line)]
+    code = [i for i, line in enumerate(lines) if " r-xp " in line and LIBC.search(line)]
     assert code, f"no libc code mapped in {pid}"
     return int(next(line for line in lines[code[0] + 1:] if line.startswith("Anonymous:")).split()[1])
 
