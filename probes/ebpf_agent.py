@@ -270,14 +270,19 @@ def libpython_of(pid: int) -> str | None:
     return mapped(pid, r"/libpython3\.\d+[^/]*\.so") or os.readlink(f"/proc/{pid}/exe")
 
 
-def started(pid: int) -> str | None:
-    """When the process started (its /proc stat's field 22, clock ticks since boot): with its pid, who
-    it is (None: gone)."""
+def stat_field(path: str, n: int) -> str | None:
+    """Field n (from 3, the state) of a /proc stat file, counted after the command name, which may
+    hold spaces and parentheses (None: gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()[n - 3]
     except (OSError, IndexError):
         return None
+
+
+def started(pid: int) -> str | None:
+    """When the process started (field 22, clock ticks since boot): with its pid, who it is."""
+    return stat_field(f"/proc/{pid}/stat", 22)
 
 
 def libc_of(pid: int) -> str | None:
@@ -397,10 +402,7 @@ class Agent:
         next switch-out overwrites the entry, so no false interval comes of it."""
         table, now = self.b["off_start"], kernel_now()
         for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
+            if (state := stat_field(f"/proc/{pid}/task/{tid}/stat", 3)) is None:
                 continue
             key = ctypes.c_uint32(int(tid))
             if state in "SDI" and table.get(key) is None:
@@ -433,7 +435,8 @@ class Agent:
             if not (at := self.gil_libcs[key]):
                 return f"E\t{pid}\tgil: {name}: no pthread_cond_timedwait in its libc ({libc})\n"
             text = text_of(pid, lib)
-        except (OSError, ValueError, struct.error) as e:  # gone, or an ELF file we cannot read
+        # gone, or an ELF file we cannot read (a watched process's libc, seen through its root, is its own)
+        except (OSError, ValueError, IndexError, struct.error) as e:
             return f"E\t{pid}\tgil: {name}: {e}\n"
         if text is None:
             return f"E\t{pid}\tgil: {name}: {lib} is not mapped\n"
