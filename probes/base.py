@@ -52,6 +52,9 @@ class Probe:
         """A process to observe from now on: a row of run.json's `processes`
         (pid, name, role, listen and contact addresses)."""
 
+    def last_read(self) -> None:
+        """Read what it reads on a timer once more, now: the command has ended, the cluster not yet."""
+
     def stop(self, grace: float = 5.0) -> None:
         """Stop capturing; a helper process gets `grace` seconds to exit on its own."""
 

@@ -6,7 +6,9 @@ in a thread of daskprobe's own, they were a fifth of what measuring cost on 10 m
 from __future__ import annotations
 
 import contextlib
+import select
 import subprocess
+import time
 from pathlib import Path
 
 from . import ebpf_format, procfs, pyspy
@@ -17,6 +19,7 @@ from .rundir import RunDir, open_append
 KINDS = ("pyspy", "proc")
 STACK_ROLES = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
 PROC_ROLES = CLUSTER_ROLES | {"probe"}  # the probes' own cost is measured too
+LAST_READ_TIMEOUT = 3.0  # s; the cluster is idle then, and a read of every process takes milliseconds
 
 
 def _ptrace_allowed() -> bool:
@@ -54,6 +57,7 @@ class Sampler(Probe):
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
         self.log = run.log("sampler")
         self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.said: list[str] = []  # its stdout's lines before the end, read with last_read's answer
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"the sampler failed to start: see {self.log}")
 
@@ -65,6 +69,24 @@ class Sampler(Probe):
         self.proc.stdin.write(lines.encode())
         self.proc.stdin.flush()
 
+    def last_read(self, timeout: float = LAST_READ_TIMEOUT) -> None:
+        """Every thread read once more: those off a CPU are read every 200 ms, so a thread started
+        since (a worker's executor thread, at its first tasks) and never ticked would go unread,
+        and its compute slices without its name."""
+        if not (self.proc and self.stacks) or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):  # it has ended: stop() says why
+            self.proc.stdin.write(b"read\n")
+            self.proc.stdin.flush()
+            end = time.monotonic() + timeout
+            while select.select([self.proc.stdout], [], [], max(0.0, end - time.monotonic()))[0]:
+                line = self.proc.stdout.readline()  # it writes whole lines
+                if line.strip() == b"read" or not line:
+                    return
+                self.said.append(line.decode(errors="replace"))
+            raise TimeoutError(f"no answer within {timeout:g} s: a thread started in the session's last "
+                               "200 ms may have no name or Python ident")
+
     def stop(self, grace: float = 5.0) -> None:
         if self.proc:
             self._program_costs()
@@ -75,7 +97,7 @@ class Sampler(Probe):
         """Why it stopped writing a capture (a full disk), as it said on stdout before it ended."""
         if self.proc.poll() is None:  # not ended: what it said cannot be read to its end
             return None
-        said = self.proc.stdout.read().decode(errors="replace").splitlines()
+        said = self.said + self.proc.stdout.read().decode(errors="replace").splitlines()
         return next((ln.removeprefix("capture stopped: ") for ln in said if ln.startswith("capture stopped")), None)
 
     def _program_costs(self) -> None:

@@ -356,16 +356,17 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     if cluster and (why := ended_early(cluster.recorder)):
         died[recorder] = why
     killed = []
-    steps = [("the command", lambda: _reap(client, signals.grace))]
-    steps += [("the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
-    steps += [(f"probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
+    steps = [("stopping the command", lambda: _reap(client, signals.grace))]
+    steps += [(f"probe {p.name}'s last read", p.last_read) for p in started]
+    steps += [("stopping the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
+    steps += [(f"stopping probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
     seconds = {}
     for what, step in steps:
         start = time.perf_counter()
         try:
             step()
         except Exception as e:  # one failed stop must not leave the rest running
-            say(f"stopping {what} failed: {type(e).__name__}: {e}")
+            say(f"{what} failed: {type(e).__name__}: {e}")
         seconds[what] = round(time.perf_counter() - start, 3)
     record(run, teardown_s=seconds)
     note_killed(run, killed, f"did not stop within {signals.grace:g} s of SIGTERM (a task still running?)")

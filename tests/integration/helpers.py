@@ -56,7 +56,7 @@ def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0) -> tuple[RunDir,
 # Inputs pinned half to each worker, so the final sum must fetch data from
 # the other worker: a worker-to-worker get_data is certain.
 PINNED_FLOW = """
-import json, os, sys, threading, time
+import json, os, sys, threading
 from distributed import Client, get_worker
 
 def inc(x):
@@ -75,10 +75,6 @@ with Client() as c:
     print("result", total.result())
     own = c.run(lambda dask_worker: [[os.getpid(), tid] for tid in getattr(dask_worker, "ran_on", ())])
     print("RAN_ON", json.dumps(sum(own.values(), [])), file=sys.stderr)
-    # The tasks' threads by their Python ident come from the sampler's reads of threads off a CPU,
-    # every 200 ms: tasks this short may start a thread that lives less than that, and then their
-    # compute slices go to a track per ident (one run in four in CI). Two reads' time for every thread.
-    time.sleep(0.5)
 """
 
 

@@ -89,6 +89,44 @@ def test_samples_align_with_known_switches_within_1ms(tmp_path):
     assert seen.active.mean() > 0.9 and seen.owns_gil.mean() > 0.9
 
 
+LATE_THREAD = """
+import sys, threading
+sys.stdin.readline()  # the sampler has read this process
+t = threading.Thread(target=threading.Event().wait, name="late", daemon=True)  # off a CPU: never ticked
+t.start()
+print(t.ident, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_last_read_names_a_thread_started_just_before_the_end(tmp_path):
+    # Threads off a CPU are read every 200 ms; one started since, and asleep, is found by the last
+    # read alone (the end of the session follows at once).
+    probe = Sampler(["pyspy"])
+    if why := probe.available():
+        pytest.skip(why)
+    run = RunDir(tmp_path / "run")
+    (run / "captures").mkdir(parents=True)
+    (run / "logs").mkdir()
+    script = write_flow(tmp_path / "late.py", LATE_THREAD)
+    target = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    probe.start(run)
+    try:
+        probe.watch({"pid": target.pid, "name": "late", "role": "client"})
+        time.sleep(0.5)
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        ident = int(target.stdout.readline())
+        probe.last_read()
+    finally:
+        probe.stop()
+        target.kill()
+        target.wait()
+    samples, _, _ = read_samples(run / "captures" / "pyspy.tsv")
+    late = samples[samples.ident == ident]
+    assert len(late) >= 1 and set(late.thread_name) == {"late"}
+
+
 def test_a_garbled_frame_name_does_not_lose_its_frame(tmp_path):
     # A non-blocking read can catch a frame mid-update: names with \r and other junk.
     capture = tmp_path / "pyspy.tsv"

@@ -6,7 +6,10 @@
 //!                          [--proc FILE --threads FILE]
 //! Reads lines on stdin, at any time: "PID NAME", a process to sample (into
 //! --out); "proc PID", a process to read /proc for (procs.rs: the proc probe's
-//! captures, at the wakes sampling makes anyway).
+//! captures, at the wakes sampling makes anyway); "read", to read every thread
+//! of every process now, answered by "read" on stdout once written (daskprobe
+//! asks as the command ends: a thread started since the last read of the
+//! threads off a CPU, and never ticked, would otherwise go unread).
 //!
 //! A thread is read when a CPU's tick finds it on the CPU (ticks.rs): by
 //! BPF at the tick, for the Python threads our reader has listed
@@ -134,6 +137,8 @@ fn parse_args() -> Result<Args, String> {
 enum Watch {
     Stacks(i32, String),
     Proc(i32),
+    /// every thread read now, then "read" said on stdout
+    ReadAll,
 }
 
 /// The processes named on stdin, each also counted on `wake` (an eventfd) to end a wait.
@@ -144,6 +149,7 @@ fn read_pids(wake: libc::c_int) -> Receiver<Watch> {
             let (first, rest) = line.split_once(' ').unwrap_or((&line, ""));
             let watch = match (first, first.parse()) {
                 ("proc", _) => rest.trim().parse().map(Watch::Proc).ok(),
+                ("read", _) => Some(Watch::ReadAll),
                 (_, Ok(pid)) => Some(Watch::Stacks(pid, rest.to_string())),
                 _ => None,
             };
@@ -461,8 +467,13 @@ fn main() {
         // and /proc is read on time between them
         let (proc_watches, stack_watches): (Vec<_>, Vec<_>) =
             new_pids.try_iter().partition(|w| matches!(w, Watch::Proc(_)));
+        let mut asked = false;
         for w in proc_watches.into_iter().chain(stack_watches) {
             let (pid, name) = match w {
+                Watch::ReadAll => {
+                    asked = true;
+                    continue;
+                }
                 Watch::Proc(pid) => {
                     procs.as_mut().map_or_else(|| log!("no --proc: {pid} not read"),
                                                |p| p.watch(pid));
@@ -493,7 +504,7 @@ fn main() {
         }
         let mut gone = Vec::new();
         targets.retain_mut(|t| {
-            let alive = s.round(t, &ticked, &copied, polled || timer, ticks.is_some());
+            let alive = s.round(t, &ticked, &copied, polled || timer || asked, ticks.is_some());
             if let (Some(ticks), Some(r)) = (&ticks, &t.fast) {
                 // py-spy's processes have none: BPF passes every tick of theirs
                 t.in_bpf.update(ticks, t.pid, alive.then(|| r.listed().collect()), &ticked);
@@ -511,6 +522,10 @@ fn main() {
         }
         if let Some(p) = procs.as_mut() {
             p.maybe();
+        }
+        if asked {
+            s.flush();
+            let _ = writeln!(std::io::stdout(), "read"); // a line: stdout flushes it
         }
         if STOP.load(Ordering::Relaxed) {
             s.flush();
