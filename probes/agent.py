@@ -32,6 +32,7 @@ from pathlib import Path
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from . import registry
+from .base import LAST_READ_TIMEOUT
 from .ebpf_format import timens_ns
 from .procs import reap_exiting
 from .proxy import start_tap, stop_proxy
@@ -195,6 +196,11 @@ class Agent:
     def stop(self) -> bytes:
         """The probes stopped (their last bytes written); the state then."""
         if not self.stopped:
+            for probe in self.probes:
+                try:
+                    probe.last_read(LAST_READ_TIMEOUT)
+                except OSError as e:  # threads started in its last 200 ms may go unnamed: the rest stands
+                    self.skipped[f"{probe.name} (last read)"] = f"{type(e).__name__}: {e}"[:500]
             for probe in self.probes:
                 probe.stop()
             if self.tap is not None:

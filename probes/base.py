@@ -25,6 +25,8 @@ HELPER_NICE = 10
 # nice 10 it took that CPU from the cluster often enough to slow a scheduler-bound graph (merge-10K,
 # makespan +2-4% against polling); at 19 it waits its turn (docs/measurements.md).
 SAMPLER_NICE = 19
+# s; the cluster is idle then, and a read of every process takes milliseconds
+LAST_READ_TIMEOUT = 3.0
 
 
 class Probe:
@@ -52,8 +54,9 @@ class Probe:
         """A process to observe from now on: a row of run.json's `processes`
         (pid, name, role, listen and contact addresses)."""
 
-    def last_read(self) -> None:
-        """Read what it reads on a timer once more, now: the command has ended, the cluster not yet."""
+    def last_read(self, timeout: float) -> None:
+        """Read what it reads on a timer once more, now, within `timeout` seconds: the command has
+        ended, the cluster not yet (attached: the recording ends, the cluster goes on)."""
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop capturing; a helper process gets `grace` seconds to exit on its own."""

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 from . import ebpf_format, procfs, pyspy
-from .base import CLUSTER_ROLES, SAMPLER_NICE, Probe, is_root, native_binary
+from .base import CLUSTER_ROLES, LAST_READ_TIMEOUT, SAMPLER_NICE, Probe, is_root, native_binary
 from .procs import spawn, stop
 from .rundir import RunDir, open_append
 
 KINDS = ("pyspy", "proc")
 STACK_ROLES = CLUSTER_ROLES - {"proxy"}  # native code: the eBPF CPU sampler covers it
 PROC_ROLES = CLUSTER_ROLES | {"probe"}  # the probes' own cost is measured too
-LAST_READ_TIMEOUT = 3.0  # s; the cluster is idle then, and a read of every process takes milliseconds
 
 
 def _ptrace_allowed() -> bool:
@@ -56,7 +55,8 @@ class Sampler(Probe):
         cmd += ["--out", str(cap / pyspy.CAPTURE)] if self.stacks else []
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
         self.log = run.log("sampler")
-        self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # unbuffered: a readline takes one line, so select() sees what is left (last_read)
+        self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.said: list[str] = []  # its stdout's lines before the end, read with last_read's answer
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"the sampler failed to start: see {self.log}")
@@ -75,17 +75,19 @@ class Sampler(Probe):
         and its compute slices without its name."""
         if not (self.proc and self.stacks) or self.proc.poll() is not None:
             return
-        with contextlib.suppress(OSError):  # it has ended: stop() says why
+        try:
             self.proc.stdin.write(b"read\n")
             self.proc.stdin.flush()
-            end = time.monotonic() + timeout
-            while select.select([self.proc.stdout], [], [], max(0.0, end - time.monotonic()))[0]:
-                line = self.proc.stdout.readline()  # it writes whole lines
-                if line.strip() == b"read" or not line:
-                    return
-                self.said.append(line.decode(errors="replace"))
-            raise TimeoutError(f"no answer within {timeout:g} s: a thread started in the session's last "
-                               "200 ms may have no name or Python ident")
+        except BrokenPipeError:  # it has ended: stop() says why
+            return
+        end = time.monotonic() + timeout
+        while select.select([self.proc.stdout], [], [], max(0.0, end - time.monotonic()))[0]:
+            line = self.proc.stdout.readline()  # it writes whole lines
+            if line.strip() == b"read" or not line:
+                return
+            self.said.append(line.decode(errors="replace").rstrip("\n"))
+        raise TimeoutError(f"no answer within {timeout:g} s: a thread started in the session's last "
+                           "200 ms may have no name or Python ident")
 
     def stop(self, grace: float = 5.0) -> None:
         if self.proc:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..probes.base import Probe, ended_early
+from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
@@ -357,7 +357,8 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
         died[recorder] = why
     killed = []
     steps = [("stopping the command", lambda: _reap(client, signals.grace))]
-    steps += [(f"probe {p.name}'s last read", p.last_read) for p in started]
+    steps += [(f"probe {p.name}'s last read", lambda p=p: p.last_read(min(LAST_READ_TIMEOUT, signals.grace)))
+              for p in started]
     steps += [("stopping the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
     steps += [(f"stopping probe {p.name}", lambda p=p: p.stop(signals.grace)) for p in started]
     seconds = {}

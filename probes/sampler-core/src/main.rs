@@ -7,7 +7,8 @@
 //! Reads lines on stdin, at any time: "PID NAME", a process to sample (into
 //! --out); "proc PID", a process to read /proc for (procs.rs: the proc probe's
 //! captures, at the wakes sampling makes anyway); "read", to read every thread
-//! of every process now, answered by "read" on stdout once written (daskprobe
+//! of every process now (with ticks, those off a CPU: the others are ticked),
+//! answered by "read" on stdout once written (daskprobe
 //! asks as the command ends: a thread started since the last read of the
 //! threads off a CPU, and never ticked, would otherwise go unread).
 //!
@@ -70,6 +71,8 @@ use threads::InBpf;
 use ticks::{Copied, Tick, Ticks};
 
 const MAX_READ_NS: u64 = 2_000_000;
+/// reads made again at most, of a process whose last read was dropped (too slow to place)
+const LAST_READ_TRIES: usize = 3;
 /// A write per round was a tenth of the sampler's CPU at 100 Hz; a kill -9 costs at most this much.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// With ticks, how often the threads off a CPU are read (the stacks they wait in, the GIL holder), and
@@ -327,6 +330,8 @@ struct Sampler<W: Write> {
     frames: Frames,
     /// reused for every read
     samples: Vec<ThreadSample>,
+    /// the last read took too long to be placed in time, and was dropped
+    dropped: bool,
 }
 
 impl Sampler<BufWriter<Box<dyn Write>>> {
@@ -401,6 +406,7 @@ impl<W: Write> Sampler<W> {
         let took = now_ns() - t0;
         let at = t0 + took / 2;
         let pid = t.pid;
+        self.dropped = read && took > MAX_READ_NS;
         match read {
             // A read that took longer than 2 ms cannot be placed within 1 ms: drop it.
             true if took > MAX_READ_NS => {
@@ -446,7 +452,8 @@ fn main() {
     };
     let mut procs = args.procs.as_ref()
         .map(|(p, t)| procs::Procs::open(p, t).expect("cannot open --proc or --threads"));
-    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, out), frames: Frames::default(), samples: Vec::new() };
+    let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, out), frames: Frames::default(), samples: Vec::new(),
+                           dropped: false };
     let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     let new_pids = read_pids(wake);
     let mut ticks = (args.out.is_some() && !args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
@@ -504,7 +511,16 @@ fn main() {
         }
         let mut gone = Vec::new();
         targets.retain_mut(|t| {
-            let alive = s.round(t, &ticked, &copied, polled || timer || asked, ticks.is_some());
+            s.dropped = false;
+            let mut alive = s.round(t, &ticked, &copied, polled || timer || asked, ticks.is_some());
+            // the last read may be the only one of a thread started since the one before: one too slow
+            // to place is made again
+            for _ in 0..LAST_READ_TRIES {
+                if !(asked && alive && s.dropped) {
+                    break;
+                }
+                alive = s.round(t, &[], &[], true, ticks.is_some());
+            }
             if let (Some(ticks), Some(r)) = (&ticks, &t.fast) {
                 // py-spy's processes have none: BPF passes every tick of theirs
                 t.in_bpf.update(ticks, t.pid, alive.then(|| r.listed().collect()), &ticked);
