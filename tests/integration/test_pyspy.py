@@ -45,22 +45,33 @@ print(json.dumps(spans))
 """
 
 
-def test_samples_align_with_known_switches_within_1ms(tmp_path):
-    probe = Sampler(["pyspy"], rate=250)
+@contextlib.contextmanager
+def _sampling(tmp_path: Path, name: str, code: str, rate: float = 100.0):
+    """The Sampler probe on a run directory of its own, sampling `code` (started first) for half a
+    second before the block; stopped after it, and the script killed if it still runs."""
+    probe = Sampler(["pyspy"], rate=rate)
     if why := probe.available():
         pytest.skip(why)
     run = RunDir(tmp_path / "run")
     (run / "captures").mkdir(parents=True)
     (run / "logs").mkdir()
-    script = write_flow(tmp_path / "switcher.py", SWITCHER)
+    script = write_flow(tmp_path / f"{name}.py", code)
     target = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     probe.start(run)
     try:
-        probe.watch({"pid": target.pid, "name": "switcher", "role": "client"})
+        probe.watch({"pid": target.pid, "name": name, "role": "client"})
         time.sleep(0.5)
-        out, _ = target.communicate("go\n", timeout=60)
+        yield probe, run, target
     finally:
         probe.stop()
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+
+
+def test_samples_align_with_known_switches_within_1ms(tmp_path):
+    with _sampling(tmp_path, "switcher", SWITCHER, rate=250) as (_, run, target):
+        out, _ = target.communicate("go\n", timeout=60)
     spans = json.loads(out)
     samples, stacks, frames = read_samples(run / "captures" / "pyspy.tsv")
     leaf = stacks.set_index("stack_id").frame_ids.map(lambda ids: ids[0] if ids else -1)
@@ -102,26 +113,11 @@ sys.stdin.readline()
 def test_the_last_read_names_a_thread_started_just_before_the_end(tmp_path):
     # Threads off a CPU are read every 200 ms; one started since, and asleep, is found by the last
     # read alone (the end of the session follows at once).
-    probe = Sampler(["pyspy"])
-    if why := probe.available():
-        pytest.skip(why)
-    run = RunDir(tmp_path / "run")
-    (run / "captures").mkdir(parents=True)
-    (run / "logs").mkdir()
-    script = write_flow(tmp_path / "late.py", LATE_THREAD)
-    target = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    probe.start(run)
-    try:
-        probe.watch({"pid": target.pid, "name": "late", "role": "client"})
-        time.sleep(0.5)
+    with _sampling(tmp_path, "late", LATE_THREAD) as (probe, run, target):
         target.stdin.write("go\n")
         target.stdin.flush()
         ident = int(target.stdout.readline())
         probe.last_read()
-    finally:
-        probe.stop()
-        target.kill()
-        target.wait()
     samples, _, _ = read_samples(run / "captures" / "pyspy.tsv")
     late = samples[samples.ident == ident]
     assert len(late) >= 1 and set(late.thread_name) == {"late"}
