@@ -46,14 +46,10 @@ def client(bursts: int, tasks: int) -> dict:
     c = Client(os.environ["DASK_SCHEDULER_ADDRESS"])
     workers = sorted(c.scheduler_info()["workers"])
     c.gather(c.map(noop, range(-tasks, 0), pure=False))  # imports and connections, not timed
-    times = []
-    for b in range(bursts):
+    times, half = [], range(tasks // len(workers))
+    for _ in range(bursts):
         start = time.perf_counter()
-        futures = [f for j, w in enumerate(workers)
-                   for f in c.map(noop, range((b * len(workers) + j) * tasks, (b * len(workers) + j) * tasks
-                                              + tasks // len(workers)), pure=False, workers=[w],
-                                  allow_other_workers=False)]
-        c.gather(futures)
+        c.gather([f for w in workers for f in c.map(noop, half, pure=False, workers=[w], allow_other_workers=False)])
         times.append(time.perf_counter() - start)
     c.close()
     return {"burst_s": statistics.median(times), "bursts_s": times}
