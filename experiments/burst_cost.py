@@ -1,16 +1,19 @@
 """Benchmark: what each probe costs per task where that cost is largest, bursts of no-op tasks
-on a cluster whose CPUs they saturate (merge-10K's second phase, after update_graph).
+on a cluster whose CPUs they saturate (like merge-10K's second phase, after update_graph).
 
-    python -m daskprobe.experiments.burst_cost --settings none,tap,pyspy,cpu,gil,offcpu,tcp,all
+    python -m daskprobe.experiments.burst_cost --settings none,tap,pyspy,proc,cpu,gil,offcpu,tcp,every
 
-Each round runs every --probes setting once (the order turned each round) as one `daskprobe
-run`, 2 workers x 1 thread, whose command times --bursts bursts of --tasks no-op tasks. Each
-burst is split evenly between the workers, each half restricted to one: left to itself Dask
-sends a whole burst to one worker about half the time, which takes 1.6 times as long, and
-that coin outweighs what is measured here. A run's figure is the median of its bursts; a
-setting's, the median over rounds of its run's figure over the first setting's (the base) in
-the same round, with a bootstrap 90% interval. Every setting is timed in a cluster of its
-own, so startup and the first burst (not timed) stay out.
+Each round runs every --probes setting once as one `daskprobe run` (2 workers x 1 thread,
+worker-saturation=inf), the order rotated by one each round (so each setting takes each place
+equally often; with two settings, ABAB becomes AB BA AB ...). Its command times --bursts bursts
+of --tasks no-op tasks after an untimed one. Each burst is split evenly between the workers,
+each half restricted to one: left to itself Dask sent a whole burst to one worker in about
+half the bursts, which took 1.8 times as long, a coin that outweighed what is measured here.
+The restrictions cost the scheduler some work of its own, so a burst is slower than one Dask
+splits by itself. A run's figure is the median of its bursts; a setting's, the median over
+rounds of its run's figure over the first setting's (the base) in the same round, with a
+bootstrap 90% interval. A setting may repeat (none,none: what the pairing leaves, A/A). A run
+with a probe skipped (no root, say) stops the benchmark.
 
 Writes results.csv (one row per run, each burst's time too) and results.json in --out and prints the table.
 """
@@ -22,7 +25,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,9 +33,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from .overhead import SATURATION, _bootstrap_median_ci, steal_s
+from .overhead import bootstrap_median_ci, run_cluster
 
-ALL = "tap,pyspy,proc,cpu,gil,offcpu,tcp"
+EVERY = "tap,pyspy,proc,cpu,gil,offcpu,tcp"  # every probe, with the tap (daskprobe's 'all' has the proxy)
 
 
 def noop(i):
@@ -45,8 +47,10 @@ def client(bursts: int, tasks: int) -> dict:
     from distributed import Client
     c = Client(os.environ["DASK_SCHEDULER_ADDRESS"])
     workers = sorted(c.scheduler_info()["workers"])
+    if len(workers) != 2:
+        raise SystemExit(f"burst_cost wants 2 workers, found {len(workers)}")
     c.gather(c.map(noop, range(-tasks, 0), pure=False))  # imports and connections, not timed
-    times, half = [], range(tasks // len(workers))
+    times, half = [], range(tasks // 2)
     for _ in range(bursts):
         start = time.perf_counter()
         c.gather([f for w in workers for f in c.map(noop, half, pure=False, workers=[w], allow_other_workers=False)])
@@ -56,14 +60,18 @@ def client(bursts: int, tasks: int) -> dict:
 
 
 def run_once(probes: str, bursts: int, tasks: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
-           "--config", SATURATION, "--probes", probes, "--out", str(out), "--",
-           sys.executable, "-m", "daskprobe.experiments.burst_cost", "client", str(bursts), str(tasks)]
-    stolen = steal_s()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        raise RuntimeError(f"--probes {probes} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1]) | {"steal_s": steal_s() - stolen}
+    got = run_cluster(probes, out, [sys.executable, "-m", "daskprobe.experiments.burst_cost", "client",
+                                    str(bursts), str(tasks)])
+    return got | {"bursts_s": json.dumps(got["bursts_s"])}
+
+
+def labels(settings: list[str]) -> dict[str, str]:
+    """Each setting's label (a repeated one numbered: none, none#2) and its --probes."""
+    out = {}
+    for s in settings:
+        label = s if s not in out else f"{s}#{sum(k.split('#')[0] == s for k in out) + 1}"
+        out[label] = EVERY if s == "every" else s.replace("+", ",")
+    return out
 
 
 def summarize(df: pd.DataFrame, base: str) -> pd.DataFrame:
@@ -71,21 +79,23 @@ def summarize(df: pd.DataFrame, base: str) -> pd.DataFrame:
     rows = []
     for setting in [s for s in df.setting.unique() if s != base]:
         ratio = (wide[setting] / wide[base]).dropna()
-        low, high = _bootstrap_median_ci(ratio)
+        low, high = bootstrap_median_ci(ratio)
         rows.append({"setting": setting, "median_burst_s": wide[setting].median(), "ratio_median": ratio.median(),
                      "ratio_min": ratio.min(), "ratio_max": ratio.max(), "ratio_ci90_low": low,
-                     "ratio_ci90_high": high, "rounds": len(ratio)})
+                     "ratio_ci90_high": high, "rounds": len(ratio),
+                     "steal_s_max": df[df.setting.isin([setting, base])].steal_s.max()})
     return pd.DataFrame(rows)
 
 
 def print_table(df: pd.DataFrame, base: str, base_s: float, tasks: int, console: Console) -> None:
     t = Table(title=f"burst time of {tasks} no-op tasks over --probes {base}'s ({base_s:.3f} s median): "
                     "median of per-round ratios (range; bootstrap 90% interval)")
-    for col in ("--probes", "burst, median (s)", "ratio", "range", "90% interval", "rounds"):
+    for col in ("--probes", "burst, median (s)", "ratio", "range", "90% interval", "rounds",
+                "steal, most in a run (CPU-s)"):
         t.add_column(col)
     for r in df.itertuples():
         t.add_row(r.setting, f"{r.median_burst_s:.3f}", f"{r.ratio_median:.3f}", f"{r.ratio_min:.3f}-{r.ratio_max:.3f}",
-                  f"{r.ratio_ci90_low:.3f}-{r.ratio_ci90_high:.3f}", str(r.rounds))
+                  f"{r.ratio_ci90_low:.3f}-{r.ratio_ci90_high:.3f}", str(r.rounds), f"{r.steal_s_max:.2f}")
     console.print(t)
 
 
@@ -94,39 +104,44 @@ def main(argv=None) -> int:
     if argv[:1] == ["client"]:
         print(json.dumps(client(int(argv[1]), int(argv[2]))))
         return 0
-    ap = argparse.ArgumentParser(prog="python -m daskprobe.experiments.burst_cost",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--settings", default="none,all",
-                    help="--probes settings, comma-separated, the first the base; 'all' is every probe with the tap "
-                         f"({ALL}); join several probes of one setting with '+' (default none,all)")
+    ap = argparse.ArgumentParser(prog="python -m daskprobe.experiments.burst_cost", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", default="none,every",
+                    help="--probes settings, comma-separated, the first the base; join several probes of one "
+                         f"setting with '+'; 'every' is every probe with the tap ({EVERY}) (default none,every)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--bursts", type=int, default=8, help="timed bursts per run")
-    ap.add_argument("--tasks", type=int, default=2500, help="no-op tasks per burst, split between the 2 workers")
-    ap.add_argument("--out", type=Path, default=Path("runs/burst-cost"))
+    ap.add_argument("--tasks", type=int, default=2500, help="no-op tasks per burst, half on each worker (even)")
+    ap.add_argument("--out", type=Path, help="a new or empty directory (default runs/burst-cost-TIME)")
     ap.add_argument("--keep-runs", action="store_true", help="keep each run's directory (by default only the "
                     "bursts' times are kept: a run with the tap writes about 60 MB)")
     args = ap.parse_args(argv)
-    settings = {s: ALL if s == "all" else s.replace("+", ",") for s in args.settings.split(",")}
+    settings = labels(args.settings.split(","))
     if len(settings) < 2:
         ap.error("--settings wants a base and at least one setting to compare with it")
-    args.out.mkdir(parents=True, exist_ok=True)
-    console, rows = Console(), []
-    names = list(settings)
+    if args.tasks % 2:
+        ap.error("--tasks must be even: half of each burst goes to each worker")
+    out = args.out or Path("runs") / f"burst-cost-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and any(out.iterdir()):
+        ap.error(f"--out {out} is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    console, rows, names = Console(stderr=True), [], list(settings)
     with console.status("") as status:
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order[::-1] if r % 2 else order:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 status.update(f"round {r + 1}/{args.rounds}: --probes {settings[name]}")
-                row = run_once(settings[name], args.bursts, args.tasks, args.out / f"{name}-{r}")
+                run = out / f"{name.replace('#', '-')}-{r}"
+                row = run_once(settings[name], args.bursts, args.tasks, run)
                 rows.append({"round": r, "setting": name, "probes": settings[name]} | row)
+                console.log(f"round {r + 1} {name}: {row['burst_s']:.3f} s a burst (median of {args.bursts})")
                 if not args.keep_runs:
-                    shutil.rmtree(args.out / f"{name}-{r}")
-                pd.DataFrame(rows).to_csv(args.out / "results.csv", index=False)
+                    shutil.rmtree(run)
+                pd.DataFrame(rows).to_csv(out / "results.csv", index=False)
     df = pd.DataFrame(rows)
     table = summarize(df, names[0])
-    (args.out / "results.json").write_text(json.dumps({"base": names[0], "tasks": args.tasks, "bursts": args.bursts,
-                                                      "table": table.to_dict("records")}, indent=1))
-    print_table(table, names[0], df[df.setting == names[0]].burst_s.median(), args.tasks, console)
+    (out / "results.json").write_text(json.dumps({"base": names[0], "settings": settings, "tasks": args.tasks,
+                                                 "bursts": args.bursts, "table": table.to_dict("records")}, indent=1))
+    print_table(table, names[0], df[df.setting == names[0]].burst_s.median(), args.tasks, Console())
     return 0
 
 

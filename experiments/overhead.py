@@ -22,6 +22,7 @@ cluster's mostly, which no measuring process's CPU shows. --pool DIR... runs
 nothing and summarizes the pairs of earlier runs together (the pair they ran,
 unless --compare says which). --compare none:none (A/A) measures the bench
 itself: its ratio's distance from 1 is what pairing leaves on this machine.
+A run with a probe skipped (no root, say) stops the benchmark.
 
 Writes results.json and results.csv in --out and prints tables.
 """
@@ -60,15 +61,24 @@ def steal_s() -> float:
     return int(Path("/proc/stat").read_text().split(maxsplit=9)[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
+def run_cluster(probes: str, out: Path, command: list[str], run_args: list[str] = ()) -> dict:
+    """`daskprobe run` of `command` on this benchmark's cluster (2 workers x 1 thread,
+    worker-saturation=inf): the last line the command printed (JSON), and steal_s. A probe that was
+    skipped fails the run: its setting would be measured as what it is not."""
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
-           "--config", SATURATION, "--probes", probes, *run_args, "--out", str(out), "--",
-           sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+           "--config", SATURATION, "--probes", probes, *run_args, "--out", str(out), "--", *command]
     stolen = steal_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
-        raise RuntimeError(f"{graph} with --probes {probes} failed:\n{p.stderr[-3000:]}")
-    row = {"makespan_s": json.loads(p.stdout.strip().splitlines()[-1])["makespan_s"], "steal_s": steal_s() - stolen}
+        raise RuntimeError(f"{' '.join(command)} with --probes {probes} failed:\n{p.stderr[-3000:]}")
+    if skipped := json.loads((out / "run.json").read_text()).get("skipped"):
+        raise RuntimeError(f"--probes {probes}: skipped {skipped} (run directory {out})")
+    return json.loads(p.stdout.strip().splitlines()[-1]) | {"steal_s": steal_s() - stolen}
+
+
+def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
+    got = run_cluster(probes, out, [sys.executable, "-m", "daskprobe.experiments.workloads", graph], run_args)
+    row = {"makespan_s": got["makespan_s"], "steal_s": got["steal_s"]}
     proc = out / "tables" / "proc.parquet"
     if proc.exists():  # the last cumulative CPU reading of each measuring process
         cpu = pd.read_parquet(proc).dropna(subset=["process"]).groupby("process").cpu_s.max()
@@ -232,12 +242,12 @@ def summarize(df: pd.DataFrame, pair: tuple[str, str], by: str = "probes") -> pd
     table = wide.groupby("graph").agg(**{f"{a}_median_s": (a, "median"), f"{b}_median_s": (b, "median")},
                                       ratio_median=("ratio", "median"), ratio_min=("ratio", "min"),
                                       ratio_max=("ratio", "max"), pairs=("ratio", "count"))
-    ci = wide.groupby("graph").ratio.apply(_bootstrap_median_ci)
+    ci = wide.groupby("graph").ratio.apply(bootstrap_median_ci)
     table["ratio_ci90_low"], table["ratio_ci90_high"] = ci.str[0], ci.str[1]
     return table.reset_index()
 
 
-def _bootstrap_median_ci(ratios: pd.Series, draws: int = 10_000) -> tuple[float, float]:
+def bootstrap_median_ci(ratios: pd.Series, draws: int = 10_000) -> tuple[float, float]:
     r = ratios.to_numpy()
     medians = np.median(np.random.default_rng(0).choice(r, (draws, len(r))), axis=1)
     return float(np.percentile(medians, 5)), float(np.percentile(medians, 95))
