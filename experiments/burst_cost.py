@@ -31,9 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
 
-from .overhead import bootstrap_median_ci, run_cluster
+from .overhead import bootstrap_median_ci, print_table, run_cluster
 
 EVERY = "tap,pyspy,proc,cpu,gil,offcpu,tcp"  # every probe, with the tap (daskprobe's 'all' has the proxy)
 
@@ -87,16 +86,13 @@ def summarize(df: pd.DataFrame, base: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def print_table(df: pd.DataFrame, base: str, base_s: float, tasks: int, console: Console) -> None:
-    t = Table(title=f"burst time of {tasks} no-op tasks over --probes {base}'s ({base_s:.3f} s median): "
-                    "median of per-round ratios (range; bootstrap 90% interval)")
-    for col in ("--probes", "burst, median (s)", "ratio", "range", "90% interval", "rounds",
-                "steal, most in a run (CPU-s)"):
-        t.add_column(col)
-    for r in df.itertuples():
-        t.add_row(r.setting, f"{r.median_burst_s:.3f}", f"{r.ratio_median:.3f}", f"{r.ratio_min:.3f}-{r.ratio_max:.3f}",
-                  f"{r.ratio_ci90_low:.3f}-{r.ratio_ci90_high:.3f}", str(r.rounds), f"{r.steal_s_max:.2f}")
-    console.print(t)
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """The summary as printed: ranges and intervals as low-high."""
+    return pd.DataFrame({
+        "--probes": df.setting, "burst, median (s)": df.median_burst_s, "ratio": df.ratio_median,
+        "range": [f"{lo:.3f}-{hi:.3f}" for lo, hi in zip(df.ratio_min, df.ratio_max)],
+        "90% interval": [f"{lo:.3f}-{hi:.3f}" for lo, hi in zip(df.ratio_ci90_low, df.ratio_ci90_high)],
+        "rounds": df.rounds, "steal, most in a run (CPU-s)": df.steal_s_max})
 
 
 def main(argv=None) -> int:
@@ -141,7 +137,9 @@ def main(argv=None) -> int:
     table = summarize(df, names[0])
     (out / "results.json").write_text(json.dumps({"base": names[0], "settings": settings, "tasks": args.tasks,
                                                  "bursts": args.bursts, "table": table.to_dict("records")}, indent=1))
-    print_table(table, names[0], df[df.setting == names[0]].burst_s.median(), args.tasks, Console())
+    print_table(f"burst time of {args.tasks} no-op tasks over --probes {names[0]}'s "
+                f"({df[df.setting == names[0]].burst_s.median():.3f} s median): median of per-round ratios "
+                "(range; bootstrap 90% interval)", readable(table))
     return 0
 
 

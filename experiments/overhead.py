@@ -49,6 +49,7 @@ from rich.table import Table
 
 from ..probes import ebpf_format
 from ..probes.proxy import Route, start_proxy, stop_proxy
+from ..probes.rundir import RunDir
 from ..tracer.cluster import free_port
 
 SATURATION = "distributed.scheduler.worker-saturation=inf"
@@ -71,7 +72,7 @@ def run_cluster(probes: str, out: Path, command: list[str], run_args: list[str] 
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} with --probes {probes} failed:\n{p.stderr[-3000:]}")
-    if skipped := json.loads((out / "run.json").read_text()).get("skipped"):
+    if skipped := RunDir(out).meta().get("skipped"):
         raise RuntimeError(f"--probes {probes}: skipped {skipped} (run directory {out})")
     return json.loads(p.stdout.strip().splitlines()[-1]) | {"steal_s": steal_s() - stolen}
 
