@@ -21,9 +21,10 @@ AGENT = Path(__file__).with_name("ebpf_agent.py")
 SYSTEM_PYTHON = os.environ.get("DASKPROBE_BCC_PYTHON", "/usr/bin/python3")
 TRACEFS = Path("/sys/kernel/tracing")
 KINDS = ("cpu", "gil", "offcpu", "tcp")
-# The GIL probe's uprobes are attached per process, so that no other process traps; but each adds its
-# check to the traps of every watched process, about 90 ns a call of pthread_cond_timedwait (+2.2 µs
-# with one, +5.0 with 32, +2.0 with one probe for the whole machine). Past this many, one does.
+# Where GIL waits are timed by traps (--gil-traps, or a kernel without bpf_task_pt_regs) the uprobes
+# are attached per process, so that no other process traps; but each adds its check to the traps of
+# every watched process, about 90 ns a call of pthread_cond_timedwait (+2.2 µs with one, +5.0 with
+# 32, +2.0 with one probe for the whole machine). Past this many, one does.
 GIL_PER_PROCESS_MAX = 8
 INIT_PID_NS = 0xEFFFFFFC  # the inode of the kernel's first pid namespace (PROC_PID_INIT_INO)
 
@@ -61,8 +62,8 @@ def _runs_python(pid: int) -> bool:
 
 
 class Ebpf(Probe):
-    def __init__(self, kinds: list[str], cpu_hz: int = 99):
-        self.kinds, self.cpu_hz = list(kinds), cpu_hz
+    def __init__(self, kinds: list[str], cpu_hz: int = 99, gil_traps: bool = False):
+        self.kinds, self.cpu_hz, self.gil_traps = list(kinds), cpu_hz, gil_traps
         self.name = ",".join(self.kinds)
 
     def available(self) -> str | None:
@@ -77,6 +78,7 @@ class Ebpf(Probe):
         cmd = [SYSTEM_PYTHON, str(AGENT), "--out", str(run / "captures")]
         cmd += ["--cpu", str(self.cpu_hz)] * ("cpu" in self.kinds)
         cmd += ["--gil", "--gil-per-process", str(GIL_PER_PROCESS_MAX)] * ("gil" in self.kinds)
+        cmd += ["--gil-traps"] * (self.gil_traps and "gil" in self.kinds)
         cmd += ["--offcpu"] * ("offcpu" in self.kinds)
         if "tcp" in self.kinds:
             cmd += ["--tcp", ",".join(map(str, sorted(ports)))]

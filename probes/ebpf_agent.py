@@ -149,15 +149,56 @@ int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which
 // them in every process), so the caller is checked: Python's code.
 struct text { u64 lo; u64 hi; };
 BPF_HASH(gil_text, u32, struct text, 4096);
+static inline int from_python(struct pt_regs *ctx, u32 tgid) {
+    struct text *t = gil_text.lookup(&tgid);
+    u64 caller = 0;  // at a function's first instruction, the stack's top is the return address
+    return t && !bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx))
+           && caller >= t->lo && caller < t->hi;
+}
+
+static inline void gil_wait(u32 tgid, u32 tid, u64 start, u64 end) {
+    u64 wait = end - start;
+    if (wait >= GIL_MIN_NS) {
+        struct event e = {};
+        e.kind = EVENT_GIL; e.pid = tgid; e.tid = tid; e.t0 = start; e.t1 = end;
+        emit(&e);
+    } else {
+        add_small(EVENT_GIL, tgid, tid, wait);
+    }
+}
+
+#if defined(ENTRY_REGS) && !defined(GIL_TRAPS)
+// The probe's one task is to find the GIL's condition, at its first wait: the agent then lets it go,
+// and sched_switch times each wait as a sleep in a futex inside that condition. Two traps a wait
+// (entry and return, each while the waiter holds the GIL's mutex) cost bursts of no-op tasks
+// 3-6% of their time, where a trap's own cost (1.5 us a call) would make it 0.3%.
+#define GIL_AT_SWITCH 1
+BPF_HASH(gil_cond, u32, u64, 4096);
+int gil_enter(struct pt_regs *ctx) {
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!from_python(ctx, tgid)) return 0;
+    u64 cond = PT_REGS_PARM1(ctx);
+    gil_cond.update(&tgid, &cond);
+    return 0;
+}
+
+struct task_struct;
+// Whether the thread going off its CPU (the current one) sleeps in a futex on its process's GIL
+// condition: the system call's number and first argument, as saved on entering the kernel.
+static inline u32 gil_sleep(u32 tgid, s64 state) {
+    u64 *cond = gil_cond.lookup(&tgid);
+    if (!cond || state == 0) return 0;  // state 0: preempted, not asleep
+    struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 nr = 0, addr = 0;
+    if (bpf_probe_read_kernel(&nr, 8, &user->orig_ax) || bpf_probe_read_kernel(&addr, 8, &user->di)) return 0;
+    return nr == 202 && addr - *cond < 48;  // __NR_futex, in the pthread_cond_t (48 bytes)
+}
+#else  // no bpf_task_pt_regs (5.15, BTF), or --gil-traps: each wait timed from its call to its return
 BPF_HASH(gil_start, u32, u64, 65536);
 int gil_enter(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    struct text *t = gil_text.lookup(&tgid);
-    if (!t) return 0;
-    u64 caller = 0;  // at a function's first instruction, the stack's top is the return address
-    if (bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) || caller < t->lo || caller >= t->hi)
-        return 0;
+    if (!from_python(ctx, tgid)) return 0;
     u64 now = bpf_ktime_get_ns();
     gil_start.update(&tid, &now);
     return 0;
@@ -171,25 +212,16 @@ int gil_exit(struct pt_regs *ctx) {
     // probes swapped for one for the whole machine meanwhile; the thread's id reused): dropped
     struct text *t = gil_text.lookup(&tgid);
     u64 to = PT_REGS_IP(ctx);  // at a return probe, where the call returns to
-    if (!t || to < t->lo || to >= t->hi) {
-        gil_start.delete(&tid);
-        return 0;
-    }
-    u64 now = bpf_ktime_get_ns(), wait = now - *start;
-    if (wait >= GIL_MIN_NS) {
-        struct event e = {};
-        e.kind = EVENT_GIL; e.pid = tgid; e.tid = tid; e.t0 = *start; e.t1 = now;
-        emit(&e);
-    } else {
-        add_small(EVENT_GIL, tgid, tid, wait);
-    }
+    if (t && to >= t->lo && to < t->hi)
+        gil_wait(tgid, tid, *start, bpf_ktime_get_ns());
     gil_start.delete(&tid);
     return 0;
 }
 #endif
+#endif
 
-#ifdef WITH_OFFCPU
-struct off { u64 out; u64 wake; s64 state; u32 tgid; };
+#if defined(WITH_OFFCPU) || defined(GIL_AT_SWITCH)
+struct off { u64 out; u64 wake; s64 state; u32 tgid; u32 gil; };
 BPF_HASH(off_start, u32, struct off, 65536);
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
@@ -198,16 +230,25 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     // A thread's entry stays from one interval to the next, written in place (an update and a
     // delete each interval cost a watched thread's switches a quarter more); out 0: on a CPU.
     if (prev && watched.lookup(&tgid)) {
+        u32 gil = 0;
+#ifdef GIL_AT_SWITCH
+        gil = gil_sleep(tgid, args->prev_state);
+#endif
         struct off *was = off_start.lookup(&prev);
         if (was) {
-            was->out = now; was->wake = 0; was->state = args->prev_state; was->tgid = tgid;
+            was->out = now; was->wake = 0; was->state = args->prev_state; was->tgid = tgid; was->gil = gil;
+#ifdef WITH_OFFCPU
         } else {
-            struct off o = {now, 0, args->prev_state, tgid};
+#else
+        } else if (gil) {  // the GIL's waits alone: only the threads that wait for it need an entry
+#endif
+            struct off o = {now, 0, args->prev_state, tgid, gil};
             off_start.update(&prev, &o);
         }
     }
     struct off *o = off_start.lookup(&next);
     if (o && o->out) {
+#ifdef WITH_OFFCPU
         u64 d = now - o->out;
         if (d >= OFFCPU_MIN_NS) {
             struct event e = {};
@@ -217,10 +258,16 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         } else {
             add_small(EVENT_OFFCPU, o->tgid, next, d);
         }
+#endif
+#ifdef GIL_AT_SWITCH
+        if (o->gil) gil_wait(o->tgid, next, o->out, now);
+#endif
         o->out = 0;
     }
     return 0;
 }
+#endif
+#ifdef WITH_OFFCPU
 TRACEPOINT_PROBE(sched, sched_wakeup) {
     u32 tid = args->pid;
     struct off *o = off_start.lookup(&tid);
@@ -347,16 +394,22 @@ class Agent:
         self.ranges = {}  # pid -> (starts, ends) of those mappings, sorted, and when they were read
         self.owed = set()  # pids with a sample outside their last mappings
         self.gil_waiting = {}  # pid -> (name, deadline): its libpython not mapped yet
+        self.gil_found = set()  # pids whose GIL condition BPF has found
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
-        cflags += ["-DWITH_TCP"] * bool(args.tcp)
+        cflags += ["-DWITH_TCP"] * bool(args.tcp) + ["-DGIL_TRAPS"] * args.gil_traps
+        # GIL waits read at the switches (no trap at each), where the kernel has bpf_task_pt_regs
+        self.gil_at_switch = args.gil and not args.gil_traps
+        entry_regs = bool(args.cpu) or self.gil_at_switch
         try:
-            self.b = self.load(cflags + ["-DENTRY_REGS"] * bool(args.cpu))
+            self.b = self.load(cflags + ["-DENTRY_REGS"] * entry_regs)
         except Exception as e:  # no BTF, or a kernel before 5.15: all but that part still runs
-            if not args.cpu:
+            if not entry_regs:
                 raise
-            self.b = self.load(cflags)
-            self.out("ebpf_status.tsv").write(f"E\t-1\tnative samples taken in the kernel are not unwound: {e}\n")
+            self.b, self.gil_at_switch = self.load(cflags), False
+            lost = ["native samples taken in the kernel are not unwound"] * bool(args.cpu)
+            lost += ["each GIL wait trapped twice (its call and its return)"] * args.gil
+            self.out("ebpf_status.tsv").write(f"E\t-1\t{'; '.join(lost)}: {e}\n")
         if args.tcp:
             for port in args.tcp:
                 self.b["ports"][ctypes.c_uint16(port)] = ctypes.c_uint8(1)
@@ -406,7 +459,7 @@ class Agent:
                 continue
             key = ctypes.c_uint32(int(tid))
             if state in "SDI" and table.get(key) is None:
-                table[key] = table.Leaf(now, 0, 1, pid)  # out, no wake-up seen, blocked, tgid
+                table[key] = table.Leaf(now, 0, 1, pid, 0)  # out, no wake-up seen, blocked, tgid, not the GIL
 
     def retry_gil(self) -> None:
         """A process watched right after exec has only its executable and the loader mapped: its
@@ -442,6 +495,9 @@ class Agent:
             return f"E\t{pid}\tgil: {name}: {lib} is not mapped\n"
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
+        if self.gil_at_switch:  # a pid reused: its last process's condition is not this one's
+            self.b["gil_cond"].pop(ctypes.c_uint32(pid), None)
+            self.gil_found.discard(pid)
         try:
             scope = self.attach_waits(key, path, at, pid)
         except Exception as e:  # bcc's only kind; the process gone meanwhile, say
@@ -459,11 +515,13 @@ class Agent:
         me = (pid, started(pid))
         if None in probes or me in probes:
             return "probed machine-wide" if None in probes else "probed in this process"
-        whom = pid if len(probes) < self.args.gil_per_process else -1
+        # at the switches, a process's probe lives until its first wait: one each
+        whom = pid if self.gil_at_switch or len(probes) < self.args.gil_per_process else -1
         before = set(self.b.uprobe_fds)
         try:
             self.b.attach_uprobe(name=path, addr=at, fn_name="gil_enter", pid=whom)
-            self.b.attach_uretprobe(name=path, addr=at, fn_name="gil_exit", pid=whom)
+            if not self.gil_at_switch:
+                self.b.attach_uretprobe(name=path, addr=at, fn_name="gil_exit", pid=whom)
         except Exception:  # none half attached: a retry starts afresh
             self.drop_events(set(self.b.uprobe_fds) - before)
             raise
@@ -472,6 +530,17 @@ class Agent:
             return "probed in this process"
         self.drop_waits(probes, [k for k in probes if k is not None])  # the machine-wide probe serves them
         return f"probed machine-wide, past {self.args.gil_per_process} processes with probes of their own"
+
+    def let_go_found(self) -> None:
+        """Once a process's GIL condition is found (its first wait), sched_switch times its waits and
+        its probe is let go."""
+        found = {k.value for k in self.b["gil_cond"].keys()} - self.gil_found
+        for pid in found:
+            self.out("ebpf_status.tsv").write(f"A\t{pid}\tgil: its GIL's condition found; its waits are "
+                                              "read at its threads' switches, with no probe in libc\n")
+        self.gil_found |= found
+        for probes in self.gil_probes.values():
+            self.drop_waits(probes, [k for k in probes if k[0] in found])
 
     def drop_waits(self, probes: dict, keys: list) -> None:
         for k in keys:
@@ -652,6 +721,9 @@ def main() -> int:
     ap.add_argument("--gil-per-process", type=int, default=0,
                     help="how many processes get a GIL probe of their own before one serves the machine "
                          "(0: one for the machine from the start)")
+    ap.add_argument("--gil-traps", action="store_true",
+                    help="time each GIL wait by probes at its call and return, as where the kernel lacks "
+                         "bpf_task_pt_regs (5.15, BTF), rather than at the switches")
     ap.add_argument("--offcpu", action="store_true")
     ap.add_argument("--tcp", type=lambda s: [int(p) for p in s.split(",") if p], default=[])
     ap.add_argument("--nice", type=int, default=0, help="its niceness once loaded")
@@ -683,6 +755,8 @@ def main() -> int:
                 agent.watch(int(pid), name, python == "python")
         if time.monotonic() >= next_drain:
             agent.retry_gil()
+            if agent.gil_at_switch:
+                agent.let_go_found()
             agent.drain()
             next_drain = time.monotonic() + POLL_S
     agent.finish()

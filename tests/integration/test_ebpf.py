@@ -39,21 +39,30 @@ def started(cmd, **kw):
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **kw)
 
 
-@pytest.mark.parametrize("others", [0, GIL_PER_PROCESS_MAX], ids=["probed-per-process", "probed-machine-wide"])
-def test_gil_waits_of_spinning_threads(tmp_path, others):
+@pytest.mark.parametrize("traps,others", [(False, 0), (True, 0), (True, GIL_PER_PROCESS_MAX)],
+                         ids=["at-the-switches", "traps-per-process", "traps-machine-wide"])
+def test_gil_waits_of_spinning_threads(tmp_path, traps, others):
     n = 4
     idle = [started([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.readline()"])
             for _ in range(others)]
     try:
-        with probe_session(tmp_path, Ebpf(["gil"])) as s:
+        with probe_session(tmp_path, Ebpf(["gil"], gil_traps=traps)) as s:
             for p in idle:
                 assert p.stdout.readline().strip() == "up"
                 s.watch(p.pid, attached="take_gil")
             target = started([sys.executable, str(write_flow(tmp_path / "spin.py", SPINNERS.format(n=n)))])
             s.watch(target.pid, attached="take_gil")
-            # a uprobe and a uretprobe, for the target alone or for the whole machine: no others left
+            # traps: a uprobe and a uretprobe, for the target alone or for the whole machine (no
+            # others left); at the switches, the uprobe that finds the GIL and sched_switch
             assert perf_events(s.probe.proc.pid) == 2
-            spans = json.loads(target.communicate("go\n", timeout=60)[0])
+            target.stdin.write("go\n")
+            target.stdin.flush()
+            if not traps:  # the uprobe let go at the first drain after the first wait (0.5 s)
+                deadline = time.monotonic() + 3
+                while perf_events(s.probe.proc.pid) != 1:
+                    assert time.monotonic() < deadline, "the GIL's uprobe was not let go"
+                    time.sleep(0.05)
+            spans = json.loads(target.communicate(timeout=60)[0])
     finally:
         for p in idle:
             p.kill()
@@ -61,7 +70,10 @@ def test_gil_waits_of_spinning_threads(tmp_path, others):
     cap = s.run / "captures"
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
     mine = status[status.what.str.contains("take_gil") & (status.pid == target.pid)]
-    assert mine.what.str.contains("machine-wide" if others else "in this process").all() and len(mine) == 1, status
+    scope = "machine-wide" if others else "in this process"
+    assert mine.what.str.contains(scope).all() and len(mine) == 1, status
+    found = status[status.what.str.contains("condition found") & (status.pid == target.pid)]
+    assert len(found) == (not traps), status
     total, expected = gil_s(cap, spans), expected_gil_s(spans)
     assert 0.8 * expected <= total <= 1.1 * expected, (total, expected)
 
