@@ -183,15 +183,21 @@ int gil_enter(struct pt_regs *ctx) {
 }
 
 struct task_struct;
-// Whether the thread going off its CPU (the current one) sleeps in a futex on its process's GIL
-// condition: the system call's number and first argument, as saved on entering the kernel.
+// Whether the thread going off its CPU (the current one) sleeps in a futex wait on its process's GIL:
+// the system call's number and arguments, as saved on entering the kernel. Its futex words (glibc
+// 2.25 and later): the waiters' signals, the condition's last 8 bytes, and the GIL's mutex, which
+// follows the condition (48 bytes) in CPython's struct, where a waiter woken sleeps again if its
+// holder has not let it go. Other words of the condition are where a signalling thread may sleep.
 static inline u32 gil_sleep(u32 tgid, s64 state) {
     u64 *cond = gil_cond.lookup(&tgid);
-    if (!cond || state == 0) return 0;  // state 0: preempted, not asleep
+    if (!cond || state != 1) return 0;  // TASK_INTERRUPTIBLE: a futex wait; preempted threads are not asleep
     struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-    u64 nr = 0, addr = 0;
-    if (bpf_probe_read_kernel(&nr, 8, &user->orig_ax) || bpf_probe_read_kernel(&addr, 8, &user->di)) return 0;
-    return nr == 202 && addr - *cond < 48;  // __NR_futex, in the pthread_cond_t (48 bytes)
+    u64 nr = 0, addr = 0, op = 0;
+    if (bpf_probe_read_kernel(&nr, 8, &user->orig_ax) || bpf_probe_read_kernel(&addr, 8, &user->di)
+        || bpf_probe_read_kernel(&op, 8, &user->si)) return 0;
+    op &= 0x7f;  // FUTEX_CMD_MASK: without the private and clock flags
+    if (nr != 202 || (op != 0 && op != 9)) return 0;  // __NR_futex; FUTEX_WAIT, FUTEX_WAIT_BITSET
+    return addr - *cond - 40 < 8 || addr == *cond + 48;
 }
 #else  // no bpf_task_pt_regs (5.15, BTF), or --gil-traps: each wait timed from its call to its return
 BPF_HASH(gil_start, u32, u64, 65536);
@@ -408,7 +414,7 @@ class Agent:
                 raise
             self.b, self.gil_at_switch = self.load(cflags), False
             lost = ["native samples taken in the kernel are not unwound"] * bool(args.cpu)
-            lost += ["each GIL wait trapped twice (its call and its return)"] * args.gil
+            lost += ["each GIL wait trapped twice (its call and its return)"] * (args.gil and not args.gil_traps)
             self.out("ebpf_status.tsv").write(f"E\t-1\t{'; '.join(lost)}: {e}\n")
         if args.tcp:
             for port in args.tcp:
@@ -436,6 +442,9 @@ class Agent:
 
     def watch(self, pid: int, name: str, python: bool) -> None:
         self.b["watched"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.gil_at_switch:  # a pid reused: its last process's GIL is not this one's
+            self.b["gil_cond"].pop(ctypes.c_uint32(pid), None)
+            self.gil_found.discard(pid)
         if self.args.cpu:
             self.snapshot_maps(pid)  # a process that ends before a drain is still named
         if self.args.cpu and not python:  # a native build rarely keeps frame pointers: unwind from .eh_frame
@@ -495,9 +504,6 @@ class Agent:
             return f"E\t{pid}\tgil: {name}: {lib} is not mapped\n"
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
-        if self.gil_at_switch:  # a pid reused: its last process's condition is not this one's
-            self.b["gil_cond"].pop(ctypes.c_uint32(pid), None)
-            self.gil_found.discard(pid)
         try:
             scope = self.attach_waits(key, path, at, pid)
         except Exception as e:  # bcc's only kind; the process gone meanwhile, say
@@ -540,7 +546,7 @@ class Agent:
                                               "read at its threads' switches, with no probe in libc\n")
         self.gil_found |= found
         for probes in self.gil_probes.values():
-            self.drop_waits(probes, [k for k in probes if k[0] in found])
+            self.drop_waits(probes, [k for k in probes if k is not None and k[0] in found])
 
     def drop_waits(self, probes: dict, keys: list) -> None:
         for k in keys:

@@ -200,7 +200,8 @@ DECODED = {
         PID,
         TID,
         C("start_ns", "int64", MONO, "when the thread, in take_gil, went off its CPU to sleep on the GIL's condition "
-                                     "(kernels before 5.15, or --gil-traps: when it called pthread_cond_timedwait)"),
+                                     "or mutex (kernels before 5.15, or --gil-traps: when it called "
+                                     "pthread_cond_timedwait)"),
         C("end_ns", "int64", MONO, "when it was back on a CPU after that sleep (woken to take the GIL, or the "
                                    "switch interval, 5 ms, over and the next sleep follows; before 5.15: when the "
                                    "call returned)"),
