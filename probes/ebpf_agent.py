@@ -169,7 +169,7 @@ static inline void gil_wait(u32 tgid, u32 tid, u64 start, u64 end) {
 
 #if defined(ENTRY_REGS) && !defined(GIL_TRAPS)
 // The probe's one task is to find the GIL's condition, at its first wait: the agent then lets it go,
-// and sched_switch times each wait as a sleep in a futex inside that condition. Two traps a wait
+// and sched_switch times each wait as a futex sleep on the GIL (gil_sleep). Two traps a wait
 // (entry and return, each while the waiter holds the GIL's mutex) cost bursts of no-op tasks
 // 3-6% of their time, where a trap's own cost (1.5 us a call) would make it 0.3%.
 #define GIL_AT_SWITCH 1
