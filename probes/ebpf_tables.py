@@ -113,27 +113,20 @@ def read_small(path: Path) -> pd.DataFrame:
     return tsv_rows(path, {"kind": "str", "pid": "int64", "tid": "int64", "total_ns": "int64", "count": "int64"})
 
 
-HEADERS = 52  # IPv4 + TCP with timestamps
-# How far an skb's length may lie from HEADERS + data_len + a multiple of 64 KiB and still undo the wrap:
-# other IP and TCP options. The length kept for an skb's address can be another skb's (read in CI: 3,072
-# bytes against 47,668), which rounding to the nearest 64 KiB counted as one more wrap.
-HEADER_SLACK = 60
+HEADERS = 52  # IPv4 + TCP with timestamps; the correction below tolerates ±32 KiB
 
 
 def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     """Segments received, joined to the proxy's connections by port pair.
     hop 'peer': between the connecting process and the proxy; 'upstream':
     between the proxy and the process it fronts. direction as in messages.
-    bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length where that length
-    agrees with it (else data_len alone: a length that is another skb's undoes no wrap)."""
+    bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length."""
     df = _of_kind(events, "tcp")
     ports = df.pop("ports").to_numpy()
     df.insert(1, "local_port", ports >> 16)
     df.insert(2, "remote_port", ports & 0xFFFF)
-    beyond = df.skb_len - HEADERS - df.data_len
-    wraps = (beyond / 65536).round().clip(lower=0)
-    fits = (df.skb_len > 0) & ((beyond - 65536 * wraps).abs() <= HEADER_SLACK)
-    df["bytes"] = df.data_len + 65536 * wraps.where(fits, 0).astype("int64")
+    wraps = ((df.skb_len - HEADERS - df.data_len) / 65536).round().clip(lower=0)
+    df["bytes"] = df.data_len + 65536 * wraps.where(df.skb_len > 0, 0).astype("int64")
     keys = {}  # (receiving port, sending port) -> (conn, direction, hop)
     for c in connections.itertuples():
         peer, listen = _port(c.peer_addr), _port(c.listen)

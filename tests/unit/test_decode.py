@@ -9,7 +9,7 @@ import msgpack
 import pandas as pd
 import pytest
 
-from daskprobe.probes import ebpf_format, ebpf_tables, procfs, pyspy
+from daskprobe.probes import ebpf_tables, procfs, pyspy
 from daskprobe.probes.proxy_capture import CaptureWriter, read_capture
 from daskprobe.probes.rundir import RunDir
 from daskprobe.tracer import tables
@@ -156,20 +156,3 @@ def test_another_hosts_capture_that_cannot_be_merged_costs_only_itself(tmp_path)
     cap = tables._with_agents(run, tables.processes_table(meta), meta["hosts"])
     assert len(cap.messages) == 2, "this host's messages, all of them"
     assert "KeyError" in run.meta()["both_ends_error"]
-
-
-def test_a_segment_s_length_is_unwrapped_only_by_an_skb_length_that_agrees_with_it(tmp_path):
-    # tcp_probe's data_len is 16 bits; the skb's length, kept by its address, undoes the wrap
-    # unless it is another skb's (3,072 bytes read in CI beside 47,668, once counted 68,608)
-    kind = ebpf_format.KINDS["tcp"][0]
-    segments = [(65_536 + 1_000, 1_000 + 65_536 + ebpf_tables.HEADERS),  # wrapped once
-                (3_072, 47_668),  # another skb's length
-                (1_400, 0),  # none kept
-                (65_483, 65_483 + ebpf_tables.HEADERS + 12)]  # an option more, no wrap
-    path = tmp_path / ebpf_tables.EVENTS
-    path.write_bytes(b"".join(ebpf_format.record(ebpf_format.Event(kind=kind, t0=i, v1=(8786 << 16) | 40000,
-                                                                   v2=n % 65_536, t1=skb))
-                              for i, (n, skb) in enumerate(segments)))
-    none = pd.DataFrame(columns=["conn", "peer_addr", "listen", "upstream_local", "upstream"])
-    got = ebpf_tables.read_tcp(ebpf_tables.read_events(path), none)
-    assert got.bytes.tolist() == [66_536, 3_072, 1_400, 65_483]
