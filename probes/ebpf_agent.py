@@ -145,8 +145,8 @@ int on_cpu_sample(struct pt_regs *ctx) {  // a struct bpf_perf_event_data, which
 // A GIL wait is a sleep on the GIL's condition: take_gil's call of pthread_cond_timedwait (its only
 // call in libpython), each up to the switch interval (5 ms). Probing take_gil itself trapped at every
 // acquisition, waited for or not: 1.6 us each, about 2% of merge-10K's CPU; Dask's processes sleep
-// 12 to 700 times less often. libc's function is probed (in the watched processes, or past a few of
-// them in every process), so the caller is checked: Python's code.
+// 12 to 700 times less often. libc's function is probed (in the watched processes; timed by traps,
+// past a few of them in every process), so the caller is checked: Python's code.
 struct text { u64 lo; u64 hi; };
 BPF_HASH(gil_text, u32, struct text, 4096);
 static inline int from_python(struct pt_regs *ctx, u32 tgid) {
@@ -189,8 +189,9 @@ struct task_struct;
 // follows the condition (48 bytes) in CPython's struct, where a waiter woken sleeps again if its
 // holder has not let it go. Other words of the condition are where a signalling thread may sleep.
 static inline u32 gil_sleep(u32 tgid, s64 state) {
+    if (state != 1) return 0;  // TASK_INTERRUPTIBLE: a futex wait; preempted threads are not asleep
     u64 *cond = gil_cond.lookup(&tgid);
-    if (!cond || state != 1) return 0;  // TASK_INTERRUPTIBLE: a futex wait; preempted threads are not asleep
+    if (!cond) return 0;
     struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
     u64 nr = 0, addr = 0, op = 0;
     if (bpf_probe_read_kernel(&nr, 8, &user->orig_ax) || bpf_probe_read_kernel(&addr, 8, &user->di)
