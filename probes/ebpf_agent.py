@@ -40,7 +40,8 @@ import time
 
 from bcc import BPF, PerfSWConfig, PerfType
 
-import ebpf_format  # a sibling: sys.path[0] is this script's folder
+import ebpf_format  # siblings: sys.path[0] is this script's folder
+from btf import Btf
 
 TIMENS_NS = ebpf_format.timens_ns()
 
@@ -285,23 +286,23 @@ TRACEPOINT_PROBE(sched, sched_wakeup) {
 
 #ifdef WITH_TCP
 BPF_HASH(ports, u16, u8, 4096);
-// tcp_probe's data_len is 16 bits, and loopback delivers 64 KiB skbs whole:
-// keep each skb's full length from netif_receive_skb to undo the wrap.
-BPF_TABLE("lru_hash", u64, u32, skb_len, 8192);
-TRACEPOINT_PROBE(net, netif_receive_skb) {
-    u64 skb = (u64)args->skbaddr;
-    u32 len = args->len;
-    skb_len.update(&skb, &len);
-    return 0;
-}
 TRACEPOINT_PROBE(tcp, tcp_probe) {
     u16 sport = args->sport, dport = args->dport;  // sport: the receiving socket's own port
     if (!ports.lookup(&sport) && !ports.lookup(&dport)) return 0;
-    u64 skb = (u64)args->skbaddr;
-    u32 *len = skb_len.lookup(&skb);
     struct event e = {};
     e.kind = EVENT_TCP; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
-    e.t1 = len ? *len : 0;
+#ifdef SKB_CB  // offsets from the kernel's BTF (btf.py)
+    // data_len is 16 bits and is the first skb's where TCP merged segments; a segment sent again
+    // is probed again: its sequence numbers, against what the socket expects next, tell both
+    u32 seq = 0, end_seq = 0, rcv_nxt = 0;
+    u8 flags = 0;
+    bpf_probe_read_kernel(&seq, 4, (void *)args->skbaddr + SKB_CB + CB_SEQ);
+    bpf_probe_read_kernel(&end_seq, 4, (void *)args->skbaddr + SKB_CB + CB_END_SEQ);
+    bpf_probe_read_kernel(&flags, 1, (void *)args->skbaddr + SKB_CB + CB_TCP_FLAGS);
+    bpf_probe_read_kernel(&rcv_nxt, 4, (void *)args->skaddr + RCV_NXT);
+    e.t1 = (u64)seq << 32 | end_seq;
+    e.t2 = (u64)rcv_nxt << 32 | 0x100 | flags;
+#endif
     emit(&e);
     return 0;
 }
@@ -405,6 +406,8 @@ class Agent:
         cflags = [f"-DGIL_MIN_NS={GIL_MIN_NS}ULL", f"-DOFFCPU_MIN_NS={OFFCPU_MIN_NS}ULL"]
         cflags += ["-DWITH_CPU"] * bool(args.cpu) + ["-DWITH_GIL"] * args.gil + ["-DWITH_OFFCPU"] * args.offcpu
         cflags += ["-DWITH_TCP"] * bool(args.tcp) + ["-DGIL_TRAPS"] * args.gil_traps
+        if args.tcp:
+            cflags += self.tcp_offsets()
         # GIL waits read at the switches (no trap at each), where the kernel has bpf_task_pt_regs
         self.gil_at_switch = args.gil and not args.gil_traps
         entry_regs = bool(args.cpu) or self.gil_at_switch
@@ -426,6 +429,19 @@ class Agent:
             # bcc reads /proc/kallsyms whole when it first names a kernel address: 60 ms of CPU, which
             # stalled the first drain to find a kernel stack, mid-run; here, the cluster is starting
             self.b.ksym(0)
+
+    def tcp_offsets(self) -> list[str]:
+        """Where the BPF program finds a segment's sequence numbers and its socket's rcv_nxt."""
+        try:
+            btf = Btf()
+            where = {"SKB_CB": btf.offset("sk_buff", "cb"), "RCV_NXT": btf.offset("tcp_sock", "rcv_nxt")}
+            where |= {f"CB_{m.upper()}": btf.offset("tcp_skb_cb", m) for m in ("seq", "end_seq", "tcp_flags")}
+        except (OSError, ValueError, KeyError) as e:
+            self.out("ebpf_status.tsv").write(
+                f"E\t-1\tTCP segments read from data_len alone (16 bits: over 64 KiB wraps; a segment sent "
+                f"again counts twice): {e}\n")
+            return []
+        return [f"-D{name}={off}" for name, off in where.items()]
 
     def load(self, cflags: list[str]) -> BPF:
         b = BPF(text=PROGRAM, cflags=cflags)

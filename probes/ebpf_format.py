@@ -26,9 +26,10 @@ KINDS = {
                "off-CPU for at least OFFCPU_MIN_NS (shorter: ebpf_small.tsv); wakeup_ns 0: none seen; "
                "prev_state 0: preempted; a thread asleep when watched is off from then, one still off at the "
                "end until the end (written by the agent)"),
-    "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "skb_len"},
+    "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "seqs", "t2": "next"},
             "a segment received (tcp:tcp_probe); ports: (local << 16) + remote; data_len: 16 bits; "
-            "skb_len: the skb's full length (net:netif_receive_skb), 0 if unseen"),
+            "seqs: (seq << 32) + end_seq, from the skb; next: (the socket's rcv_nxt << 32) + 0x100 + "
+            "the TCP flags; seqs and next 0 where the kernel's BTF was not read"),
     "ustack": (5, {"pid": "pid", "tid": "tid", "cpu": "cpu", "t0": "t_ns", "v2": "kernel_stack"},
                "a CPU sample of a native process, its user stack to be unwound after the run: the head of "
                "a struct ustack (USTACK_FIELDS), written whole to ebpf_ustacks.bin"),

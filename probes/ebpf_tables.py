@@ -113,20 +113,15 @@ def read_small(path: Path) -> pd.DataFrame:
     return tsv_rows(path, {"kind": "str", "pid": "int64", "tid": "int64", "total_ns": "int64", "count": "int64"})
 
 
-HEADERS = 52  # IPv4 + TCP with timestamps; the correction below tolerates ±32 KiB
-
-
 def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     """Segments received, joined to the proxy's connections by port pair.
     hop 'peer': between the connecting process and the proxy; 'upstream':
-    between the proxy and the process it fronts. direction as in messages.
-    bytes: tcp_probe's 16-bit data_len, unwrapped with the skb's full length."""
+    between the proxy and the process it fronts. direction as in messages."""
     df = _of_kind(events, "tcp")
     ports = df.pop("ports").to_numpy()
     df.insert(1, "local_port", ports >> 16)
     df.insert(2, "remote_port", ports & 0xFFFF)
-    wraps = ((df.skb_len - HEADERS - df.data_len) / 65536).round().clip(lower=0)
-    df["bytes"] = df.data_len + 65536 * wraps.where(df.skb_len > 0, 0).astype("int64")
+    df["payload"], df["bytes"] = _payload(df.pop("seqs").to_numpy(), df.pop("next").to_numpy(), df.data_len)
     keys = {}  # (receiving port, sending port) -> (conn, direction, hop)
     for c in connections.itertuples():
         peer, listen = _port(c.peer_addr), _port(c.listen)
@@ -137,6 +132,24 @@ def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     joined = [keys.get((a, b), (None, None, None)) for a, b in zip(df.local_port, df.remote_port)]
     df[["conn", "direction", "hop"]] = pd.DataFrame(joined, index=df.index, columns=["conn", "direction", "hop"])
     return df
+
+
+def _payload(seqs: np.ndarray, nxt: np.ndarray, data_len: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment's payload, from its sequence numbers, and the part of it not received before
+    (TCP sends a segment again when its acknowledgement is late, and each is probed): what lies past
+    the socket's rcv_nxt. SYN and FIN take a sequence number each. Where BPF read no sequence numbers
+    (bit 0x100 of nxt clear), data_len for both."""
+    seqs, nxt = seqs.astype("uint64"), nxt.astype("uint64")
+    seq, end, expected = (seqs >> 32).astype("int64"), (seqs & 0xFFFFFFFF).astype("int64"), (nxt >> 32).astype("int64")
+    syn, fin = ((nxt >> 1) & 1).astype("int64"), (nxt & 1).astype("int64")
+
+    def ahead(a, b):  # a - b in sequence space (it wraps at 2**32)
+        return (a - b + 2**31) % 2**32 - 2**31
+
+    payload = ahead(end, seq) - syn - fin
+    new = np.clip(np.minimum(ahead(end, expected), ahead(end, seq)) - fin - syn * (ahead(seq, expected) >= 0), 0, None)
+    read = (nxt & 0x100) != 0
+    return np.where(read, payload, data_len), np.where(read, new, data_len)
 
 
 def _port(addr) -> int | None:

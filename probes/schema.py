@@ -237,9 +237,12 @@ DECODED = {
         C("t_ns", "int64", MONO, "when the kernel processed it"),
         C("local_port", "int64", "", "port of the receiving socket"),
         C("remote_port", "int64", "", "port of the sender"),
-        C("data_len", "int64", "bytes", "tcp_probe's payload length: 16 bits, wraps at 64 KiB"),
-        C("skb_len", "int64", "bytes", "length of the whole skb (net:netif_receive_skb); 0 if unseen"),
-        C("bytes", "int64", "bytes", "payload length, data_len unwrapped with skb_len"),
+        C("data_len", "int64", "bytes", "tcp_probe's payload length: 16 bits, wraps at 64 KiB; the first "
+          "segment's where TCP merged several"),
+        C("payload", "int64", "bytes", "the segment's payload, from its sequence numbers (end_seq - seq, less "
+          "SYN and FIN); data_len where they were not read"),
+        C("bytes", "int64", "bytes", "of the payload, what the socket had not received before (past its "
+          "rcv_nxt): less than payload where TCP sent a segment again; data_len where not read"),
         C("conn", "Int64", "", "the proxy connection it belongs to (connections.conn); null if none"),
         C("direction", "Int64", "", "as in messages; null if none"),
         C("hop", "str", "", "peer (between the connecting process and the proxy) or upstream (between the proxy "

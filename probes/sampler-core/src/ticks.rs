@@ -451,6 +451,7 @@ mod tests {
             seen
         };
         t.thread(std::process::id() as i32, tid, Some(NOT_PYTHON));
+        spin_ticks(&mut t, 20); // a copy already in a ring when marked
         assert_eq!(woke(&mut t), 0, "ticks of a thread marked not Python's");
         t.thread(std::process::id() as i32, tid, None);
         assert!(woke(&mut t) >= 10, "a thread no longer given: its ticks wake the sampler");
