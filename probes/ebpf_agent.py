@@ -57,6 +57,7 @@ POLL_S = 0.5  # a drain costs about the same whether it finds 400 records or 2,0
 # start end offset path, of a file or the vDSO
 EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*|\[vdso\])")
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
+TCP_PROBE_FORMAT = "/sys/kernel/tracing/events/tcp/tcp_probe/format"
 
 PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
@@ -291,17 +292,19 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     if (!ports.lookup(&sport) && !ports.lookup(&dport)) return 0;
     struct event e = {};
     e.kind = EVENT_TCP; e.t0 = bpf_ktime_get_ns(); e.v1 = ((s64)sport << 16) | dport; e.v2 = args->data_len;
-#ifdef SKB_CB  // offsets from the kernel's BTF (btf.py)
-    // data_len is 16 bits and is the first skb's where TCP merged segments; a segment sent again
-    // is probed again: its sequence numbers, against what the socket expects next, tell both
+#ifdef SKB_CB  // offsets from the kernel's BTF (btf.py); the tracepoint has skbaddr and skaddr (6.9)
+    // data_len is 16 bits, and a segment TCP sends again is probed again: the segment's sequence
+    // numbers, against what the socket expects next, tell both
     u32 seq = 0, end_seq = 0, rcv_nxt = 0;
     u8 flags = 0;
-    bpf_probe_read_kernel(&seq, 4, (void *)args->skbaddr + SKB_CB + CB_SEQ);
-    bpf_probe_read_kernel(&end_seq, 4, (void *)args->skbaddr + SKB_CB + CB_END_SEQ);
-    bpf_probe_read_kernel(&flags, 1, (void *)args->skbaddr + SKB_CB + CB_TCP_FLAGS);
-    bpf_probe_read_kernel(&rcv_nxt, 4, (void *)args->skaddr + RCV_NXT);
-    e.t1 = (u64)seq << 32 | end_seq;
-    e.t2 = (u64)rcv_nxt << 32 | 0x100 | flags;
+    int failed = bpf_probe_read_kernel(&seq, 4, (void *)args->skbaddr + SKB_CB + CB_SEQ)
+        | bpf_probe_read_kernel(&end_seq, 4, (void *)args->skbaddr + SKB_CB + CB_END_SEQ)
+        | bpf_probe_read_kernel(&flags, 1, (void *)args->skbaddr + SKB_CB + CB_TCP_FLAGS)
+        | bpf_probe_read_kernel(&rcv_nxt, 4, (void *)args->skaddr + RCV_NXT);
+    if (!failed) {
+        e.t1 = (u64)seq << 32 | end_seq;
+        e.t2 = (u64)rcv_nxt << 32 | 0x100 | flags;
+    }
 #endif
     emit(&e);
     return 0;
@@ -433,10 +436,14 @@ class Agent:
     def tcp_offsets(self) -> list[str]:
         """Where the BPF program finds a segment's sequence numbers and its socket's rcv_nxt."""
         try:
+            with open(TCP_PROBE_FORMAT) as f:
+                fields = f.read()
+            if "skaddr;" not in fields or "skbaddr;" not in fields:
+                raise ValueError("tcp:tcp_probe has no skbaddr and skaddr before Linux 6.9")
             btf = Btf()
             where = {"SKB_CB": btf.offset("sk_buff", "cb"), "RCV_NXT": btf.offset("tcp_sock", "rcv_nxt")}
             where |= {f"CB_{m.upper()}": btf.offset("tcp_skb_cb", m) for m in ("seq", "end_seq", "tcp_flags")}
-        except (OSError, ValueError, KeyError) as e:
+        except Exception as e:  # no BTF, or one not read here: the segments are still counted
             self.out("ebpf_status.tsv").write(
                 f"E\t-1\tTCP segments read from data_len alone (16 bits: over 64 KiB wraps; a segment sent "
                 f"again counts twice): {e}\n")

@@ -237,8 +237,7 @@ DECODED = {
         C("t_ns", "int64", MONO, "when the kernel processed it"),
         C("local_port", "int64", "", "port of the receiving socket"),
         C("remote_port", "int64", "", "port of the sender"),
-        C("data_len", "int64", "bytes", "tcp_probe's payload length: 16 bits, wraps at 64 KiB; the first "
-          "segment's where TCP merged several"),
+        C("data_len", "int64", "bytes", "tcp_probe's payload length: 16 bits, wraps at 64 KiB"),
         C("payload", "int64", "bytes", "the segment's payload, from its sequence numbers (end_seq - seq, less "
           "SYN and FIN); data_len where they were not read"),
         C("bytes", "int64", "bytes", "of the payload, what the socket had not received before (past its "

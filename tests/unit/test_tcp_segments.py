@@ -30,7 +30,7 @@ def test_a_segment_counts_what_it_adds_to_the_stream(tmp_path):
         (100, 1100, 1100, READ, 1000),                    # sent again: nothing new
         (600, 1600, 1100, READ, 1000),                    # half sent again
         (wrap, 500, wrap, READ, 1000),                    # across the wrap of sequence numbers
-        (0, 200_000, 0, READ, 200_000 % 65536),           # merged skbs: data_len wrapped, and the first one's
+        (0, 200_000, 0, READ, 200_000 % 65536),           # merged skbs: data_len wrapped
         (5000, 5501, 5000, READ | FIN, 500),              # the last data, with FIN
         (5500, 5501, 5501, READ | FIN, 0),                # that FIN again
         (7, 8, 7, READ | SYN, 0),                         # a SYN
