@@ -121,7 +121,7 @@ def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
     ports = df.pop("ports").to_numpy()
     df.insert(1, "local_port", ports >> 16)
     df.insert(2, "remote_port", ports & 0xFFFF)
-    df["payload"], df["bytes"] = _payload(df.pop("seqs").to_numpy(), df.pop("next").to_numpy(), df.data_len)
+    seq, end, fin, expected, read = _sequence(df.pop("seqs").to_numpy(), df.pop("next").to_numpy())
     keys = {}  # (receiving port, sending port) -> (conn, direction, hop)
     for c in connections.itertuples():
         peer, listen = _port(c.peer_addr), _port(c.listen)
@@ -131,25 +131,47 @@ def read_tcp(events: pd.DataFrame, connections: pd.DataFrame) -> pd.DataFrame:
             keys[(up, local)], keys[(local, up)] = (c.conn, 0, "upstream"), (c.conn, 1, "upstream")
     joined = [keys.get((a, b), (None, None, None)) for a, b in zip(df.local_port, df.remote_port)]
     df[["conn", "direction", "hop"]] = pd.DataFrame(joined, index=df.index, columns=["conn", "direction", "hop"])
+    payload, new = _payload(seq, (end - fin) % 2**32, expected)
+    df["payload"] = np.where(read, payload, df.data_len)
+    df["unseen"] = _unseen(df[["conn", "direction", "hop", "t_ns"]], end, expected, read)
+    df["bytes"] = np.where(read, new, df.data_len) + df.unseen
     return df
 
 
-def _payload(seqs: np.ndarray, nxt: np.ndarray, data_len: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Each segment's payload, from its sequence numbers, and the part of it not received before
-    (TCP sends a segment again when its acknowledgement is late, and each is probed): what lies past
-    the socket's rcv_nxt. SYN and FIN take a sequence number each. Where BPF read no sequence numbers
-    (bit 0x100 of nxt clear), data_len for both."""
+def _sequence(seqs: np.ndarray, nxt: np.ndarray):
+    """Where the segment's data starts (past a SYN, which takes a sequence number), its end_seq,
+    whether it carries a FIN (which takes the last), the socket's rcv_nxt, and whether BPF read
+    them (bit 0x100 of nxt; else data_len is all there is)."""
     seqs, nxt = seqs.astype("uint64"), nxt.astype("uint64")
-    seq, end, expected = (seqs >> 32).astype("int64"), (seqs & 0xFFFFFFFF).astype("int64"), (nxt >> 32).astype("int64")
+    seq, end = (seqs >> 32).astype("int64"), (seqs & 0xFFFFFFFF).astype("int64")
     syn, fin = ((nxt >> 1) & 1).astype("int64"), (nxt & 1).astype("int64")
+    return (seq + syn) % 2**32, end, fin, (nxt >> 32).astype("int64"), (nxt & 0x100) != 0
 
-    def ahead(a, b):  # a - b in sequence space (it wraps at 2**32)
-        return (a - b + 2**31) % 2**32 - 2**31
 
-    payload = ahead(end, seq) - syn - fin
-    new = np.clip(np.minimum(ahead(end, expected), ahead(end, seq)) - fin - syn * (ahead(seq, expected) >= 0), 0, None)
-    read = (nxt & 0x100) != 0
-    return np.where(read, payload, data_len), np.where(read, new, data_len)
+def _ahead(a, b):
+    """a - b in sequence space (it wraps at 2**32)."""
+    return (a - b + 2**31) % 2**32 - 2**31
+
+
+def _payload(seq: np.ndarray, end: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment's payload and the part of it past the socket's rcv_nxt, not received before (TCP
+    sends a segment again when its acknowledgement is late, and each is probed)."""
+    payload = _ahead(end, seq)
+    return payload, np.clip(np.minimum(_ahead(end, expected), payload), 0, None)
+
+
+def _unseen(keys: pd.DataFrame, end: np.ndarray, expected: np.ndarray, read: np.ndarray) -> np.ndarray:
+    """Bytes a socket took in between two of its segments here that no probe saw (rare: likely a BPF
+    run the kernel skipped, inside another program on the same CPU): how far its rcv_nxt at a segment lies past the
+    furthest end of the segments before it on the same connection, direction and hop."""
+    df = keys.assign(end=end, expected=expected, i=np.arange(len(keys)))[read & keys.conn.notna().to_numpy()]
+    out = np.zeros(len(keys), dtype="int64")
+    for _, g in df.sort_values("t_ns", kind="stable").groupby(["conn", "direction", "hop"]):
+        base = g.expected.iloc[0]
+        reached = np.maximum.accumulate(_ahead(g.end.to_numpy(), base))
+        gap = _ahead(g.expected.to_numpy()[1:], base) - reached[:-1]
+        out[g.i.to_numpy()[1:]] = np.clip(gap, 0, None)
+    return out
 
 
 def _port(addr) -> int | None:

@@ -240,8 +240,12 @@ DECODED = {
         C("data_len", "int64", "bytes", "tcp_probe's payload length: 16 bits, wraps at 64 KiB"),
         C("payload", "int64", "bytes", "the segment's payload, from its sequence numbers (end_seq - seq, less "
           "SYN and FIN); data_len where they were not read"),
-        C("bytes", "int64", "bytes", "of the payload, what the socket had not received before (past its "
-          "rcv_nxt): less than payload where TCP sent a segment again; data_len where not read"),
+        C("unseen", "int64", "bytes", "what the socket took in since the connection's previous segment here "
+          "that no probe saw (rare: likely a BPF run the kernel skipped): how far its "
+          "rcv_nxt lies past the furthest end before; 0 where not read"),
+        C("bytes", "int64", "bytes", "what the socket took in at this segment: the part of the payload past "
+          "its rcv_nxt (less than payload where TCP sent a segment again), plus unseen; data_len where not "
+          "read"),
         C("conn", "Int64", "", "the proxy connection it belongs to (connections.conn); null if none"),
         C("direction", "Int64", "", "as in messages; null if none"),
         C("hop", "str", "", "peer (between the connecting process and the proxy) or upstream (between the proxy "

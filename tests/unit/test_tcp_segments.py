@@ -12,12 +12,15 @@ from daskprobe.probes.btf import Btf
 READ, SYN, FIN = 0x100, 0x2, 0x1
 
 
-def segments(tmp_path, rows):
-    """read_tcp of segments (seq, end_seq, rcv_nxt, flags, data_len) received on port 9000 from 9001."""
+def segments(tmp_path, rows, ports=None):
+    """read_tcp of segments (seq, end_seq, rcv_nxt, flags, data_len) received on port 9000 from 9001
+    (or on each row's ports: (local, remote), the proxy's side, 9000, or the peer's, 9001)."""
     path = tmp_path / "ebpf_events.bin"
+    ports = ports or [(9000, 9001)] * len(rows)
     path.write_bytes(b"".join(ebpf_format.record(ebpf_format.Event(
-        kind=ebpf_format.KINDS["tcp"][0], t0=i, v1=9000 << 16 | 9001, v2=data_len,
-        t1=seq << 32 | end, t2=nxt << 32 | flags)) for i, (seq, end, nxt, flags, data_len) in enumerate(rows)))
+        kind=ebpf_format.KINDS["tcp"][0], t0=i, v1=local << 16 | remote, v2=data_len,
+        t1=seq << 32 | end, t2=nxt << 32 | flags))
+        for i, ((seq, end, nxt, flags, data_len), (local, remote)) in enumerate(zip(rows, ports))))
     conns = pd.DataFrame({"conn": [1], "listen": ["127.0.0.1:9000"], "peer_addr": ["127.0.0.1:9001"],
                           "upstream": ["127.0.0.1:9100"], "upstream_local": ["127.0.0.1:9101"]})
     return ebpf_tables.read_tcp(ebpf_tables.read_events(path), conns)
@@ -57,6 +60,24 @@ def btf_type(n: str, kind: int, size: int, tail: bytes = b"", vlen: int = 0, kfl
 def members(*ms: tuple[str, int, int]) -> bytes:
     """(name, type id, offset in bits) of each."""
     return b"".join(struct.pack("<III", name(n), t, off) for n, t, off in ms)
+
+
+def test_bytes_a_socket_took_in_unprobed_count_at_its_next_segment(tmp_path):
+    # a segment no probe saw (on array_flow, 2 of 15,256): rcv_nxt tells what the socket took meanwhile
+    up, down = (9000, 9001), (9001, 9000)  # the two directions of one connection, their sequences apart
+    df = segments(tmp_path, [
+        (0, 1000, 0, READ, 1000),
+        (7000, 7100, 7000, READ, 100),                    # the other direction
+        (1000, 2000, 1000, READ, 1000),
+        (3000, 4000, 3000, READ, 1000),                   # 2000-3000 taken in, never probed
+        (7100, 7200, 7100, READ, 100),
+        (4000, 4001, 4000, READ | FIN, 0),
+        (4000, 4001, 4001, READ | FIN, 0),                # that FIN again: past it, nothing unseen
+        (1500, 2500, 4001, READ, 1000),                   # an old segment sent again, late
+    ], [up, down, up, up, down, up, up, up])
+    assert df.unseen.tolist() == [0, 0, 0, 1000, 0, 0, 0, 0]
+    assert df.bytes.tolist() == [1000, 100, 1000, 2000, 100, 0, 0, 0]
+    assert df.groupby("direction").bytes.sum().tolist() == [4000, 200]
 
 
 def btf_blob(types: list[bytes]) -> bytes:
