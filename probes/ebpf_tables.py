@@ -161,9 +161,10 @@ def _payload(seq: np.ndarray, end: np.ndarray, expected: np.ndarray) -> tuple[np
 
 
 def _unseen(keys: pd.DataFrame, end: np.ndarray, expected: np.ndarray, read: np.ndarray) -> np.ndarray:
-    """Bytes a socket took in between two of its segments here that no probe saw (rare: likely a BPF
-    run the kernel skipped, inside another program on the same CPU): how far its rcv_nxt at a segment lies past the
-    furthest end of the segments before it on the same connection, direction and hop."""
+    """Bytes a socket took in between two of its segments here that no probe saw (rare: likely a
+    BPF run the kernel skipped, inside another program on the same CPU): how far its rcv_nxt at a
+    segment lies past the furthest end of the segments before it on the same connection, direction
+    and hop."""
     df = keys.assign(end=end, expected=expected, i=np.arange(len(keys)))[read & keys.conn.notna().to_numpy()]
     out = np.zeros(len(keys), dtype="int64")
     for _, g in df.sort_values("t_ns", kind="stable").groupby(["conn", "direction", "hop"]):
