@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -25,6 +26,20 @@ def our_child() -> None:
     _libc.prctl(_PR_SET_PTRACER, os.getppid(), 0, 0, 0)
 
 
+def lower(pid: int, nice: int) -> None:
+    """Run process `pid` (0: this one) at `nice` against the cluster too. Where the kernel groups
+    sessions (autogroup, on by default where it is built in), a process in a session of its own
+    (spawn) competes with the cluster's sessions as a group of the weight its group's nice gives:
+    its own nice orders it only among its group's threads. So the group's is set as well."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    with contextlib.suppress(OSError):  # no autogroup in this kernel
+        fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_WRONLY)
+        try:
+            os.write(fd, str(nice).encode())
+        finally:
+            os.close(fd)
+
+
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
     only the user's command), logging to `log`, dying if daskprobe dies.
@@ -35,7 +50,8 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **k
 
     def setup() -> None:
         our_child()
-        os.nice(nice)
+        if nice:
+            lower(0, nice)
 
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
