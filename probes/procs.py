@@ -31,8 +31,8 @@ def lower(pid: int, nice: int) -> None:
     sessions (autogroup, on by default where it is built in), a process in a session of its own
     (spawn) competes with the cluster's sessions as a group of the weight its group's nice gives:
     its own nice orders it only among its group's threads. So the group's is set as well."""
-    os.setpriority(os.PRIO_PROCESS, pid, nice)
-    with contextlib.suppress(OSError):  # no autogroup in this kernel
+    with contextlib.suppress(OSError):  # gone already, or no autogroup in this kernel
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
         fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_WRONLY)
         try:
             os.write(fd, str(nice).encode())
