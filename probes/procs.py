@@ -27,17 +27,25 @@ def our_child() -> None:
 
 
 def lower(pid: int, nice: int) -> None:
-    """Run process `pid` (0: this one) at `nice` against the cluster too. Where the kernel groups
-    sessions (autogroup, on by default where it is built in), a process in a session of its own
-    (spawn) competes with the cluster's sessions as a group of the weight its group's nice gives:
-    its own nice orders it only among its group's threads. So the group's is set as well."""
-    with contextlib.suppress(OSError):  # gone already, or no autogroup in this kernel
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-        fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_WRONLY)
+    """Run a helper, process `pid` alone in its session (0: this one, in spawn's child), `nice` below
+    daskprobe against the cluster too. Where the kernel groups sessions (autogroup: built in, enabled,
+    and the processes in the root cpu cgroup), a session competes with the cluster's sessions as a
+    group weighted by the group's nice, 0 for each new session: a process's own nice orders it only
+    among its group's threads. So the group gets `nice` as well."""
+    with contextlib.suppress(OSError):  # gone already
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+    for _ in range(3):  # without CAP_SYS_ADMIN, one write a machine may make every 100 ms
         try:
-            os.write(fd, str(nice).encode())
-        finally:
-            os.close(fd)
+            fd = os.open(f"/proc/{pid or 'self'}/autogroup", os.O_WRONLY)
+            try:
+                os.write(fd, str(nice).encode())
+            finally:
+                os.close(fd)
+            return
+        except BlockingIOError:
+            time.sleep(0.11)
+        except OSError:  # no autogroup in this kernel, or gone
+            return
 
 
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **kw) -> subprocess.Popen:

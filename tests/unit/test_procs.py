@@ -5,6 +5,7 @@ spawned at a lower priority yields the CPU to processes of other sessions too.""
 import os
 import sys
 import time
+from pathlib import Path
 
 from daskprobe.probes import procs
 
@@ -63,7 +64,7 @@ while True:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -77,10 +78,15 @@ def test_a_lowered_helper_yields_to_a_process_of_another_session(tmp_path):
         for nice in (19, 0):
             log = tmp_path / f"spin-{nice}.log"
             spinners.append(procs.spawn([sys.executable, "-c", SPIN.format(cpu=cpu)], log, nice=nice))
+            deadline = time.monotonic() + 30
             while "ready" not in procs.log_tail(log):
+                assert spinners[-1].poll() is None and time.monotonic() < deadline, procs.log_tail(log)
                 time.sleep(0.01)
         helper, cluster = spinners
-        assert os.getpriority(os.PRIO_PROCESS, helper.pid) == 19
+        assert os.getpriority(os.PRIO_PROCESS, helper.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+        group = Path(f"/proc/{helper.pid}/autogroup")
+        if group.exists():  # "/autogroup-N nice 19"
+            assert group.read_text().split()[-1] == "19"
         before = [cpu_seconds(p.pid) for p in spinners]
         time.sleep(2)
         took = [cpu_seconds(p.pid) - b for p, b in zip(spinners, before)]
