@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from daskprobe.probes import procs
+from daskprobe.probes import procfs, procs
 
 CHILD = """
 import signal, sys, time
@@ -63,11 +63,6 @@ while True:
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_a_lowered_helper_yields_to_a_process_of_another_session(tmp_path):
     """Where the kernel groups sessions (autogroup), a helper alone in its session weighs against the
     cluster's sessions as a group: a nice of its own alone would leave it an equal share. The kernel's
@@ -87,9 +82,9 @@ def test_a_lowered_helper_yields_to_a_process_of_another_session(tmp_path):
         group = Path(f"/proc/{helper.pid}/autogroup")
         if group.exists():  # "/autogroup-N nice 19"
             assert group.read_text().split()[-1] == "19"
-        before = [cpu_seconds(p.pid) for p in spinners]
+        before = [procfs.cpu_s(p.pid) for p in spinners]
         time.sleep(2)
-        took = [cpu_seconds(p.pid) - b for p, b in zip(spinners, before)]
+        took = [procfs.cpu_s(p.pid) - b for p, b in zip(spinners, before)]
         assert took[0] < 0.15 * sum(took), f"the helper at nice 19 took {took[0]:.2f} of {sum(took):.2f} CPU-s"
     finally:
         procs.stop(spinners, grace=1)
