@@ -24,7 +24,9 @@ CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
 HELPER_NICE = 10
 # The Python sampler wakes at a CPU tick that found a cluster thread running whose stack BPF could not
 # copy (tickprog.rs), to read it then, and every 200 ms: at the lowest priority it waits its turn on a CPU
-# the cluster uses (a read that comes late and finds the thread asleep is left out, probes.md).
+# the cluster uses (a read that comes late and finds the thread asleep is left out, probes.md). Its
+# session's group keeps nice 0: at 19 there (weight 15), starved beside spinning workers, it missed a
+# remote worker's 0.24 s of spinning altogether (test_hosts, one CI rehearsal of three).
 SAMPLER_NICE = 19
 # s; the cluster is idle then, and a read of every process takes milliseconds
 LAST_READ_TIMEOUT = 3.0

@@ -48,18 +48,22 @@ def lower(pid: int, nice: int) -> None:
             return
 
 
-def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, **kw) -> subprocess.Popen:
+def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, group: bool = True,
+          **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
     only the user's command), logging to `log`, dying if daskprobe dies.
-    nice > 0 lowers its priority (for helpers that must not slow what they measure)."""
+    nice > 0 lowers its priority (for helpers that must not slow what they measure): its session's
+    group's too (lower) unless `group` is false."""
     out = open_append(log)
     kw.setdefault("stdout", out)
     kw.setdefault("stdin", subprocess.DEVNULL)
 
     def setup() -> None:
         our_child()
-        if nice:
+        if nice and group:
             lower(0, nice)
+        elif nice:
+            os.nice(nice)
 
     return subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True, preexec_fn=setup, **kw)
 
