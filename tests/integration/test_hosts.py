@@ -200,10 +200,11 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
             assert len(off) > 100 and (off.host == row.host).all(), (name, len(off))
             assert off.in_ns.between(meta["probes_ready_ns"] - 60e9, meta["command_ended_ns"] + 60e9).all()
             # and its CPU, from samples weighed by those thread states, is what that host's kernel counted.
-            # Slack: a rehearsal under load once read 1.27 for the worker behind the relay (its last second:
-            # 1.54 s of its threads' on-CPU states against 0.96 s of /proc ticks); the cause is not found.
+            # Slack: off-CPU intervals under 50 µs count as on a CPU (up to a tenth more on merge-10K's
+            # workers). Rehearsals read 1.27 and 1.48 while a switch back to a thread that the kernel did
+            # not trace left it on a CPU through a 1 s sleep (probes.md), which the agent now makes up for.
             check = json.loads((out / "summary.json").read_text())["cpu_check"][name]
-            assert 0.8 < check["ratio"] < 1.4, (name, check)
+            assert 0.8 < check["ratio"] < 1.25, (name, check)
         gone = time.monotonic() + 10  # told to end once read back: they stop their probes and go
         while any(Path(f"/proc/{h['agent_pid']}").exists() for h in agents.values()) and time.monotonic() < gone:
             time.sleep(0.1)
