@@ -18,12 +18,15 @@ if TYPE_CHECKING:  # imported by the readers: starting a run needs no pandas
 CLUSTER_ROLES = frozenset({"scheduler", "worker", "nanny", "client", "proxy"})
 # Samplers stamp their own times (the sampler at each read, BPF in the kernel),
 # so a low priority delays only their bookkeeping, never a timestamp; on a
-# busy 2-core machine it keeps them from taking CPU from the cluster.
+# busy 2-core machine it keeps them from taking CPU from the cluster. Each
+# helper is a session of its own: its session's group gets the nice too
+# (procs.lower), else its nice would weigh only against its own threads.
 HELPER_NICE = 10
 # The Python sampler wakes at a CPU tick that found a cluster thread running whose stack BPF could not
-# copy (tickprog.rs), to read it then, and every 200 ms; at
-# nice 10 it took that CPU from the cluster often enough to slow a scheduler-bound graph (merge-10K,
-# makespan +2-4% against polling); at 19 it waits its turn (docs/measurements.md).
+# copy (tickprog.rs), to read it then, and every 200 ms: at the lowest priority it waits its turn on a CPU
+# the cluster uses (a read that comes late and finds the thread asleep is left out, probes.md). Its
+# session's group keeps nice 0: at 19 there (weight 15), starved beside spinning workers, it missed a
+# remote worker's 0.24 s of spinning altogether (test_hosts, one CI rehearsal of three).
 SAMPLER_NICE = 19
 # s; the cluster is idle then, and a read of every process takes milliseconds
 LAST_READ_TIMEOUT = 3.0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .base import HELPER_NICE, Probe, is_root
-from .procs import EXITING, spawn, stop
+from .procs import EXITING, lower, spawn, stop
 from .rundir import RunDir
 
 AGENT = Path(__file__).with_name("ebpf_agent.py")
@@ -82,7 +82,6 @@ class Ebpf(Probe):
         cmd += ["--offcpu"] * ("offcpu" in self.kinds)
         if "tcp" in self.kinds:
             cmd += ["--tcp", ",".join(map(str, sorted(ports)))]
-        cmd += ["--nice", str(HELPER_NICE)]  # once its programs are compiled and loaded
         self.proc = spawn(cmd, run.log("ebpf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.log = run.log("ebpf")
 
@@ -90,6 +89,9 @@ class Ebpf(Probe):
         if self.proc.stdout.readline().strip() != b"ready":
             stop([self.proc])
             raise RuntimeError(f"the eBPF agent did not start: see {self.log}")
+        # compiling is on the way to the user's command, beside the cluster's start: at a low priority
+        # it finished last, well after the cluster was up
+        lower(self.proc.pid, HELPER_NICE)
 
     def watch(self, proc: dict) -> None:
         self.watch_as(proc["pid"], "python" if _runs_python(proc["pid"]) else "native", proc["name"])

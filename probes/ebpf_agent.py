@@ -1,10 +1,10 @@
 """daskprobe's eBPF agent. Runs under Debian's python3 (which has bcc), stdlib only.
 
-    /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil [--gil-per-process N]] [--offcpu] [--tcp PORT,...] [--nice N]
+    /usr/bin/python3 ebpf_agent.py --out DIR [--cpu HZ] [--gil [--gil-per-process N]] [--offcpu] [--tcp PORT,...]
 
 Reads "PID python|native NAME" lines on stdin: processes (tgids) to watch,
 added at any time; GIL waits are probed in the python ones. Compiles at the
-priority it was started with, then runs at --nice. Prints "ready" once the
+priority it was started with (daskprobe lowers it once ready). Prints "ready" once the
 BPF programs are loaded, and "done" once its captures are complete
 after SIGTERM (the kernel's detaching of the probes, as it exits, takes longer
 than everything else it does at the end). Every POLL_S it drains the ring buffers (BPF
@@ -819,12 +819,8 @@ def main() -> int:
                          "bpf_task_pt_regs (5.15, BTF), rather than at the switches")
     ap.add_argument("--offcpu", action="store_true")
     ap.add_argument("--tcp", type=lambda s: [int(p) for p in s.split(",") if p], default=[])
-    ap.add_argument("--nice", type=int, default=0, help="its niceness once loaded")
     args = ap.parse_args()
     agent = Agent(args)
-    # compiling is on the way to the user's command, beside the cluster's start: at a low priority
-    # it finished last, well after the cluster was up
-    os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     # a signal writes to this pipe, so the wait for stdin or the next drain ends at once
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

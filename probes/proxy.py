@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import native_binary
+from .base import HELPER_NICE, native_binary
 from .procs import spawn, stop
 
 
@@ -43,11 +43,11 @@ def start_tap(capture: Path, ports: dict[int, str], log: Path) -> subprocess.Pop
     cmd = [proxy_binary("daskprobe-tap"), "--capture", str(capture)]
     for port, label in ports.items():
         cmd += ["--port", f"{port}={label}"]
-    return _started(cmd, log)
+    return _started(cmd, log, nice=HELPER_NICE)  # not on the data path, unlike the proxy; 64 MiB of ring
 
 
-def _started(cmd: list[str], log: Path) -> subprocess.Popen:
-    proc = spawn(cmd, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # it runs until its stdin ends
+def _started(cmd: list[str], log: Path, nice: int = 0) -> subprocess.Popen:
+    proc = spawn(cmd, log, nice=nice, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # it runs until its stdin ends
     line = proc.stdout.readline().strip()
     if line != b"ready":
         proc.kill()

@@ -56,7 +56,7 @@ class Sampler(Probe):
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
         self.log = run.log("sampler")
         # unbuffered: a readline takes one line, so select() sees what is left (last_read)
-        self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.proc = spawn(cmd, self.log, nice=SAMPLER_NICE, group=False, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.said: list[str] = []  # its stdout's lines before the end, read with last_read's answer
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"the sampler failed to start: see {self.log}")

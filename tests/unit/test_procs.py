@@ -1,10 +1,13 @@
 """Stopping processes: one that stops on SIGTERM is waited for; one that does not is killed and
-named; a helper left exiting is reaped within its grace from when it was told to stop."""
+named; a helper left exiting is reaped within its grace from when it was told to stop. A helper
+spawned at a lower priority yields the CPU to processes of other sessions too."""
 
+import os
 import sys
 import time
+from pathlib import Path
 
-from daskprobe.probes import procs
+from daskprobe.probes import procfs, procs
 
 CHILD = """
 import signal, sys, time
@@ -49,3 +52,39 @@ def test_log_tail_reads_the_end_of_a_long_log(tmp_path):
     log.write_text("x" * 100_000 + "End scheduler\n")
     assert procs.log_tail(log, 100).endswith("End scheduler\n") and len(procs.log_tail(log, 100)) == 100
     assert procs.log_tail(tmp_path / "none.log") == "(no log)"
+
+
+SPIN = """
+import os
+os.sched_setaffinity(0, {{{cpu}}})
+print("ready", flush=True)
+while True:
+    pass
+"""
+
+
+def test_a_lowered_helper_yields_to_a_process_of_another_session(tmp_path):
+    """Where the kernel groups sessions (autogroup), a helper alone in its session weighs against the
+    cluster's sessions as a group: a nice of its own alone would leave it an equal share. The kernel's
+    own CPU accounting of two spinners on one CPU says which share it gets."""
+    cpu = min(os.sched_getaffinity(0))
+    spinners = []
+    try:
+        for nice in (19, 0):
+            log = tmp_path / f"spin-{nice}.log"
+            spinners.append(procs.spawn([sys.executable, "-c", SPIN.format(cpu=cpu)], log, nice=nice))
+            deadline = time.monotonic() + 30
+            while "ready" not in procs.log_tail(log):
+                assert spinners[-1].poll() is None and time.monotonic() < deadline, procs.log_tail(log)
+                time.sleep(0.01)
+        helper, cluster = spinners
+        assert os.getpriority(os.PRIO_PROCESS, helper.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+        group = Path(f"/proc/{helper.pid}/autogroup")
+        if group.exists():  # "/autogroup-N nice 19"
+            assert group.read_text().split()[-1] == "19"
+        before = [procfs.cpu_s(p.pid) for p in spinners]
+        time.sleep(2)
+        took = [procfs.cpu_s(p.pid) - b for p, b in zip(spinners, before)]
+        assert took[0] < 0.15 * sum(took), f"the helper at nice 19 took {took[0]:.2f} of {sum(took):.2f} CPU-s"
+    finally:
+        procs.stop(spinners, grace=1)
