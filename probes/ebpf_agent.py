@@ -235,13 +235,13 @@ int gil_exit(struct pt_regs *ctx) {
 // out: when the thread went off its CPU (0: on one); ran: its CPU time then (se.sum_exec_runtime)
 struct off { u64 out; u64 wake; s64 state; u32 tgid; u32 gil; u64 ran; };
 BPF_HASH(off_start, u32, struct off, 65536);
-BPF_ARRAY(unseen_ins, u64, 1);
+BPF_ARRAY(unseen, u64, 2);  // switches back to a watched thread with none out before, and out with none back
 
 // The thread is back on a CPU since `in`: its interval off one is emitted (or summed, if short),
 // and its GIL wait too.
 static inline void back(struct off *o, u32 tid, u64 in) {
 #ifdef WITH_OFFCPU
-    u64 d = in - o->out;
+    u64 d = in > o->out ? in - o->out : 0;  // an entry the agent seeded, by a clock read a bit apart
     if (d >= OFFCPU_MIN_NS) {
         struct event e = {};
         e.kind = EVENT_OFFCPU; e.pid = o->tgid; e.tid = tid;
@@ -258,11 +258,12 @@ static inline void back(struct off *o, u32 tid, u64 in) {
 }
 
 // When a thread went back on its CPU with no sched_switch to it: it has run `ran - o->ran` ns since
-// it went off, in one stretch that ends now (a switch out of it is always traced), and not before
-// its wakeup. Without its CPU time (no BTF), the interval ends where it began.
+// it went off, in one stretch that ends now (no switch out of it went untraced, as `unseen` counts),
+// and not before its wakeup. Without its CPU time (no BTF), the interval ends at its wakeup, if seen.
+// (That time leaves out what interrupts and the hypervisor took meanwhile: `in` comes that much late.)
 static inline u64 unseen_in(struct off *o, u64 now, u64 ran) {
     u64 in = o->out, d = ran - o->ran;
-    if (o->ran && ran > o->ran && d < now - o->out) in = now - d;
+    if (o->ran && ran > o->ran && now > o->out && d < now - o->out) in = now - d;
     return in > o->wake ? in : o->wake;
 }
 
@@ -283,10 +284,10 @@ TRACEPOINT_PROBE(sched, sched_switch) {
 #endif
         struct off *was = off_start.lookup(&prev);
         if (was) {
-            // Linux 6.18 here traced no switch back to a thread for 0.1-0.4% of its switches (one
-            // asleep for a second, woken and asleep again, seemed to have run all along)
+            // On Linux 6.18 here sched_switch showed no switch back to a thread for 0.1-0.4% of its
+            // switches (one asleep for a second, woken and asleep again, seemed to have run all along)
             if (was->out) {
-                unseen_ins.increment(0);
+                unseen.increment(0);
                 back(was, prev, unseen_in(was, now, ran));
             }
             was->out = now; was->wake = 0; was->state = args->prev_state; was->tgid = tgid; was->gil = gil;
@@ -302,6 +303,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     }
     struct off *o = off_start.lookup(&next);
     if (o && o->out) back(o, next, now);
+    else if (o) unseen.increment(1);  // back on a CPU, by its entry never off it: its switch out went unseen
     return 0;
 }
 #endif
@@ -455,7 +457,7 @@ class Agent:
         cflags += ["-DWITH_TCP"] * bool(args.tcp) + ["-DGIL_TRAPS"] * args.gil_traps
         if args.tcp:
             cflags += self.tcp_offsets()
-        if args.offcpu or args.gil:
+        if args.offcpu or (args.gil and not args.gil_traps):
             cflags += self.runtime_offset()
         # GIL waits read at the switches (no trap at each), where the kernel has bpf_task_pt_regs
         self.gil_at_switch = args.gil and not args.gil_traps
@@ -504,8 +506,8 @@ class Agent:
             return [f"-DRUNTIME={btf.offset('task_struct', 'se') + btf.offset('sched_entity', 'sum_exec_runtime')}"]
         except Exception as e:  # no BTF, or one not read here
             self.out("ebpf_status.tsv").write(
-                f"E\t-1\ta thread's switch back to a CPU that the kernel does not trace leaves it on one until "
-                f"its next switch out: {e}\n")
+                f"E\t-1\ta thread's switch back to a CPU that sched_switch does not show ends its interval off "
+                f"one at its wakeup, else where it began: {e}\n")
             return []
 
     def load(self, cflags: list[str]) -> BPF:
@@ -542,8 +544,9 @@ class Agent:
     def seed_sleepers(self, pid: int) -> None:
         """Threads asleep since before they were watched (all of a cluster attached to) have no
         switch-out for BPF to see, and would count as on a CPU until they wake: each sleeping one
-        is entered as off-CPU from now. Should it be running by the time the entry is made, its
-        next switch-out overwrites the entry, so no false interval comes of it."""
+        is entered as off-CPU from now, with its CPU time then. Should it be running by the time the
+        entry is made, its next switch-out ends that interval where its CPU time says it ran (as a
+        switch back sched_switch did not show, and counted with those)."""
         table, now = self.b["off_start"], kernel_now()
         for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
             if (state := stat_field(f"/proc/{pid}/task/{tid}/stat", 3)) is None:
@@ -729,24 +732,40 @@ class Agent:
         self.program_costs()
         if self.args.offcpu:
             self.still_off()
-        switches = self.args.offcpu or self.gil_at_switch  # sched_switch's program is loaded
-        if unseen := switches and self.b["unseen_ins"][ctypes.c_int(0)].value:
-            self.out("ebpf_status.tsv").write(
-                f"A\t-1\t{unseen} switches of watched threads back to a CPU were not traced by the kernel; "
-                "each one's interval off a CPU ends where its CPU time says\n")
+        if self.args.offcpu or self.gil_at_switch:  # sched_switch's program is loaded
+            self.say_unseen()
         lost = self.b["lost"][ctypes.c_int(0)].value
         if lost:
             self.out("ebpf_status.tsv").write(f"E\t-1\t{lost} events lost: the ring buffer was full\n")
         self.drain()
 
+    def say_unseen(self) -> None:
+        ins, outs = (self.b["unseen"][ctypes.c_int(i)].value for i in range(2))
+        if ins:
+            self.out("ebpf_status.tsv").write(
+                f"A\t-1\t{ins} switches of watched threads back to a CPU were not in sched_switch; each one's "
+                "interval off a CPU ends where its CPU time says\n")
+        if outs:  # none seen here (a thread id reused by another process's thread counts too)
+            self.out("ebpf_status.tsv").write(
+                f"A\t-1\t{outs} switches of watched threads off a CPU were not in sched_switch: each seemed to "
+                "run until its next switch back\n")
+
     def still_off(self) -> None:
         """Threads off a CPU as recording ends: BPF emits an interval only when a thread comes
-        back, so theirs end now (a thread parked all along would otherwise count as running)."""
+        back, so theirs end now (a thread parked all along would otherwise count as running), or
+        where their CPU time says they came back (a switch back that sched_switch did not show)."""
         now, kind = kernel_now(), ebpf_format.KINDS["offcpu"][0]
-        # a thread that exited was switched out for the last time: it was not waiting, it was gone
-        ended = [ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=now, v1=o.state)
-                 for k, o in self.b["off_start"].items()
-                 if o.out and now - o.out >= OFFCPU_MIN_NS and os.path.exists(f"/proc/{o.tgid}/task/{k.value}")]
+        ended = []
+        for k, o in self.b["off_start"].items():
+            task = f"/proc/{o.tgid}/task/{k.value}"
+            # a thread that exited was switched out for the last time: it was not waiting, it was gone
+            if not o.out or now - o.out < OFFCPU_MIN_NS or not os.path.exists(task):
+                continue
+            ran = runtime(f"{task}/schedstat") - o.ran
+            came = now - ran if o.ran and 0 < ran < now - o.out else now
+            if (end := max(came, o.wake)) - o.out >= OFFCPU_MIN_NS:
+                ended.append(ebpf_format.Event(kind=kind, pid=o.tgid, tid=k.value, t0=o.out, t1=o.wake, t2=end,
+                                               v1=o.state))
         if ended:
             self.out("ebpf_events.bin", "ab").write(b"".join(map(ebpf_format.record, ended)))
 
