@@ -23,7 +23,7 @@ appends to DIR:
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
                      pid -1: the whole agent, e.g. events lost to a full ring buffer,
-                     or switches the kernel did not trace and BPF made up for)
+                     or switches that sched_switch did not show and BPF made up for)
 All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
 """
 
@@ -499,8 +499,8 @@ class Agent:
         return [f"-D{name}={off}" for name, off in where.items()]
 
     def runtime_offset(self) -> list[str]:
-        """Where the BPF program finds a thread's CPU time, to end an interval whose switch back the
-        kernel did not trace."""
+        """Where the BPF program finds a thread's CPU time, to end an interval whose switch back
+        sched_switch did not show."""
         try:
             btf = kernel_types()
             return [f"-DRUNTIME={btf.offset('task_struct', 'se') + btf.offset('sched_entity', 'sum_exec_runtime')}"]
