@@ -167,8 +167,11 @@ def _at_told(w: _Walk, ix: _Index, told_id):
 
 
 def _row(ix: _Index, ref):
-    """A task row of this job, or the last finished attempt of a key from before it."""
-    return ix.tasks.get(ref) or ix.finished.get(ref[1])
+    """A task row of this job, else that of the job whose dispatch of the key last finished (a key from
+    before this job, or one an earlier job dispatched that finished in this one)."""
+    r = ix.tasks.get(ref)
+    last = ix.finished.get(ref[1]) if r is None else None
+    return r if last is None else ix.tasks.get((last.job, last.key))
 
 
 def _at_finish(w: _Walk, ix: _Index, ref):
@@ -183,6 +186,8 @@ def _at_finish(w: _Walk, ix: _Index, ref):
 def _at_compute(w: _Walk, ix: _Index, ref, holding: bool = False):
     """`holding`: this task held the thread the task after it on the path waited for (saturation)."""
     r = _row(ix, ref)
+    if r is None:
+        return None
     w.back_to(r.compute_start_ns, "compute", SATURATED_COMPUTE if holding else "compute", r.key, r.worker)
     held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns, r.compute_recv_ns, exclude=ref)
     if held is not None:

@@ -194,3 +194,19 @@ def test_a_loop_runnable_while_its_own_process_holds_the_gil_waits_for_the_gil()
     assert ms(out, "gil_contention") == pytest.approx(6) and ms(out, "cpu_starvation") == pytest.approx(2)
     assert out["critical_path_interval_s"]["gil_contention"]["samples"] == 3
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
+
+
+def test_a_job_waiting_on_a_task_an_earlier_job_dispatched_waits_on_its_compute():
+    s = Scenario()
+    s.graph(0, 1, ["a-0"])
+    s.task("a-0", "worker-0", 2, 3, 4, 12, 13, 14)
+    s.task("s-0", "worker-1", 3, 4, 5, 30, 31, 32)  # a future submitted with a-0, not waited for: it runs on
+    s.told("a-0", 15, 16)  # the first job ends
+    s.graph(20, 21, ["b-0"])  # b-0 needs s-0, still computing
+    s.task("b-0", "worker-0", 33, 34, 35, 40, 41, 42, deps=("s-0",))
+    s.told("b-0", 43, 44)
+    out = split(s)
+    assert len(out["jobs"]) == 2
+    parts = out["jobs"][1]["critical_path_parts_s"]
+    assert sum(parts.values()) == pytest.approx(0.024)  # its makespan, 20 to 44 ms, all of it placed
+    assert parts["compute: compute [compute]"] == pytest.approx(0.010 + 0.005)  # s-0 from the job's start, b-0
