@@ -23,7 +23,7 @@ appends to DIR:
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
                      pid -1: the whole agent, e.g. events lost to a full ring buffer,
-                     or switches that sched_switch did not show and BPF made up for)
+                     or switches that sched_switch did not show)
 All times are bpf_ktime_get_ns(): CLOCK_MONOTONIC, the run's clock.
 """
 

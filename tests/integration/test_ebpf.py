@@ -445,16 +445,16 @@ def test_events_torn_by_a_kill_leave_the_whole_records(tmp_path):
 CYCLES = """
 import json, sys, threading, time
 spans = []
-def cycle(n, sleep):
+def cycle(n, spin, sleep):
     ran, t = time.thread_time_ns(), time.monotonic_ns()
     for _ in range(n):
-        end = time.perf_counter() + 0.00005
+        end = time.perf_counter() + spin
         while time.perf_counter() < end:
             pass
         time.sleep(sleep)
     spans.append((threading.get_native_id(), t, time.monotonic_ns(), time.thread_time_ns() - ran))
 sys.stdin.readline()
-threads = [threading.Thread(target=cycle, args=(150, 0.01)) for _ in range({n})]
+threads = [threading.Thread(target=cycle, args=({cycles}, {spin}, {sleep})) for _ in range({threads})]
 [t.start() for t in threads]
 [t.join() for t in threads]
 print(json.dumps(spans))
@@ -469,10 +469,10 @@ def test_a_threads_time_on_a_cpu_is_what_its_kernel_counted(tmp_path):
     sleep, until the agent ended such an interval where the thread's CPU time says (without that,
     or with no CPU time, this failed 3 runs of 3 each)."""
     with probe_session(tmp_path, Ebpf(["offcpu"])) as s:
-        target = started([sys.executable, str(write_flow(tmp_path / "cycles.py", CYCLES.format(n=16)))])
+        cycles = CYCLES.format(threads=16, cycles=150, spin=0.00005, sleep=0.01)
+        target = started([sys.executable, str(write_flow(tmp_path / "cycles.py", cycles))])
         s.watch(target.pid, "cycles")
-        spin = write_flow(tmp_path / "spin.py", CYCLES.format(n=1).replace("args=(150, 0.01)", "args=(1, 0)")
-                          .replace("0.00005", "1.5"))
+        spin = write_flow(tmp_path / "spin.py", CYCLES.format(threads=1, cycles=1, spin=1.5, sleep=0))
         spinners = [started([sys.executable, str(spin)]) for _ in range(3)]
         for p in spinners:
             s.watch(p.pid, "spinner")
