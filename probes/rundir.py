@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -30,8 +31,7 @@ class RunDir:
     @classmethod
     def create(cls, out: str | None, command: list[str]) -> "RunDir":
         if out is None:
-            slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
-            out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
+            out = new_default(slug(command))
         path = Path(os.path.abspath(out))
         _refuse_if_others_can_move(path.parent)  # before anything is made there
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +124,30 @@ class RunDir:
 
     def has_table(self, name: str) -> bool:
         return (self.path / "tables" / f"{name}.parquet").exists()
+
+
+def slug(command: list[str]) -> str:
+    """The command in a few characters a directory name may hold."""
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
+    return text.strip("-") or "demo"
+
+
+def new_default(what: str, parent: Path | str = "runs") -> Path:
+    """A default run directory, made here: parent/<time>-<what>, with -02, -03... after it if a run
+    started in the same second has that name. mkdir's exclusivity gives two runs started at once
+    two directories (a name found free, then made, could be both's). Names sort by the second a
+    run started in; the same name's later runs in that second sort after it."""
+    parent = Path(os.path.abspath(parent))
+    _refuse_if_others_can_move(parent)  # before anything is made there
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        path = parent / f"{stamp}-{what}{f'-{n:02d}' if n > 1 else ''}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
 
 
 def _refuse_unless_ours_and_empty(path: Path) -> None:

@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from ..probes.rundir import new_default
 
 READY = "daskprobe: recording "  # what attach says once every probe records
 
@@ -21,7 +22,7 @@ READY = "daskprobe: recording "  # what attach says once every probe records
 def record(client, out: str | os.PathLike | None = None, probes: str | None = None, trace: bool = True):
     """Yields the run directory's path. Its own words go to this process's stderr; it fails before
     the block runs if the recording cannot start (a scheduler it cannot read)."""
-    path = Path(out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-record").absolute()
+    path = Path(out).absolute() if out else new_default("record")  # made here: attach takes it, empty and ours
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "attach", client.scheduler.address, "--out", str(path)]
     cmd += ["--probes", probes] * bool(probes) + ["--no-trace"] * (not trace)
     # its own session: a Ctrl-C in a notebook interrupts the block, and the recording still finalizes

@@ -74,3 +74,17 @@ def test_run_json_keeps_its_last_whole_version_and_symlinks_are_replaced_not_fol
     (tmp_path / "report.html.partial").symlink_to(victim)
     run.write_file("report.html", "<html>")
     assert victim.read_text() == "precious" and (tmp_path / "report.html").read_text() == "<html>"
+
+
+
+def test_runs_started_at_once_get_directories_of_their_own_named_in_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:  # at once, as two `daskprobe run` started together
+        at_once = list(pool.map(lambda _: RunDir.create(None, ["python", "flow.py"]).path, range(12)))
+    serial = [RunDir.create(None, ["python", "flow.py"]).path for _ in range(12)]  # many in one second
+    made = at_once + serial
+    assert len(set(made)) == len(made), "each run a directory of its own"
+    assert all(p.parent == tmp_path / "runs" and (p / "captures").is_dir() for p in made)
+    assert sorted(serial) == serial, "names sort in the order the runs started"
+    assert len({p.name[:15] for p in serial}) < len(serial), "the test made no two in one second"
