@@ -8,7 +8,8 @@ removes its directory.
 
 The agent holds an abstract unix socket named after the recording: one per host (network
 namespace), nothing listening on a network, and it answers processes of its own user only. It
-ends when told, or once nobody has asked it anything for LEASE_S (the recorder went away).
+ends when told, or once nobody has asked it anything for LEASE_S (the recorder went away, or this
+host was cut off from it): then it keeps its directory, whose path its state gave the recorder.
 
     python -m daskprobe.probes.agent RUN_ID RATE     (started by the plugins, not by hand)
 """
@@ -158,6 +159,8 @@ class Agent:
                 self.probes.remove(probe)
 
     def watch(self, pid: str, name: str, role: str) -> bytes:
+        if any(m["pid"] == int(pid) and m["name"] == name for m in self.members):
+            return b"ok"  # a plugin registered again (a new recorder's client) joins it again
         row = {"pid": int(pid), "name": name, "role": role, "listen": None, "contact": None, "command": [],
                "joined_ns": time.monotonic_ns()}  # this host's clock: a member the recorder never saw is dated by it
         self.members.append(row)
@@ -188,7 +191,7 @@ class Agent:
         """What it measures and skipped, its captures' names and sizes so far, and the local address
         of each TCP socket its members hold now."""
         info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
-                "timens_ns": timens_ns(), "agent_pid": os.getpid()}
+                "timens_ns": timens_ns(), "agent_pid": os.getpid(), "dir": str(self.dir)}
         files = {f"captures/{p.name}": p.stat().st_size for p in (self.dir / "captures").iterdir()}
         sockets = owned_by([m["pid"] for m in self.members])  # which member's connection is which
         return json.dumps({"info": info, "files": files, "sockets": sockets}).encode()
@@ -218,7 +221,10 @@ class Agent:
             return f.read(CHUNK)
 
     def serve(self, listener: socket.socket) -> None:
-        asked = time.monotonic()  # only the recorder's user renews the lease
+        """Until told `done` (all read back: its directory goes), or nobody asked for LEASE_S (the
+        recorder gone, or this host cut off from it): the probes stop and the captures stay in its
+        directory, which the recorder's last read named (run.json `hosts`: `dir`)."""
+        asked, verb = time.monotonic(), None  # only the recorder's user renews the lease
         try:
             while (left := asked + LEASE_S - time.monotonic()) > 0:
                 listener.settimeout(left)
@@ -233,7 +239,8 @@ class Agent:
                     return
         finally:
             self.stop()
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if verb == "done":
+                shutil.rmtree(self.dir, ignore_errors=True)
 
     def handle(self, conn: socket.socket) -> str | None:
         """Answer one request; its verb, or None if it was not the recorder's user's."""
@@ -259,7 +266,7 @@ def main(run_id: str, rate: str) -> None:
     except OSError:
         return  # this host has its agent already
     listener.listen(64)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill still removes its directory
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill still stops its probes
     agent = Agent(run_id, float(rate))
     print("ready", flush=True)
     agent.serve(listener)

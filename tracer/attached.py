@@ -5,19 +5,20 @@ it left running at the end. A member on another host is sampled by its host's ag
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..probes.schema import HOST_PID
-from ..probes.sockets import inodes_of, listen_of, listening
+from ..probes.sockets import host_of, listen_of
 from ..probes.proxy import start_tap, stop_proxy
 from ..probes.rundir import RunDir, open_append
+from . import rpc
+from .members import ADDRESS, on_this_host, verify
 from .cluster import Member, describe
 
 
@@ -36,59 +37,28 @@ class AttachSpec:
 
 
 def ask_scheduler(address: str, op: str, timeout: float = 10.0, **kwargs):
-    """One RPC to the scheduler (with the TLS credentials of Dask's config, for tls://): nothing
-    runs on the cluster for it."""
-    from distributed.core import rpc
-    from distributed.security import Security
-
-    async def ask():
-        async with rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client")) as s:
-            return await getattr(s, op)(**kwargs)
-
-    # bounded as a whole: a server that accepts and never answers would hold Dask's handshake forever
-    return asyncio.run(asyncio.wait_for(ask(), timeout))
+    """One RPC to the scheduler, msgpack only (tracer/rpc.py: root never unpickles what a cluster
+    says; tls:// with the credentials of Dask's config): nothing runs on the cluster for it."""
+    return rpc.ask(address, op, timeout, **kwargs)
 
 
 def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
-    """The scheduler's workers (address -> its identity entry), from its `identity` RPC."""
+    """The scheduler's workers (address -> its identity entry), from its `identity` RPC. Entries
+    that are not a worker's address and a mapping are left out: the scheduler is not trusted."""
     try:
         info = ask_scheduler(address, "identity", timeout)
-    except asyncio.TimeoutError:
-        raise OSError(f"no answer within {timeout:g} s (is it a Dask scheduler?)") from None
-    except OSError:
-        raise
-    except Exception as e:  # another protocol's bytes read as Dask's frames (an SSH banner: a 2.8 EiB frame)
-        said = f"{e}".splitlines()[0][:300] if f"{e}" else ""
-        if any(w in said.lower() for w in ("tls", "ssl", "encrypt", "certificate")):
-            raise RuntimeError(f"{said} (Dask's TLS config: distributed.comm.tls.*)") from None
-        raise RuntimeError(f"it does not speak Dask's protocol, or refused us ({type(e).__name__}"
-                           + (f": {said})" if said else ")")) from None
+    except rpc.NotDask as e:  # another protocol's bytes read as Dask's frames (an SSH banner: a 2.8 EiB frame)
+        raise RuntimeError(f"it does not speak Dask's protocol, or refused us ({e})") from None
+    except ssl.SSLError as e:
+        raise RuntimeError(f"{e} (Dask's TLS config: distributed.comm.tls.*)") from None
     if not isinstance(info, dict):
         raise RuntimeError("it does not speak Dask's protocol (its identity is not a mapping)")
     if info.get("type") != "Scheduler":
-        raise RuntimeError(f"{address} is not a Dask scheduler (it says it is a {info.get('type')})")
-    return info.get("workers", {})
-
-
-def listener_pid(port: int) -> int | None:
-    """The local process listening on a TCP port. None for a member on another host."""
-    wanted = listening(port)
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if wanted & inodes_of(int(pid)):
-            return int(pid)
-    return None
-
-
-def on_this_host(host: str) -> bool:
-    """The address is one of this host's (in this network namespace): only a local address can be
-    bound. A member elsewhere may listen on a port that a process here listens on too."""
-    try:
-        family = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.bind((host, 0))
-        return True
-    except OSError:
-        return False
+        said = info.get("type")
+        raise RuntimeError(f"{address} is not a Dask scheduler (it says it is a {said if isinstance(said, str) else '?'})")
+    workers = info.get("workers")
+    return {a: w for a, w in workers.items() if isinstance(a, str) and ADDRESS.fullmatch(a) and isinstance(w, dict)} \
+        if isinstance(workers, dict) else {}
 
 
 def _cmdline(pid: int | None) -> list[str]:
@@ -109,7 +79,10 @@ class Attached:
         self.env = dict(os.environ)
         self.next_look = time.monotonic() + FOLLOW_S
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
+        self.unverified: dict[str, str] = {}  # local members not profiled: name -> why
         self.agents = None
+        self.rate: float | None = None  # the agents' sampling rate; None: no agents
+        self.partial_hosts: dict[str, str] = {}  # "agent@HOST" -> why its captures were not all read
         self.next_pull = 0.0
         self.stream_from: dict = {}  # where the next read of Dask's task stream starts; empty: none
         self.stream_missing, self.stream_error = 0, None
@@ -118,15 +91,21 @@ class Attached:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
         workers = workers_of(self.spec.address)
         self.worker_info = [workers[a] for a in sorted(workers)]
-        self.members = [self._member("scheduler", "scheduler", listen_of(self.spec.address))]
+        self.members = [self._member("scheduler", "scheduler", self.spec.address)]
         for i, addr in enumerate(sorted(workers)):
-            self.members.append(self._member(f"worker-{i}", "worker", listen_of(addr)))
+            self.members.append(self._member(f"worker-{i}", "worker", addr))
 
-    @staticmethod
-    def _member(name: str, role: str, listen: str) -> Member:
+    def _member(self, name: str, role: str, address: str) -> Member:
+        """A member at this address; a local one profiled only once verified (tracer/members.py),
+        else recorded in run.json's `unverified` with the reason."""
+        listen = listen_of(address)
         m = Member(name, role, listen, listen)
         m.machine = "local" if on_this_host(m.host) else m.host
-        m.pid = listener_pid(m.port) if m.machine == "local" else None
+        if m.machine == "local":
+            m.pid, why = verify(address, role, self.spec.address)
+            if why:
+                self.unverified[name] = f"{address}: {why}"
+                self.run.update_meta(unverified=self.unverified)
         m.command = _cmdline(m.pid)
         return m
 
@@ -154,12 +133,15 @@ class Attached:
         # one back at the address of one that left (a fixed --worker-port) is a new process: a new member
         known, new = {m.listen for m in self.workers if m.name not in self.left}, []
         for listen in (listen for listen in now if listen not in known):
-            new.append(self._member(f"worker-{len(self.workers)}", "worker", listen))
+            new.append(self._member(f"worker-{len(self.workers)}", "worker", now[listen]))
             new[-1].found_ns = time.monotonic_ns()
             self.members.append(new[-1])
             self.worker_info.append(workers[now[listen]])
         if new:
             self._tap_watch(new)
+        if self.agents is None and self.rate and any(m.machine != "local" for m in new):
+            from .session import say
+            say(self.deploy_agents(self.rate))  # the first member on another host joined
         return new, left
 
     def _tap_watch(self, members: list[Member]) -> None:
@@ -181,8 +163,10 @@ class Attached:
         return [m.name for m in self.members if m.machine != "local"]
 
     def unreadable(self) -> list[str]:
-        """Members on this host whose process could not be found: another user's (without root)."""
-        return [m.name for m in self.members if m.machine == "local" and m.pid is None]
+        """Members on this host whose process could not be found (another user's, without root) or
+        verified as a Dask server of this cluster, with the reason."""
+        return [f"{m.name} ({self.unverified.get(m.name, 'not found')})" for m in self.members
+                if m.machine == "local" and m.pid is None]
 
     def ports(self) -> set[int]:
         return {m.port for m in self.members}
@@ -208,7 +192,10 @@ class Attached:
             self.recorder = start_tap(self.run.tap_capture, self.named_ports(), self.run.log("tap"))
             return
         try:
-            self.stream_from = {"start_index": ask_scheduler(self.spec.address, "get_task_stream_index")}
+            index = ask_scheduler(self.spec.address, "get_task_stream_index")
+            if type(index) is not int or index < 0:
+                raise rpc.NotDask("its task stream index is not a count")
+            self.stream_from = {"start_index": index}
         except Exception:  # before distributed 2025: by wall time (the workers' clocks)
             self.stream_from = {"start": time.time()}
 
@@ -218,23 +205,31 @@ class Attached:
     def client_address(self) -> str:
         return self.spec.address
 
-    def deploy_agents(self, rate: float | None) -> str:
+    def deploy_agents(self, rate: float | None) -> str | None:
         """Agents on the other hosts (probes/agent.py), to sample the members there at `rate`
-        (None: none); what the user is told of those members."""
+        (None: none); what the user is told of those members (None: there are none, yet: a worker
+        that joins on another host later starts them then, at look)."""
+        self.rate = rate if self.spec.agents else None
         away = sorted({m.host for m in self.members if m.machine != "local"})
-        if not (self.spec.agents and rate):
-            return "only their messages are recorded"
+        if not away:
+            return None
+        said = f"not on this host: {', '.join(self.elsewhere())}: "
+        if not self.rate:
+            return said + "only their messages are recorded"
         try:
             from ..probes.agent import STREAM_S
-            from .agents import Agents
-            self.agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, rate)
+            from .agents import Agents, relay_user
+            scheduler = next((m.pid for m in self.members if m.role == "scheduler"), None)
+            self.agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.rate,
+                                 self.run.log("agents"), relay_user(scheduler))
             self._pull()
         except Exception as e:  # a cluster without daskprobe, or that refuses plugins: the rest goes on
-            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
-            return (f"only their messages are recorded: no agents could start there ({type(e).__name__}: {e}; "
-                    "is daskprobe installed on those hosts?)")
-        return (f"agents on {', '.join(away)} sample them (stacks and /proc; eBPF where they run as root), "
-                f"read back every {STREAM_S:g} s and at the end")
+            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}"[:1000])
+            self.rate = None  # not tried again at each look
+            return said + (f"only their messages are recorded: no agents could start there ({type(e).__name__}: "
+                           f"{str(e)[:300]}; is daskprobe installed on those hosts?)")
+        return said + (f"agents on {', '.join(away)} sample them (stacks and /proc; eBPF where they run as root), "
+                       f"read back every {STREAM_S:g} s and at the end")
 
     def _pull(self) -> None:
         """What the agents captured since the last pull (which renews their lease)."""
@@ -247,27 +242,43 @@ class Attached:
 
     def collect_agents(self) -> str:
         """The agents' last captures read into run/hosts/, their members given the run's pids (pid P
-        on host k: k·HOST_PID + P); what to tell the user."""
+        on host k: k·HOST_PID + P); what to tell the user. A host not read to the end keeps what was
+        read, and makes the run partial: run.json's `probe_errors` says why ("agent@HOST")."""
         try:
             hosts = self.agents.finish(self.run, self.named_ports())
-        except Exception as e:
-            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}")
+        except Exception as e:  # what was read stays in hosts/, without its clock: said, and partial
+            self.partial_hosts["agents"] = f"{type(e).__name__}: {e}"[:1000]
+            self._record_partial()
             return f"reading the agents' captures failed ({type(e).__name__}: {e}): their samples are lost"
         finally:
             self.agents.close()
         unseen = []
         for number, (host, info) in enumerate(sorted(hosts.items()), start=1):
             info["number"] = number
-            unseen += self._give_pids(info["members"], number * HOST_PID, info["offset_ns"])
+            mine = [r for r in info["members"] if host_of(r["name"]) == host]  # an agent speaks for its host only
+            unseen += self._give_pids(mine, number * HOST_PID, info["offset_ns"])
+            if not info["complete"]:
+                self.partial_hosts[f"agent@{host}"] = info.get("error", "its last member left")
+        for host, info in self.agents.seen.items():
+            if host not in hosts:  # never read once: nothing of it is here
+                self.partial_hosts[f"agent@{host}"] = info.get("error", "never read")
         self.run.update_meta(hosts=hosts)
+        self._record_partial()
         said = [f"{h} (its clock {i['offset_ns'] / 1e9:+.6f} s ± {i['uncertainty_ns'] / 1e6:.2f} ms from ours)"
-                + ("" if i["complete"] else f" (read until {i.get('error', 'its last member left')}: the rest is lost)")
+                + ("" if i["complete"] else f" (read until {i.get('error', 'its last member left')}: the rest is lost"
+                   + (f"; its agent keeps it in {i['dir']} there" if i.get("dir") else "") + ")")
                 for h, i in sorted(hosts.items())]
         if not said:
-            return "no agent could be read back: their samples are lost"
+            why = "; ".join(f"{h}: {e}" for h, e in sorted(self.partial_hosts.items()))
+            return f"no agent could be read back ({why or 'none answered'}): their samples are lost"
         return "read back the agents on " + "; ".join(said) + "".join(
             f"; {m.name} ({m.listen}) seen by its host's agent only (it came and went between two looks)"
             for m in unseen)
+
+    def _record_partial(self) -> None:
+        if self.partial_hosts:
+            errors = self.run.meta().get("probe_errors", {})
+            self.run.update_meta(probe_errors=errors | self.partial_hosts, partial=True)
 
     def _give_pids(self, rows: list[dict], base: int, offset_ns: int) -> list[Member]:
         """The agent's members (in the order they joined it) to ours at the same address (in the
@@ -311,6 +322,8 @@ class Attached:
             start = self.stream_from.get("start_index")
             end = ask_scheduler(self.spec.address, "get_task_stream_index") if start is not None else None
             tasks = ask_scheduler(self.spec.address, "get_task_stream", 30.0, **self.stream_from)
+            if not isinstance(tasks, (list, tuple)) or not (end is None or type(end) is int and end >= start):
+                raise rpc.NotDask("its task stream is not a list of tasks")
             with open_append(self.run.task_stream) as f:
                 f.writelines(json.dumps(t, default=str).encode() + b"\n" for t in tasks)
         except Exception as e:  # the scheduler busy or gone: the next read, or the last, reads on

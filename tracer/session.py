@@ -260,11 +260,10 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
             say(f"{why}; recording the processes' samples and Dask's own task stream instead (no critical path)")
             run.update_meta(skipped={"messages": why})
         if mine := cluster.unreadable():
-            say(f"on this host but their processes could not be read: {', '.join(mine)} (another user's: run "
-                "attach as the cluster's user, or as root); only Dask's task stream records them")
-        if away := cluster.elsewhere():
-            say(f"not on this host: {', '.join(away)}: "
-                + cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None))
+            say(f"on this host but not profiled: {'; '.join(mine)} (another user's: run attach as the cluster's "
+                "user, or as root); only their messages or Dask's task stream record them")
+        if away := cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None):
+            say(away)
         _start_probes(probes, run, cluster.ports(), started)
         cluster.start()
         _ready(started, run)
@@ -298,6 +297,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         if cluster.agents:
             say(cluster.collect_agents())
             record(run, processes=_processes(cluster, started, client, command))
+            stopped_early = stopped_early or bool(cluster.partial_hosts)
     return _ended(run, signals, code, stopped_early)
 
 
