@@ -7,7 +7,10 @@ and only with a CORS header naming the UI: so this port, not a random one.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,9 +23,36 @@ def link(port: int) -> str:
     return f"{UI}/#!/?url=http://127.0.0.1:{port}/trace.pftrace"
 
 
-def make_handler(trace: Path, served: list):
+CHUNK = 1 << 20  # bytes sent at a time: the trace is never read whole into memory
+
+
+def make_handler(trace: Path, served: list, request_s: float = 10.0):
+    """request_s: seconds a connection has to send its whole request. Each read and write also times
+    out after it: a peer that says nothing, or reads nothing, cannot hold its thread."""
     class Handler(BaseHTTPRequestHandler):
-        timeout = 10  # seconds: a peer that connects and says nothing cannot hold the server
+        timeout = request_s
+
+        def setup(self):
+            super().setup()
+            # a peer that sends a byte now and then satisfies every read's timeout: its whole request
+            # has a deadline, past which its connection is shut (the read waiting on it returns empty)
+            self._late, self._deadline = False, threading.Timer(request_s, self._cut)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _cut(self):
+            self._late = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def parse_request(self) -> bool:
+            whole = super().parse_request()  # reads the headers
+            self._deadline.cancel()  # the request is read; the answer's writes have the timeout
+            return whole and not self._late
+
+        def finish(self):
+            self._deadline.cancel()
+            super().finish()
 
         def _headers(self, code: int, length: int = 0) -> None:
             self.send_response(code)
@@ -54,9 +84,12 @@ def make_handler(trace: Path, served: list):
             if self.path.split("?")[0] != "/trace.pftrace":
                 self._headers(404)
                 return
-            data = trace.read_bytes()
-            self._headers(200, len(data))
-            self.wfile.write(data)
+            with open(trace, "rb") as f:  # the file as opened: a build that replaces it meanwhile changes nothing
+                size = os.fstat(f.fileno()).st_size
+                self._headers(200, size)
+                while size > 0 and (chunk := f.read(min(CHUNK, size))):
+                    self.wfile.write(chunk)
+                    size -= len(chunk)
             served.append(self.path)
 
         def log_message(self, *args):
