@@ -321,9 +321,28 @@ fn online_cpus() -> Result<Vec<i32>, String> {
 mod tests {
     use super::*;
 
+    /// This thread's CPU time, ns: ticks follow it, not the wall clock (on a busy machine the thread
+    /// is off a CPU much of the time).
     fn cpu_ns() -> u64 {
-        let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
-        s.split_whitespace().next().unwrap().parse().unwrap()
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    /// Calls `step` in a loop (at least once) until it returns true or this thread has had `cpu_ms`
+    /// of CPU; a wall-clock minute bounds a machine so busy that the thread gets almost none.
+    /// Returns whether `step` said done.
+    fn spin_cpu(cpu_ms: u64, mut step: impl FnMut() -> bool) -> bool {
+        let (start, cpu0) = (std::time::Instant::now(), cpu_ns());
+        loop {
+            if step() {
+                return true;
+            }
+            if cpu_ns() - cpu0 >= cpu_ms * 1_000_000 {
+                return false;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "{cpu_ms} ms of CPU not had in a minute");
+        }
     }
 
     /// A spinning thread's ticks stand for the CPU time the kernel counts for it (not the wall time: on
@@ -333,14 +352,15 @@ mod tests {
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return }; // no perf events here (not root): nothing to test
         t.watch(std::process::id() as i32, Walk::default());
         let tid = unsafe { libc::gettid() } as u64;
-        let (start, cpu0) = (std::time::Instant::now(), cpu_ns());
+        let cpu0 = cpu_ns();
         let (mut on, mut copied) = (Vec::new(), Vec::new());
         let mut seen = 0;
         let mine = |on: &[Tick]| on.iter().filter(|k| k.tid == tid).map(|k| k.period).sum::<u64>();
-        while start.elapsed() < Duration::from_millis(600) {
+        spin_cpu(600, || {
             t.drain(&mut on, &mut copied);
             seen += mine(&on);
-        }
+            false
+        });
         let expected = (cpu_ns() - cpu0) as f64 / 1e7;
         t.drain(&mut on, &mut copied);
         let seen = (seen + mine(&on)) as f64 / 1e7;
@@ -349,34 +369,39 @@ mod tests {
         assert!((seen - expected).abs() <= 3.0 + 3.0 * expected.sqrt(), "ticks for {seen:.1} periods, {expected:.1} of CPU");
     }
 
-    fn spin_ticks(t: &mut Ticks, ms: u64) -> usize {
-        let (start, mut on, mut copied, mut seen) = (std::time::Instant::now(), Vec::new(), Vec::new(), 0);
+    /// Ticks of this process that woke the sampler, while this thread has `cpu_ms` of CPU, or until
+    /// `enough` of them (0: no limit).
+    fn spin_ticks(t: &mut Ticks, cpu_ms: u64, enough: usize) -> usize {
+        let (mut on, mut copied, mut seen) = (Vec::new(), Vec::new(), 0);
         let me = std::process::id() as i32;
-        while start.elapsed() < Duration::from_millis(ms) {
+        spin_cpu(cpu_ms, || {
             t.drain(&mut on, &mut copied);
             seen += on.iter().filter(|k| k.pid == me).count();
-        }
+            enough > 0 && seen >= enough
+        });
         seen
     }
 
-    /// The ticks of a process not watched, or no longer, do not reach the rings.
+    /// The ticks of a process not watched, or no longer, do not reach the rings. Once watched, this
+    /// thread alone should have about 100 in a second of its CPU: 10 by then is the bar.
     #[test]
     fn only_watched_processes_tick() {
         let Ok(mut t) = Ticks::open(100.0, -1, Duration::from_secs(1)) else { return };
         assert!(t.program.is_some(), "perf events but no BPF filter, as root");
-        assert_eq!(spin_ticks(&mut t, 300), 0, "ticks of a process not watched");
+        assert_eq!(spin_ticks(&mut t, 300, 0), 0, "ticks of a process not watched");
         t.watch(std::process::id() as i32, Walk::default());
-        assert!(spin_ticks(&mut t, 300) >= 10, "too few ticks once watched");
+        let seen = spin_ticks(&mut t, 1000, 10);
+        assert!(seen >= 10, "{seen} ticks in a second of this thread's CPU once watched");
         t.unwatch(std::process::id() as i32);
-        spin_ticks(&mut t, 20); // a tick already in a ring when unwatched
-        assert_eq!(spin_ticks(&mut t, 300), 0, "ticks after unwatch");
+        spin_ticks(&mut t, 20, 0); // a tick already in a ring when unwatched
+        assert_eq!(spin_ticks(&mut t, 300, 0), 0, "ticks after unwatch");
     }
 
     /// BPF copies the frames of a thread it was given, at its ticks, leaf first, each reached from
     /// the one before by its `back` field, from the thread state's pointer through a _PyCFrame (3.12's
     /// places), with the thread's ids (3.10's native id through its pthread) and the GIL's state; a
     /// chain deeper than it copies stops at MAX_DEPTH; a thread marked NOT_PYTHON is dropped. Its
-    /// ground truth: chains built here.
+    /// ground truth: chains built here. Counts are per second of this thread's CPU (about 100 ticks).
     #[test]
     fn a_known_thread_s_frames_are_copied_at_its_ticks() {
         use crate::tickprog::{AT_COUNT, AT_FIRST_LINE, AT_FRAMES, AT_GIL, AT_IDENT, AT_NATIVE_TID, AT_PRINT, AT_TSTATE,
@@ -405,13 +430,15 @@ mod tests {
         t.watch(std::process::id() as i32, walk);
         t.thread(std::process::id() as i32, tid, Some(tstate.as_ptr() as u64));
         let word = u64_at;
+        // this thread's copies, until 10 or a second of its CPU
         let spin = |t: &mut Ticks| {
-            let (start, mut on, mut copied, mut records) = (std::time::Instant::now(), Vec::new(), Vec::new(), Vec::new());
-            while start.elapsed() < Duration::from_millis(300) {
+            let (mut on, mut copied, mut records) = (Vec::new(), Vec::new(), Vec::new());
+            spin_cpu(1000, || {
                 t.drain(&mut on, &mut copied);
                 assert!(!on.iter().any(|k| k.tid == tid), "a tick of the known thread woke the sampler");
                 records.extend(copied.drain(..).map(|c| c.record).filter(|r| word(r, 0) & 0xffff_ffff == tid));
-            }
+                records.len() >= 10
+            });
             records
         };
         let code = |rec: &[u8], i: usize| word(rec, AT_FRAMES + i * SLOT);
@@ -420,7 +447,7 @@ mod tests {
             std::iter::once(line << 32).chain((0..3).map(|k| word(rec, AT_FRAMES + i * SLOT + AT_PRINT + 8 * k))).collect::<Vec<_>>()
         };
         let records = spin(&mut t);
-        assert!(records.len() >= 10, "{} copies in 300 ms of CPU", records.len());
+        assert!(records.len() >= 10, "{} copies in a second of this thread's CPU", records.len());
         for rec in &records {
             assert_eq!((u32_at(rec, AT_COUNT), rec.len()), (3, AT_FRAMES + 3 * SLOT));
             assert_eq!((0..3).map(|i| code(rec, i)).collect::<Vec<_>>(), (0..3).map(|i| codes[i].as_ptr() as u64).collect::<Vec<_>>());
@@ -433,28 +460,33 @@ mod tests {
         let walk = Walk { frame: 56, cframe_frame: NONE, native_tid: NONE, pthread_tid: 16, ..walk };
         t.watch(std::process::id() as i32, walk);
         tstate[7] = deep[0].as_ptr() as u64;
-        let records = spin(&mut t);
-        assert!(records.len() >= 10);
+        // copies taken before the change are of the short chain: only those after it count
+        let records: Vec<_> = spin(&mut t).into_iter().filter(|rec| u32_at(rec, AT_COUNT) != 3).collect();
+        let records = if records.len() >= 10 { records } else { [records, spin(&mut t)].concat() };
+        assert!(records.len() >= 10, "{} copies of the deep chain in a second of this thread's CPU", records.len());
         for rec in &records {
             assert_eq!(word(rec, AT_NATIVE_TID), tid);
             assert_eq!(u32_at(rec, AT_COUNT) as usize, MAX_DEPTH);
             assert_eq!(code(rec, MAX_DEPTH - 1), codes[MAX_DEPTH - 1].as_ptr() as u64);
             assert_eq!(print(rec, MAX_DEPTH - 1), codes[MAX_DEPTH - 1][..]);
         }
-        let woke = |t: &mut Ticks| {
-            let (start, mut on, mut copied, mut seen) = (std::time::Instant::now(), Vec::new(), Vec::new(), 0);
-            while start.elapsed() < Duration::from_millis(300) {
+        // this thread's ticks that woke the sampler, over 300 ms of its CPU, or until `enough`
+        let woke = |t: &mut Ticks, cpu_ms: u64, enough: usize| {
+            let (mut on, mut copied, mut seen) = (Vec::new(), Vec::new(), 0);
+            spin_cpu(cpu_ms, || {
                 t.drain(&mut on, &mut copied);
                 assert!(!copied.iter().any(|c| word(&c.record, 0) & 0xffff_ffff == tid), "a copy after all");
                 seen += on.iter().filter(|k| k.tid == tid).count();
-            }
+                enough > 0 && seen >= enough
+            });
             seen
         };
         t.thread(std::process::id() as i32, tid, Some(NOT_PYTHON));
-        spin_ticks(&mut t, 20); // a copy already in a ring when marked
-        assert_eq!(woke(&mut t), 0, "ticks of a thread marked not Python's");
+        spin_ticks(&mut t, 20, 0); // a copy already in a ring when marked
+        assert_eq!(woke(&mut t, 300, 0), 0, "ticks of a thread marked not Python's");
         t.thread(std::process::id() as i32, tid, None);
-        assert!(woke(&mut t) >= 10, "a thread no longer given: its ticks wake the sampler");
+        let seen = woke(&mut t, 1000, 10);
+        assert!(seen >= 10, "a thread no longer given: its ticks wake the sampler ({seen} in a second of its CPU)");
         std::hint::black_box((short, deep, cframe, gil, pthread, codes));
     }
 }
