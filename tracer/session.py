@@ -3,6 +3,7 @@ probes, run the user's command, tear everything down, then finalize."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -52,6 +53,7 @@ class Signals:
     def __init__(self):
         self.client: subprocess.Popen | None = None
         self.unwinding, self.hurry, self.signum = True, False, None
+        self.deferring = False
 
     def __enter__(self):
         self.saved = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -65,9 +67,22 @@ class Signals:
         self.signum = self.signum or signum
         if self.client and self.client.poll() is None:
             self.client.send_signal(signum)
+        if self.deferring:
+            return  # unwinds when the block ends (deferred)
         if self.unwinding:
             raise Interrupted(signum)
         self.hurry = True
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block a signal must not cut: it unwinds once the block ends. An import cut halfway
+        leaves a package half-made in sys.modules (numpy's: every stage failed after)."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        self.check()
 
     def check(self) -> None:
         """Unwind now if a signal came whose Interrupted was lost: raised inside a finalizer
@@ -197,7 +212,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         phases.append(("cluster started", time.perf_counter()))
         signals.check()
         if warm_up:  # here, not in a thread: a signal inside an import must not leave another thread its lock
-            warm_up()
+            with signals.deferred():
+                warm_up()
             phases.append(("warm-up", time.perf_counter()))
         signals.check()
         versions["cluster"] = cluster_versions()
@@ -231,7 +247,9 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     except FileNotFoundError as e:
         say(str(e))
     except Interrupted as e:
-        say(f"interrupted by {signal.Signals(e.signum).name}; stopping the cluster")
+        early = " during start-up: the command never ran" if client is None else ""
+        say(f"interrupted by {signal.Signals(e.signum).name}{early}; stopping the cluster")
+        record(run, interrupted=f"by {signal.Signals(e.signum).name}{early}")
         code = 128 + e.signum
     finally:
         signals.unwinding = False
