@@ -23,14 +23,16 @@ def add_arguments(p) -> None:
     p.add_argument("--graphs", required=True, type=options.comma_list,
                    help="comma-separated graph names: merge-N, merge_slow-N-T, tree-N, numpy-N-P, groupby-D-F-P, "
                         "join-D-F-P, bag-N-P, xarray-N (see README)")
-    p.add_argument("--workers", type=options.comma_list, default=["2"], help="comma-separated worker counts (default 2)")
+    p.add_argument("--workers", type=options.bounded_list(*options.WORKERS), default=[2],
+                   help=f"comma-separated worker counts, each {options.span(options.WORKERS)} (default 2)")
     p.add_argument("--scheduler", type=options.comma_list, default=["ws"], help="ws, random or both (default ws)")
     p.add_argument("--worker", type=options.comma_list, default=["normal"], help="normal, zero or both (default normal)")
     p.add_argument("--server", action="append", default=[], metavar="dask|CMD",
                    help="'dask' or a scheduler command with {host} and {port}; repeatable (default dask)")
-    p.add_argument("--repeat", type=options.positive_int, default=3, help="runs per point (default 3)")
+    p.add_argument("--repeat", type=options.bounded(*options.REPEAT), default=3, help=f"runs per point, {options.span(options.REPEAT)} (default 3)")
     options.probes(p, "none")
-    p.add_argument("--timeout", type=options.positive_float, default=300.0, help="seconds per run before it is stopped (default 300)")
+    p.add_argument("--timeout", type=options.bounded(*options.RUN_TIMEOUT_S), default=300.0,
+                   help=f"seconds per run before it is stopped, {options.span(options.RUN_TIMEOUT_S)} (default 300)")
     options.cluster(p, threads=1)  # as in the paper's runs
     p.add_argument("--out", help="directory for the runs and results (default runs/bench-<time>)")
 
@@ -49,8 +51,7 @@ def main(args, command: list[str]) -> int:
     _choices("--worker", args.worker, registry.WORKERS)
     options.parse_probes(args.probes)
     options.parse_config(args.config)
-    workers = [int(w) for w in args.workers]
-    points = plan(args.graphs, workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
+    points = plan(args.graphs, args.workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)]]
     results = bench(points, out, args.probes, args.timeout, args.python, extra)

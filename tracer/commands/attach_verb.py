@@ -20,14 +20,15 @@ def add_arguments(p) -> None:
     p.usage = "daskprobe attach ADDRESS [options] [-- COMMAND ...]"
     p.add_argument("address", help="the scheduler's address, as clients connect to it (tcp://HOST:PORT; tls:// "
                                    "with Dask's TLS config: samples and Dask's task stream, no messages)")
-    p.add_argument("--duration", type=options.positive_float,
-                   help="seconds to record when no command is given (default: until Ctrl-C)")
+    p.add_argument("--duration", type=options.bounded(*options.DURATION_S),
+                   help=f"seconds to record when no command is given, {options.span(options.DURATION_S)} (default: until Ctrl-C)")
     p.add_argument("--probes", default=DEFAULT_PROBES,
                    help=f"comma-separated probes; the tap records the messages (root; without it: samples and Dask's "
                         f"task stream) (default {DEFAULT_PROBES})")
-    p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
-                   help="Python stack samples per second and process (default 100)")
-    p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
+    p.add_argument("--sample-rate", type=options.bounded(*options.SAMPLE_RATE), default=100.0,
+                   help=f"Python stack samples per second and process, {options.span(options.SAMPLE_RATE)} (default 100)")
+    p.add_argument("--cpu-hz", type=options.bounded(*options.CPU_HZ), default=99,
+                   help=f"eBPF CPU samples per second per CPU, {options.span(options.CPU_HZ)} (default 99)")
     p.add_argument("--no-agents", action="store_true",
                    help="do not deploy agents (Dask plugins) to sample the members on other hosts: only their "
                         "messages are recorded")

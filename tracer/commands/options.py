@@ -13,29 +13,55 @@ from pathlib import Path
 from ...probes.rundir import RunDir
 
 
-def _number(kind, low: float, what: str):
-    """An argparse type: a number of `kind` at least (or, for 0, above) `low`."""
+def bounded(kind, low: float, high: float, above: bool = False):
+    """An argparse type: a finite number of `kind` from `low` (or, with `above`, above it) to `high`.
+    The bounds keep a slip of the keyboard from starving the machine (a sampler at 1e9 Hz) or
+    failing later with a traceback (a delay of 1e300 ms)."""
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if v < low or (low == 0 and what == "positive" and v == 0) or not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"{text} must be {what}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(v) or v < low or (above and v == low) or v > high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {'above' if above else 'from'} {low:g} to {high:g}")
         return v
     return parse
 
 
-positive_int = _number(int, 1, "at least 1")
-positive_float = _number(float, 0, "positive")
-non_negative_float = _number(float, 0, "0 or more")
+def bounded_list(kind, low: float, high: float):
+    """An argparse type: a comma-separated list of at least one item, each as `bounded` checks it."""
+    one = bounded(kind, low, high)
+
+    def parse(text: str) -> list:
+        if not comma_list(text):
+            raise argparse.ArgumentTypeError("an empty list")
+        return [one(t) for t in comma_list(text)]
+    return parse
+
+
+# every numeric option of run, attach and bench, with its bounds (docs/usage.md says them)
+WORKERS = (int, 1, 256)
+THREADS = (int, 1, 256)
+SAMPLE_RATE = (float, 1, 1000)  # Hz: each sample costs the sampled process a tick
+CPU_HZ = (int, 1, 1000)
+DELAY_MS = (float, 0, 60_000)
+START_TIMEOUT_S = (float, 0, 3600, True)  # True: above the low bound
+DURATION_S = (float, 0, 7 * 86400, True)
+RUN_TIMEOUT_S = (float, 0, 7 * 86400, True)
+REPEAT = (int, 1, 1000)
+
+
+def span(bounds: tuple) -> str:
+    """The range a help text gives: "1-1000", or "up to 3600" where the low bound is open."""
+    _, low, high, *above = bounds
+    return f"up to {high:g}" if above else f"{low:g}-{high:g}"
 
 
 def cluster(p: argparse.ArgumentParser, threads: int | None = None) -> None:
     """What the cluster's processes run with (run and bench)."""
-    p.add_argument("--threads", type=positive_int, default=threads,
-                   help=f"threads per worker (default {threads})" if threads else
-                   "threads per worker (default: as LocalCluster, the machine's cores / workers, rounded up)")
+    p.add_argument("--threads", type=bounded(*THREADS), default=threads,
+                   help=f"threads per worker, {span(THREADS)} (default {threads})" if threads else
+                   f"threads per worker, {span(THREADS)} (default: as LocalCluster, the machine's cores / workers, rounded up)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter that runs the scheduler and workers (default: this one)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",

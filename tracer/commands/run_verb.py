@@ -18,20 +18,22 @@ EXAMPLES = """examples:
 def add_arguments(p) -> None:
     x = experiments()
     p.usage = "daskprobe run [options] [-- COMMAND ...]"
-    p.add_argument("--workers", type=options.positive_int, default=2, help="number of worker processes (default 2)")
+    p.add_argument("--workers", type=options.bounded(*options.WORKERS), default=2,
+                   help=f"number of worker processes, {options.span(options.WORKERS)} (default 2)")
     options.cluster(p)
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "all")
-    p.add_argument("--sample-rate", type=options.positive_float, default=100.0,
-                   help="Python stack samples per second and process (default 100)")
+    p.add_argument("--sample-rate", type=options.bounded(*options.SAMPLE_RATE), default=100.0,
+                   help=f"Python stack samples per second and process, {options.span(options.SAMPLE_RATE)} (default 100)")
     p.add_argument("--native", action="store_true",
                    help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
-    p.add_argument("--cpu-hz", type=options.positive_int, default=99, help="eBPF CPU samples per second per CPU (default 99)")
-    p.add_argument("--delay-ms", type=options.non_negative_float, default=0.0,
+    p.add_argument("--cpu-hz", type=options.bounded(*options.CPU_HZ), default=99,
+                   help=f"eBPF CPU samples per second per CPU, {options.span(options.CPU_HZ)} (default 99)")
+    p.add_argument("--delay-ms", type=options.bounded(*options.DELAY_MS), default=0.0,
                    help="what-if: links with this much latency: the proxy hands every byte on this long after "
-                        "it read it (default 0)")
+                        f"it read it, {options.span(options.DELAY_MS)} (default 0)")
     p.add_argument("--scheduler", default="ws", choices=list(x.SCHEDULERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.SCHEDULERS.items()) + " (default ws)")
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
@@ -39,7 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
     p.add_argument("--no-trace", action="store_true",
                    help="leave trace.pftrace out (it takes longest to write; 'daskprobe build' writes it later)")
-    p.add_argument("--start-timeout", type=options.positive_float, default=60.0, help="seconds for each process to start")
+    p.add_argument("--start-timeout", type=options.bounded(*options.START_TIMEOUT_S), default=60.0,
+                   help=f"seconds for each process to start, {options.span(options.START_TIMEOUT_S)} (default 60)")
 
 
 def main(args, command: list[str]) -> int:

@@ -1,0 +1,67 @@
+"""Every numeric option of run, attach and bench is checked where it is parsed: a number out of its
+range, not finite or not a number ends the command with argparse's error (exit 2, the option named),
+never a traceback later or a sampler that starves the machine."""
+
+import pytest
+
+from daskprobe.tracer.commands import parser
+
+# verb, option, the first value out of range below, the bounds (both accepted), the first above
+BOUNDS = [
+    ("run", "--workers", "0", "1", "256", "257"),
+    ("run", "--threads", "0", "1", "256", "257"),
+    ("run", "--sample-rate", "0.5", "1", "1000", "1000.5"),
+    ("run", "--cpu-hz", "0", "1", "1000", "1001"),
+    ("run", "--delay-ms", "-0.001", "0", "60000", "60000.5"),
+    ("run", "--start-timeout", "0", "0.1", "3600", "3601"),
+    ("attach", "--sample-rate", "0.9", "1", "1000", "1e9"),
+    ("attach", "--cpu-hz", "0", "1", "1000", "1001"),
+    ("attach", "--duration", "0", "0.5", "604800", "604801"),
+    ("bench", "--workers", "0", "1", "256", "257"),
+    ("bench", "--threads", "0", "1", "256", "257"),
+    ("bench", "--repeat", "0", "1", "1000", "1001"),
+    ("bench", "--timeout", "0", "1", "604800", "604801"),
+]
+LEADING = {"run": [], "attach": ["tcp://127.0.0.1:1"], "bench": ["--graphs", "merge-10"]}
+
+
+def parse(verb: str, option: str, value: str):
+    p, _ = parser()
+    return p.parse_args([verb, *LEADING[verb], f"{option}={value}"])
+
+
+def refused(verb: str, option: str, value: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exit:
+        parse(verb, option, value)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("verb,option,below,low,high,above", BOUNDS)
+def test_each_bound_is_kept(verb, option, below, low, high, above, capsys):
+    dest = option.lstrip("-").replace("-", "_")
+    for ok in (low, high):
+        got = getattr(parse(verb, option, ok), dest)
+        assert (got == [float(ok)]) if verb == "bench" and option == "--workers" else got == float(ok)
+    for bad in (below, above):
+        assert "out of range" in refused(verb, option, bad, capsys)
+
+
+@pytest.mark.parametrize("verb,option", [(v, o) for v, o, *_ in BOUNDS])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "ten", ""])
+def test_no_infinite_unreadable_or_huge_number(verb, option, value, capsys):
+    refused(verb, option, value, capsys)
+
+
+def test_the_reported_cases(capsys):
+    """From the issue: a traceback, and a sampler asked for a billion samples a second."""
+    assert "out of range: from 0 to 60000" in refused("run", "--delay-ms", "1e300", capsys)
+    assert "out of range: from 1 to 1000" in refused("run", "--sample-rate", "1e9", capsys)
+
+
+def test_bench_workers_are_each_checked_and_read_as_integers(capsys):
+    assert parse("bench", "--workers", "1,2,4").workers == [1, 2, 4]
+    assert "not an integer" in refused("bench", "--workers", "2,x", capsys)
+    assert "out of range" in refused("bench", "--workers", "2,1000", capsys)
