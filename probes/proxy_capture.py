@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
+import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pandas as pd
 
-OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST, SKIP = 1, 2, 3, 4, 5, 6, 7
+OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST, SKIP, GAP, DROPS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 # Each kind's body, field by field. u8, u32, i32, u64: fixed widths; str: u16 byte length, then
 # UTF-8; T[n]: n of T, n an earlier field; frame: u32 frame index, u32 length, that many bytes.
 # The proxy writes them (probes/proxy-core/src/record.rs), the reader and CaptureWriter below are
@@ -34,8 +36,15 @@ RECORDS = {
     MALFORMED: ("malformed", "conn:u32 direction:u8 t_ns:u64 offset:u64 reason:str"),
     LOST: ("lost", "t_ns:u64 label:str reason:str"),
     SKIP: ("skip", "conn:u32 direction:u8 t_ns:u64 offset:u64 bytes:u64"),
+    GAP: ("gap", "conn:u32 direction:u8 t_ns:u64 offset:u64 bytes:u64"),
+    DROPS: ("drops", "t_ns:u64 packets:u64"),
 }
 FRAMINGS = {1: "current", 2: "legacy"}
+# Beside each capture, FILE.status: one line `STATE T_NS BYTES REASON` padded with spaces to
+# STATUS_LEN bytes (probes/proxy-core/src/capture.rs writes it whole when the capture opens, then
+# over itself: no new space needed on a full disk). STATE: capturing (or killed while it was),
+# ended (every record written), stopped (writing failed at BYTES, REASON says why).
+STATUS_LEN = 512
 
 _FIELDS = {kind: [tuple(f.split(":")) for f in spec.split()] for kind, (_, spec) in RECORDS.items()}
 _CODES = {"u8": "B", "u32": "I", "i32": "i", "u64": "Q"}
@@ -57,6 +66,10 @@ class Capture:
     malformed: pd.DataFrame
     lost: pd.DataFrame  # connections dropped before they were served (a peer's reset, no fd left); older captures have none
     skipped: pd.DataFrame  # the tap's: where it found a direction joined mid-stream in step, and the bytes before unread
+    # the tap's: bytes of a direction it never got (the kernel dropped them), from offset; and the packets
+    # the kernel dropped for want of room in its ring
+    gaps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_names(GAP)))
+    drops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_names(DROPS)))
     torn_bytes: int = 0
     data: bytes = b""
     path: Path | None = None  # the file: parallel decoders read it themselves
@@ -107,7 +120,7 @@ def frames_at(data: bytes, at: int) -> dict[int, bytes]:
 
 def read_capture(path: Path) -> Capture:
     data = path.read_bytes() if path.exists() else b""
-    msgs, conns, bad, lost, skipped = [], {}, [], [], []
+    msgs, conns, bad, lost, skipped, gaps, drops = [], {}, [], [], [], [], []
     pos, size = 0, len(data)
     # The hot loop: millions of records in a large run, so one unpack per field group.
     while pos + 5 <= size:
@@ -136,6 +149,10 @@ def read_capture(path: Path) -> Capture:
             lost.append(_decode(LOST, data, body, pos))
         elif kind == SKIP:
             skipped.append(_decode(SKIP, data, body, pos))
+        elif kind == GAP:
+            gaps.append(_decode(GAP, data, body, pos))
+        elif kind == DROPS:
+            drops.append(_decode(DROPS, data, body, pos))
     messages = pd.DataFrame(msgs, columns=MESSAGE_COLUMNS)
     # Each direction has its own thread, so records arrive in thread order: a
     # quick reply can be written before its request. Order by first byte.
@@ -148,10 +165,28 @@ def read_capture(path: Path) -> Capture:
         malformed=pd.DataFrame(bad, columns=_names(MALFORMED)),
         lost=pd.DataFrame(lost, columns=_names(LOST)),
         skipped=pd.DataFrame(skipped, columns=_names(SKIP)),
+        gaps=pd.DataFrame(gaps, columns=_names(GAP)),
+        drops=pd.DataFrame(drops, columns=_names(DROPS)),
         torn_bytes=size - pos,
         data=data,
         path=path,
     )
+
+
+def read_status(capture: Path) -> dict | None:
+    """The capture writer's status (STATUS_LEN): state, t_ns, bytes, reason; None without one (a
+    capture from before daskprobe 0.2, or none)."""
+    try:
+        fd = os.open(f"{capture}.status", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        state, t_ns, end, reason = (f.read(STATUS_LEN).decode("utf-8", "replace").strip().split(" ", 3) + [""] * 4)[:4]
+    if not (t_ns.isdigit() and end.isdigit()):
+        return None
+    return {"state": state, "t_ns": int(t_ns), "bytes": int(end), "reason": reason}
 
 
 def _names(kind: int) -> list[str]:

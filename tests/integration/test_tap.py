@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import operator
 import os
+import signal
 import socket
 import threading
 import time
@@ -109,9 +110,10 @@ def dask_bytes(op: str, size: int) -> bytes:
     return b"".join(bytes(f) for f in frames)
 
 
-def test_a_connection_joined_mid_message_resynchronizes(tmp_path):
+def sink():
+    """A server that reads and drops whatever its one connection sends: (it, its port, the sizes of
+    its reads, the thread reading)."""
     server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
     received = []
 
     def drain():
@@ -121,6 +123,11 @@ def test_a_connection_joined_mid_message_resynchronizes(tmp_path):
 
     reader = threading.Thread(target=drain)
     reader.start()
+    return server, server.getsockname()[1], received, reader
+
+
+def test_a_connection_joined_mid_message_resynchronizes(tmp_path):
+    server, port, received, reader = sink()
     client = socket.create_connection(("127.0.0.1", port))
     before = [dask_bytes(f"before-{i}", 50_000) for i in range(5)]
     cut = dask_bytes("cut", 2_000_000)
@@ -144,6 +151,79 @@ def test_a_connection_joined_mid_message_resynchronizes(tmp_path):
     skip = cap.skipped.iloc[0]
     assert len(cap.skipped) == 1 and skip.bytes == skip.offset == len(cut) - 300_000
     assert cap.malformed.empty
+
+
+def sent_through(client: socket.socket, data: bytes, received: list[int]) -> None:
+    """Sends data to a sink() and waits until it read it: past the wire, its packets have reached
+    the tap's ring, or been dropped."""
+    sent = sum(received) + len(data)
+    client.sendall(data)
+    while sum(received) < sent:
+        time.sleep(0.005)
+
+
+def test_a_thousand_ports_are_watched_and_only_they(tmp_path):
+    # a classic BPF filter holds at most 4,096 instructions: listing each port fails past about 500
+    watched_server, port, received, reader = sink()
+    other_server, other, other_received, other_reader = sink()
+    ports = {p: f"worker-{p}" for p in range(1025, 65535, 64) if p not in (port, other)}
+    ports = dict(list(ports.items())[:999]) | {port: "worker-0"}
+    assert len(ports) == 1000 and min(ports) < other < max(ports)
+    tap = start_tap(tmp_path / "tap.bin", ports, tmp_path / "tap.log")
+    try:
+        for srv_port, got in ((port, received), (other, other_received)):
+            with socket.create_connection(("127.0.0.1", srv_port)) as client:
+                for i in range(5):
+                    sent_through(client, dask_bytes(f"m{i}", 100), got)
+        reader.join(30)
+        other_reader.join(30)
+        time.sleep(0.3)
+    finally:
+        stop_proxy(tap)
+        watched_server.close()
+        other_server.close()
+    cap = read_capture(tmp_path / "tap.bin")
+    assert ops(cap, 0) == [f"m{i}" for i in range(5)]
+    assert len(cap.connections) == 1 and cap.connections.label.iloc[0] == "worker-0"  # not the port between
+
+
+def test_packets_the_kernel_dropped_are_counted_and_the_stream_reads_on(tmp_path):
+    # The tap stopped (SIGSTOP: off a CPU under load) while 256 MiB go by: its 64 MiB ring fills and
+    # the kernel drops the rest of the burst. The sender's TCP never resends them (its peer got them).
+    server, port, received, reader = sink()
+    tap = start_tap(tmp_path / "tap.bin", {port: "worker-0"}, tmp_path / "tap.log")
+    client = socket.create_connection(("127.0.0.1", port))
+    send = lambda data: sent_through(client, data, received)  # noqa: E731
+    try:
+        for i in range(5):
+            send(dask_bytes(f"before-{i}", 1000))
+        time.sleep(0.3)  # read before the stall
+        os.kill(tap.pid, signal.SIGSTOP)
+        try:
+            big = dask_bytes("big", 4 << 20)
+            for _ in range(64):
+                send(big)
+        finally:
+            os.kill(tap.pid, signal.SIGCONT)
+        time.sleep(1.0)  # it reads the ring it held
+        for i in range(20):
+            send(dask_bytes(f"after-{i}", 1000))
+            time.sleep(0.01)
+        client.close()
+        reader.join(30)
+        time.sleep(0.3)
+    finally:
+        stop_proxy(tap)
+        server.close()
+    cap = read_capture(tmp_path / "tap.bin")
+    got = ops(cap, 0)
+    # every message after the loss is read, in order; the big ones the gap cut are lost, and said so
+    assert got[:5] == [f"before-{i}" for i in range(5)] and got[-20:] == [f"after-{i}" for i in range(20)], got
+    assert 0 < got.count("big") < 64
+    assert cap.drops.packets.sum() > 0, "the kernel's drops are counted"
+    assert len(cap.gaps) >= 1 and cap.gaps.bytes.sum() > 0, "and the gap they left"
+    lost = cap.skipped[(cap.skipped.conn == cap.gaps.conn.iloc[0]) & (cap.skipped.direction == 0)]
+    assert lost.bytes.sum() >= cap.gaps.bytes.sum() and cap.malformed.empty
 
 
 def keys_by_op(cap) -> dict[str, set[str]]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from daskprobe.probes import ebpf_format
-from daskprobe.probes.proxy_capture import (CLOSE, FRAMINGS, LOST, MALFORMED, MESSAGE, OPEN, PEER, SKIP,
+from daskprobe.probes.proxy_capture import (CLOSE, DROPS, FRAMINGS, GAP, LOST, MALFORMED, MESSAGE, OPEN, PEER, SKIP,
                                             CaptureWriter, read_capture)
 from daskprobe.probes.pyspy import LINES, read_samples
 
@@ -42,6 +42,9 @@ PROXY_RECORDS = [
     (CLOSE, dict(conn=0xfedc_ba98, direction=0, closed_ns=0x4122_3344_5566_7790, bytes=0)),
     (LOST, dict(t_ns=0x5122_3344_5566_7788, label="scheduler", reason="accept: Too many open files (os error 24)")),
     (SKIP, dict(conn=7, direction=1, t_ns=0x6122_3344_5566_7788, offset=0x0708_090a_0b0c, bytes=0x0102_0304_0506)),
+    (GAP, dict(conn=0xfedc_ba98, direction=0, t_ns=0x7122_3344_5566_7788, offset=0x1718_191a_1b1c,
+               bytes=0x1112_1314_1516)),
+    (DROPS, dict(t_ns=0x8122_3344_5566_7788, packets=0x2122_2324_2526)),
 ]
 
 # What the test in probes/sampler-core/src/lines.rs wrote into pyspy.tsv, line by line.
@@ -90,6 +93,8 @@ def test_the_reader_reads_back_what_the_proxy_wrote():
     assert cap.malformed.to_dict("records") == of(PROXY_RECORDS, MALFORMED)
     assert cap.lost.to_dict("records") == of(PROXY_RECORDS, LOST)
     assert cap.skipped.to_dict("records") == of(PROXY_RECORDS, SKIP)
+    assert cap.gaps.to_dict("records") == of(PROXY_RECORDS, GAP)
+    assert cap.drops.to_dict("records") == of(PROXY_RECORDS, DROPS)
 
 
 def test_an_open_record_from_before_upstream_local_reads_it_as_none(tmp_path):

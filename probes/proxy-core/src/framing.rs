@@ -192,6 +192,16 @@ impl Parser {
         self.phase == Phase::Prelude && self.hdr.is_empty()
     }
 
+    /// Stream offset of the first byte not yet part of a whole message: the start of the message
+    /// being read, else the next byte. Where a stream cut here stops being read (the tap's gaps).
+    pub fn unfinished_from(&self) -> u64 {
+        if self.phase == Phase::Frames || (self.phase == Phase::Prelude && !self.hdr.is_empty()) {
+            self.start
+        } else {
+            self.offset
+        }
+    }
+
     fn feed_prelude(&mut self, data: &[u8], read: u64, now: u64, out: &mut Vec<Event>) -> usize {
         if self.hdr.is_empty() {
             self.t_first = read;

@@ -12,6 +12,8 @@ pub const CLOSE: u8 = 4;
 pub const MALFORMED: u8 = 5;
 pub const LOST: u8 = 6;
 pub const SKIP: u8 = 7;
+pub const GAP: u8 = 8;
+pub const DROPS: u8 = 9;
 
 struct Rec(Vec<u8>);
 
@@ -65,6 +67,18 @@ pub fn lost(t: u64, label: &str, reason: &str) -> Vec<u8> {
 /// stream offset `offset`: `bytes` before it went unread.
 pub fn skip(conn: u32, dir: u8, t: u64, offset: u64, bytes: u64) -> Vec<u8> {
     Rec::new(SKIP).u32(conn).u8(dir).u64(t).u64(offset).u64(bytes).done()
+}
+
+/// The tap never got `bytes` of a direction from stream offset `offset` (the kernel dropped its
+/// copies of them): the message they cut, and what follows until a message boundary is found again,
+/// are lost (a skip record then says where it read on from).
+pub fn gap(conn: u32, dir: u8, t: u64, offset: u64, bytes: u64) -> Vec<u8> {
+    Rec::new(GAP).u32(conn).u8(dir).u64(t).u64(offset).u64(bytes).done()
+}
+
+/// The kernel dropped `packets` watched packets (no room in the tap's ring) since the last such record.
+pub fn drops(t: u64, packets: u64) -> Vec<u8> {
+    Rec::new(DROPS).u64(t).u64(packets).done()
 }
 
 pub fn close(conn: u32, dir: u8, t: u64, bytes: u64) -> Vec<u8> {
@@ -141,6 +155,8 @@ mod tests {
             close(0xfedc_ba98, 0, 0x4122_3344_5566_7790, 0),
             lost(0x5122_3344_5566_7788, "scheduler", "accept: Too many open files (os error 24)"),
             skip(7, 1, 0x6122_3344_5566_7788, 0x0708_090a_0b0c, 0x0102_0304_0506),
+            gap(0xfedc_ba98, 0, 0x7122_3344_5566_7788, 0x1718_191a_1b1c, 0x1112_1314_1516),
+            drops(0x8122_3344_5566_7788, 0x2122_2324_2526),
         ]
         .concat()
     }

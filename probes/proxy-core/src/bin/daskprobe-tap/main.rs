@@ -9,7 +9,8 @@
 //! capture records: a connection's open record names the listening side as both listener and
 //! upstream. Prints "ready" once capturing. A "PORT=LABEL" line on stdin adds a port to watch (a
 //! member that joined); it stops when its stdin ends: each direction still open is recorded as
-//! closed then, and the packets the kernel dropped are logged.
+//! closed then. The packets the kernel dropped (its ring was full) are counted in the capture
+//! (drops records), and the stream gaps they left (gap records): nothing is lost unsaid.
 
 mod packets;
 mod streams;
@@ -58,7 +59,7 @@ fn main() {
         std::process::exit(2)
     });
     let mut tap = packets::Tap::open(&ports.keys().copied().collect::<Vec<_>>()).unwrap_or_else(|e| {
-        log(format_args!("cannot open a packet socket ({e}): it needs root or CAP_NET_RAW"));
+        log(format_args!("cannot capture packets: {e}"));
         std::process::exit(1)
     });
     let capture = Capture::open(&path).unwrap_or_else(|e| {
@@ -92,6 +93,7 @@ fn main() {
     // Once told to stop, the kernel still holds the packets of its last block until it retires it
     // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
     let mut stop_at = None;
+    let mut drops = 0;
     while stop_at.map_or(true, |at| now_ns() < at) {
         // without an eventfd, stdin's news is seen at the next packets or within NO_WAKE_MS
         let idle = if wake < 0 { NO_WAKE_MS } else { -1 };
@@ -106,6 +108,11 @@ fn main() {
             Ok(None) => {}
             Err(e) => failures.note(&format!("reading packets: {e}")),
         }
+        let dropped = tap.take_drops();
+        if dropped > 0 {
+            drops += dropped;
+            streams.dropped(now_ns(), dropped);
+        }
         writer.maybe();
         while let Ok((port, label)) = joined.try_recv() {
             ports.insert(port, label.clone());
@@ -118,13 +125,21 @@ fn main() {
             stop_at = Some(now_ns() + 3 * packets::RETIRE_MS as u64 * 1_000_000);
         }
     }
+    tap.count_drops();
+    let dropped = tap.take_drops();
+    if dropped > 0 {
+        drops += dropped;
+        streams.dropped(now_ns(), dropped);
+    }
     streams.finish(now_ns());
-    let drops = tap.drops();
     if drops > 0 {
-        log(format_args!("the kernel dropped {drops} packets for want of room: their streams were resynchronized"));
+        log(format_args!("the kernel dropped {drops} packets for want of room: the gaps they left are in the capture"));
     }
     drop(streams); // the reader's sender (a pid's lookup still running holds another)
     writer.write();
+    if let Some(c) = writer.capture.as_mut() {
+        c.ended();
+    }
 }
 
 /// The capture, written by the reading thread itself when it is awake anyway (for packets) and
@@ -167,7 +182,7 @@ impl Writer {
         self.at = now_ns();
         self.queued = c.end() > before;
         if let Err(e) = drained {
-            log(format_args!("capture write failed ({e}): capture stopped at {} bytes", c.end()));
+            c.stopped(&e, "reading goes on");
             self.capture = None;
             self.rx = channel().1; // the senders' records are refused from now on
         }

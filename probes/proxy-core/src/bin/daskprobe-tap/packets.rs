@@ -16,6 +16,10 @@ const SNAP: u32 = 1 << 18; // more than loopback's 64 KiB packets
 const BLOCK: u32 = 1 << 20;
 const BLOCKS: u32 = 64; // 64 MiB: a burst while the tap is off a CPU waits here instead of being dropped
 pub const RETIRE_MS: u32 = 100;
+/// Up to this many ports the kernel's filter lists them (8 instructions each: a classic BPF program
+/// holds at most 4,096, about 500 ports); past it, it keeps every port between the lowest and the
+/// highest, and the segments of the ports between that are not watched are dropped by the reader.
+pub const MAX_LISTED: usize = 400;
 
 pub struct Segment<'a> {
     pub src: SocketAddr,
@@ -37,6 +41,7 @@ pub struct Tap {
     at: usize,      // the next packet's offset in the ring
     lo: i32,        // loopback's ifindex: there each packet passes twice, out and in; the way in is kept
     clocks: Clocks, // the ring's stamps are CLOCK_REALTIME
+    dropped: u64,   // packets the kernel dropped for want of room, not yet taken (take_drops)
 }
 
 fn check(r: i32) -> io::Result<i32> {
@@ -63,9 +68,17 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
                                 (BPF_LD | BPF_H | BPF_IND) as u16);
     let (jeq, ret, ja) = ((BPF_JMP | BPF_JEQ | BPF_K) as u16, (BPF_RET | BPF_K) as u16, (BPF_JMP | BPF_JA) as u16);
     let jset = (BPF_JMP | BPF_JSET | BPF_K) as u16;
+    let (jge, jgt) = ((BPF_JMP | libc::BPF_JGE | BPF_K) as u16, (BPF_JMP | libc::BPF_JGT | BPF_K) as u16);
+    let (lowest, highest) = (ports.iter().min().copied().unwrap_or(0), ports.iter().max().copied().unwrap_or(0));
     // a watched port jumps to the block's end, which tells a bare ACK (long jumps: ja's offset is 32 bits)
     let ports_then = |v: &mut Vec<libc::sock_filter>, load: libc::sock_filter| {
         v.push(load);
+        if ports.len() > MAX_LISTED {
+            v.push(op(jge, 0, 2, lowest as u32));
+            v.push(op(jgt, 1, 0, highest as u32));
+            v.push(op(ja, 0, 0, u32::MAX));
+            return;
+        }
         for &p in ports {
             v.push(op(jeq, 0, 1, p as u32));
             v.push(op(ja, 0, 0, u32::MAX)); // to the block's end: patched below
@@ -120,29 +133,55 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
 fn attach_filter(fd: i32, ports: &[u16], lo: i32) -> io::Result<()> {
     let prog = filter(ports, lo);
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog).map_err(|e| {
+        io::Error::new(e.kind(), format!("the kernel refused a packet filter of {} instructions for {} ports: {e}",
+                                         prog.len(), ports.len()))
+    })
+}
+
+/// What failed, and the error: the socket alone needs root (or CAP_NET_RAW).
+fn step(what: &str) -> impl Fn(io::Error) -> io::Error + '_ {
+    move |e| {
+        let needs = matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES));
+        io::Error::new(e.kind(), format!("{what}: {e}{}", if needs { " (it needs root or CAP_NET_RAW)" } else { "" }))
+    }
 }
 
 impl Tap {
     pub fn open(ports: &[u16]) -> io::Result<Tap> {
         let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-        let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })?;
+        let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })
+            .map_err(step("cannot open a packet socket"))?;
         let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
         attach_filter(fd, ports, lo)?;
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))?;
+        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))
+            .map_err(step("cannot use TPACKET_V3"))?;
         let req = libc::tpacket_req3 {
             tp_block_size: BLOCK, tp_block_nr: BLOCKS, tp_frame_size: 2048, tp_frame_nr: BLOCK / 2048 * BLOCKS,
             tp_retire_blk_tov: RETIRE_MS, tp_sizeof_priv: 0, tp_feature_req_word: 0,
         };
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req).map_err(step("cannot set up the packet ring"))?;
         let size = (BLOCK * BLOCKS) as usize;
         let ring = unsafe {
             libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if ring == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+            return Err(step("cannot map the packet ring")(io::Error::last_os_error()));
         }
-        Ok(Tap { fd, wake: -1, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo, clocks: Clocks::default() })
+        Ok(Tap { fd, wake: -1, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo, clocks: Clocks::default(),
+                 dropped: 0 })
+    }
+
+    /// Packets the kernel dropped for want of room in the ring since the last call. Counted as each
+    /// block is taken: a packet dropped before a segment of that block was, so the gap it leaves
+    /// is known to be lost by the time the segment after it is read.
+    pub fn take_drops(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Counts the drops now, not at the next block (the end of the run).
+    pub fn count_drops(&mut self) {
+        self.dropped += self.drops() as u64;
     }
 
     /// Watches these ports from now on (a member that joined while recording): the kernel
@@ -218,11 +257,13 @@ impl Tap {
         let bh = unsafe { &(*self.desc()).hdr.bh1 };
         self.left = bh.num_pkts;
         self.at = (self.block * BLOCK + bh.offset_to_first_pkt) as usize;
+        self.dropped += self.drops() as u64;
         Ok(true)
     }
 
-    /// Packets the kernel dropped for want of room in the ring, since the last call.
-    pub fn drops(&self) -> u32 {
+    /// Packets the kernel dropped for want of room in the ring, since the last call (reading the
+    /// statistics resets them).
+    fn drops(&self) -> u32 {
         let mut stats: libc::tpacket_stats_v3 = unsafe { zeroed() };
         let mut len = size_of::<libc::tpacket_stats_v3>() as u32;
         let r = unsafe {

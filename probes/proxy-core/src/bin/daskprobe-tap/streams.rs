@@ -2,6 +2,13 @@
 //! framing parser, and the proxy's capture records made of them. A direction first seen
 //! mid-stream (the tap started after it opened, or segments were lost) is scanned for the
 //! next message boundary, and a skip record says how many bytes went unread.
+//!
+//! Segments the kernel dropped (its ring was full: the tap was off a CPU under load) never come:
+//! the sender's TCP does not resend what its peer got. A gap is taken as lost at once when the
+//! kernel has dropped packets since its direction last read a segment in order (Tap::take_drops
+//! tells before the segments after a drop are read), else when MAX_PENDING bytes wait behind it,
+//! or at the direction's end; a gap record says where and how much, and the direction reads on
+//! from the next message boundary after it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -30,12 +37,15 @@ struct Direction {
     bytes: u64, // seen, read or skipped
     done: bool,
     last_t: u64, // the latest time its bytes were read at
+    checked: u64, // Drops::seen when it last read a segment in order that came after them
+    lost: bool,   // bytes of it were never got: unread bytes at its end are lost, not merely joined late
 }
 
 impl Direction {
     fn new() -> Self {
         Direction { next: None, pending: BTreeMap::new(), pending_bytes: 0,
-                    sync: Sync::Seeking { buf: Vec::new(), from: 0 }, bytes: 0, done: false, last_t: 0 }
+                    sync: Sync::Seeking { buf: Vec::new(), from: 0 }, bytes: 0, done: false, last_t: 0,
+                    checked: 0, lost: false }
     }
 }
 
@@ -44,16 +54,24 @@ struct Conn {
     dirs: [Direction; 2], // 0: client -> server (the listening side), 1: back
 }
 
+/// The kernel's drops as the streams know them.
+#[derive(Clone, Copy, Default)]
+struct Drops {
+    seen: u64, // how many times drops were told
+    at: u64,   // when they were last told: a segment stamped after came after every drop told
+}
+
 pub struct Streams {
     labels: HashMap<u16, String>, // the watched ports: what listens there
     conns: HashMap<(SocketAddr, SocketAddr), Conn>,
     next_id: u32,
     out: Sender<Vec<u8>>,
+    drops: Drops,
 }
 
 impl Streams {
     pub fn new(labels: HashMap<u16, String>, out: Sender<Vec<u8>>) -> Self {
-        Streams { labels, conns: HashMap::new(), next_id: 1, out }
+        Streams { labels, conns: HashMap::new(), next_id: 1, out, drops: Drops::default() }
     }
 
     /// A port to watch from now on, and what listens there.
@@ -61,7 +79,25 @@ impl Streams {
         self.labels.insert(port, label);
     }
 
+    /// The kernel dropped `packets` packets before now: the gaps waiting are lost, and so is the next
+    /// gap of each direction that has not read a segment in order since.
+    pub fn dropped(&mut self, t: u64, packets: u64) {
+        self.drops = Drops { seen: self.drops.seen + 1, at: t };
+        let _ = self.out.send(record::drops(t, packets));
+        for conn in self.conns.values_mut() {
+            for (k, d) in conn.dirs.iter_mut().enumerate() {
+                if !d.pending.is_empty() {
+                    lose_gap(&self.out, conn.id, k as u8, d);
+                }
+            }
+        }
+    }
+
     pub fn segment(&mut self, t: u64, s: &Segment) {
+        // past MAX_LISTED ports the kernel keeps a range of them: those in it that are not watched end here
+        if !self.labels.contains_key(&s.dst.port()) && !self.labels.contains_key(&s.src.port()) {
+            return;
+        }
         // the listening side: the one a SYN goes to, else the one on a watched port
         let to_server = if s.syn { !s.ack } else { self.labels.contains_key(&s.dst.port()) };
         let (client, server, dir) = if to_server { (s.src, s.dst, 0) } else { (s.dst, s.src, 1) };
@@ -79,7 +115,7 @@ impl Streams {
                 close(out, id, k as u8, d, t);
             }
         } else {
-            take(out, id, dir as u8, d, t, s);
+            take(out, id, dir as u8, d, t, s, self.drops);
         }
         if conn.dirs.iter().all(|d| d.done) {
             self.conns.remove(&(client, server));
@@ -107,7 +143,7 @@ impl Streams {
     }
 }
 
-fn take(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, s: &Segment) {
+fn take(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, s: &Segment, drops: Drops) {
     if d.done {
         return;
     }
@@ -121,17 +157,20 @@ fn take(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64, s: &
     if data_end > next_at as i64 {
         let skip = (next_at as i64 - at).max(0) as usize; // a retransmission overlapping what was read
         if at <= next_at as i64 {
+            if t > drops.at {
+                d.checked = drops.seen;
+            }
             deliver(out, id, dir, d, t, &s.payload[skip..]);
             drain_pending(out, id, dir, d);
         } else if d.pending.insert(at as u64, (s.payload.to_vec(), t)).is_none() {
             d.pending_bytes += s.payload.len();
-            if d.pending_bytes > MAX_PENDING {
+            // behind a drop its missing bytes will not come; on a network they may (a retransmission)
+            if d.pending_bytes > MAX_PENDING || d.checked < drops.seen {
                 lose_gap(out, id, dir, d);
             }
         }
     }
     if s.fin {
-        drain_pending(out, id, dir, d);
         close(out, id, dir, d, t);
     }
 }
@@ -151,17 +190,20 @@ fn drain_pending(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction) {
     }
 }
 
-/// The missing bytes will not come (the tap's buffer overflowed, say): go on from the first
-/// held segment, and find the next message boundary from there.
+/// The missing bytes will not come (the kernel dropped them): say so, go on from the first held
+/// segment, and find the next message boundary from there. The message the gap cut is unread from
+/// its first byte.
 fn lose_gap(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction) {
-    let (&first, _) = d.pending.first_key_value().unwrap();
+    let (&first, &(_, t)) = d.pending.first_key_value().unwrap();
     let (seq, at) = d.next.unwrap();
     let gap = first - at;
+    let _ = out.send(record::gap(id, dir, t, at, gap));
     d.next = Some((seq.wrapping_add(gap as u32), first));
     d.bytes += gap;
+    d.lost = true;
     let from = match &d.sync {
         Sync::Seeking { from, .. } => *from, // still unread since then
-        Sync::InStep(_) => at,
+        Sync::InStep(p) => p.unfinished_from(),
     };
     d.sync = Sync::Seeking { buf: Vec::new(), from };
     drain_pending(out, id, dir, d);
@@ -214,15 +256,28 @@ fn seek(buf: &mut Vec<u8>, end: u64, t: u64, events: &mut Vec<Event>) -> Option<
     None
 }
 
+/// Its end: what still waits behind a gap is read (the gap's bytes will not come now), and bytes
+/// left unread after a loss are said lost by a skip record at the stream's end.
 fn close(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64) {
     if d.done {
         return;
     }
+    drain_pending(out, id, dir, d);
+    while !d.pending.is_empty() {
+        lose_gap(out, id, dir, d);
+    }
     d.done = true;
-    if let Sync::InStep(p) = &mut d.sync {
-        if let Some(ev) = p.finish(t) {
-            let _ = out.send(record::event(id, dir, ev));
+    match &mut d.sync {
+        Sync::InStep(p) => {
+            if let Some(ev) = p.finish(t) {
+                let _ = out.send(record::event(id, dir, ev));
+            }
         }
+        Sync::Seeking { from, .. } if d.lost => {
+            let end = d.next.map_or(*from, |(_, at)| at);
+            let _ = out.send(record::skip(id, dir, t, end, end - *from));
+        }
+        Sync::Seeking { .. } => {}
     }
     let _ = out.send(record::close(id, dir, t, d.bytes));
 }
