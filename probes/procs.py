@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .rundir import open_append
+from .users import User
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_PTRACER = 0x59616D61
@@ -49,11 +50,14 @@ def lower(pid: int, nice: int) -> None:
 
 
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, group: bool = True,
-          **kw) -> subprocess.Popen:
+          user: User | None = None, **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
-    only the user's command), logging to `log`, dying if daskprobe dies.
+    only the user's command), logging to `log`, dying if daskprobe dies, as `user` if given.
     nice > 0 lowers its priority (for helpers that must not slow what they measure): its session's
     group's too (lower) unless `group` is false."""
+    if user:
+        kw |= user.popen()
+        env = user.env(env if env is not None else dict(os.environ))
     out = open_append(log)
     kw.setdefault("stdout", out)
     kw.setdefault("stdin", subprocess.DEVNULL)

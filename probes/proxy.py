@@ -28,10 +28,14 @@ def proxy_binary(name: str = "daskprobe-proxy") -> str:
     return path
 
 
-def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0) -> subprocess.Popen:
+def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0,
+                allow_uids: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start one proxy process serving every route; returns once all routes listen.
-    delay_us holds each burst of bytes that starts a message that long (what-if)."""
+    delay_us holds each burst of bytes that starts a message that long (what-if); with allow_uids it
+    serves only connections those users' processes opened."""
     cmd = [proxy_binary(), "--capture", str(capture), "--delay-us", str(delay_us)]
+    if allow_uids:
+        cmd += ["--allow-uids", ",".join(map(str, allow_uids))]
     for r in routes:
         cmd += ["--route", f"{r.listen},{r.upstream},{r.label}"]
     return _started(cmd, log)

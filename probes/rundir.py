@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # imported where tables are read and written: starting a run 
     import pandas as pd
 
 
+def default_out(command: list[str]) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
+
+
 class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -37,11 +42,14 @@ class RunDir:
         path.parent.mkdir(parents=True, exist_ok=True)
         run = cls(path.parent.resolve() / path.name)  # no later open goes through a symlink
         try:
-            run.path.mkdir(mode=0o755)
+            run.path.mkdir(mode=0o700)
         except FileExistsError:
             _refuse_unless_ours_and_empty(run.path)
+        # Searchable, not readable, by others while it runs: the cluster's user (not root) reaches its own
+        # scratch space through it; everything else in it is private (users.hand_over makes it 0700 at the end).
+        os.chmod(run.path, 0o711)
         for sub in ("captures", "logs", "tables"):
-            (run.path / sub).mkdir(mode=0o755, exist_ok=True)
+            (run.path / sub).mkdir(mode=0o700, exist_ok=True)
         (run.path / "scratch").mkdir(mode=0o700, exist_ok=True)  # Dask's local directory: private to the run
         return run
 
@@ -182,7 +190,7 @@ def _refuse_if_others_can_move(parent: Path) -> None:
                                   "it could be swapped for a symlink; give an --out elsewhere")
 
 
-def open_new(path: Path, mode: int = 0o644):
+def open_new(path: Path, mode: int = 0o600):
     """A file opened afresh for writing (binary) without following a symlink planted where it goes."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -191,12 +199,12 @@ def open_new(path: Path, mode: int = 0o644):
 
 def open_append(path: Path, text: bool = False):
     """A capture or log file opened for appending; a symlink where it goes is refused (ELOOP)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     return os.fdopen(fd, "a" if text else "ab")
 
 
 @contextlib.contextmanager
-def open_whole(path: Path, mode: int = 0o644, fresh: bool = True):
+def open_whole(path: Path, mode: int = 0o600, fresh: bool = True):
     """A file written afresh that appears at `path` only once complete: written beside it (without
     following a symlink planted there) and renamed over it at the end. A failure, a signal or a
     full disk leaves no part of it at `path`; nor, if fresh, an older file (else the older one)."""
@@ -214,7 +222,7 @@ def open_whole(path: Path, mode: int = 0o644, fresh: bool = True):
     os.replace(part, path)
 
 
-def write_new(path: Path, data: bytes, mode: int = 0o644, fresh: bool = True) -> None:
+def write_new(path: Path, data: bytes, mode: int = 0o600, fresh: bool = True) -> None:
     """Write a whole file afresh (open_whole)."""
     with open_whole(path, mode, fresh) as f:
         f.write(data)

@@ -17,11 +17,13 @@ from pathlib import Path
 from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
 from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
+from ..probes.users import User
 from ..probes.sockets import host_of, listening, split_address
 from .registry import experiments
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
+PEER_GUARD = Path(__file__).with_name("peer_guard.py")
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
 # 0.2 s of CPU per process, while the run is being finalized. Any interpreter runs it (-c, not a file
@@ -158,10 +160,18 @@ def _listening(port: int) -> bool:
 
 
 class Cluster:
-    def __init__(self, spec: ClusterSpec, run: RunDir):
-        self.spec, self.run = spec, run
+    def __init__(self, spec: ClusterSpec, run: RunDir, user: User | None = None):
+        """`user` runs the cluster (None: whoever runs daskprobe)."""
+        self.spec, self.run, self.user = spec, run, user
+        # Only the cluster's user and the proxy (ours) may connect to it (peer_guard.py); Dask's HTTP
+        # servers serve nothing: on loopback, any local user can reach them.
+        self.allow_uids = tuple(sorted({user.uid if user else os.geteuid(), os.geteuid()}))
         # Dask's scratch space (the nanny copies preloads there) private to the run, not /tmp
-        self.env = dask_env(spec.config) | {"DASK_TEMPORARY_DIRECTORY": str(run.scratch)}
+        self.env = dask_env(spec.config) | {
+            "DASK_TEMPORARY_DIRECTORY": str(run.scratch), "DASKPROBE_ALLOW_UIDS": ",".join(map(str, self.allow_uids)),
+            "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]", "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]"}
+        if user and not user.is_us:
+            os.chown(run.scratch, user.uid, user.gid)
         self.members: list[Member] = []
         self.recorder: subprocess.Popen | None = None  # the proxy or the tap: what records the messages
 
@@ -192,7 +202,8 @@ class Cluster:
         need meanwhile, and wait for ready() to let them connect."""
         if self.spec.proxy:
             routes = [Route(m.contact, m.listen, m.name) for m in self.members]
-            self.recorder = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us)
+            self.recorder = start_proxy(self.run.proxy_capture, routes, self.run.log("proxy"), self.spec.proxy_delay_us,
+                                        self.allow_uids)
         elif self.spec.tap:
             ports = {m.port: m.name for m in self.members}
             self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
@@ -223,8 +234,8 @@ class Cluster:
         else:
             s.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "distributed.cli.dask_scheduler",
                          "--host", host, "--port", port, "--no-dashboard", "--dashboard-address", f"{HOST}:0",
-                         *_preloads(experiments().SCHEDULERS[self.spec.scheduler].preload_files())]
-        s.proc = spawn(s.command, self.run.log(s.name), env=self.env)
+                         *_preloads([PEER_GUARD, *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
+        s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user)
         s.pid = s.proc.pid
 
     def _start_worker(self, w: Member) -> None:
@@ -234,16 +245,16 @@ class Cluster:
                      "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
                      "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                      "--local-directory", str(self.run.scratch),
-                     *_preloads(experiments().WORKERS[self.spec.worker].preload_files())]
+                     *_preloads([PEER_GUARD, *experiments().WORKERS[self.spec.worker].preload_files()])]
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
             w.command += ["--nanny", "--nanny-port", str(nanny.port),
-                          "--preload-nanny", str(NANNY_PRELOAD)]
+                          "--preload-nanny", str(NANNY_PRELOAD), "--preload-nanny", str(PEER_GUARD)]
             env = dict(env, DASKPROBE_NANNY_CONTACT=f"tcp://{nanny.contact}")
         else:
             w.command.append("--no-nanny")
-        w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE)
+        w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE, user=self.user)
         w.pid = w.proc.pid
 
     def _find_nanny_child(self, w: Member) -> None:
@@ -322,9 +333,10 @@ def _children(ppid: int) -> list[tuple[int, str]]:
     return out
 
 
-def ask_versions(python: str) -> Callable[[], dict]:
+def ask_versions(python: str, user: User | None = None) -> Callable[[], dict]:
     """Ask an interpreter (the cluster's, the command's: they may differ from ours) for its version
-    and its packages'; the call returned waits for the answer. Asked early, answered meanwhile."""
+    and its packages', as `user` (what a user's interpreter imports is theirs to choose: never run it
+    as root); the call returned waits for the answer. Asked early, answered meanwhile."""
     code = ("import json, sys, platform, importlib.metadata\n"
             "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
             "for m in ('dask', 'distributed', 'tornado', 'msgpack'):\n"
@@ -333,7 +345,7 @@ def ask_versions(python: str) -> Callable[[], dict]:
             "print(json.dumps(out))")
     try:
         proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, preexec_fn=our_child)
+                                text=True, preexec_fn=our_child, **(user.popen() if user else {}))
     except OSError as e:
         failed = {"error": f"{python}: {e}"}  # `e` is unbound once the except clause ends
         return lambda: failed

@@ -10,6 +10,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
+from ..probes.users import User
 from .registry import experiments
 
 class Interrupted(BaseException):
@@ -162,9 +164,10 @@ def _client_python(command: list[str], depth: int = 0) -> str | None:
     exe = shutil.which(command[0])
     if exe and re.fullmatch(r"python[\d.]*", Path(exe).name):
         return exe
-    try:
-        with open(exe or command[0], "rb") as f:
-            first = f.readline(256)
+    try:  # a FIFO or a device there must not hang or feed a root daskprobe
+        fd = os.open(exe or command[0], os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            first = f.readline(256) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     except OSError:
         return None
     words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
@@ -183,8 +186,9 @@ def _check_client_python(command: list[str], mine: dict, cluster: dict) -> None:
 
 
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
-        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None) -> int:
-    """Run the command against a cluster behind the probes; the user's exit code. `warm_up` runs
+        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None, user: User | None = None) -> int:
+    """Run the command against a cluster behind the probes; the user's exit code. The cluster and the
+    command run as `user` (None: as daskprobe), the probes as daskprobe. `warm_up` runs
     while the cluster's processes start and the probes get ready (the eBPF agent compiles for
     most of a second): what it loads then is not loaded while the run finalizes, nor while the command
     runs."""
@@ -194,15 +198,16 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "proxy_delay_us": spec.proxy_delay_us,
                              "scheduler": spec.scheduler, "worker": spec.worker,
-                             "server_cmd": spec.server_cmd, "python": spec.python})
+                             "server_cmd": spec.server_cmd, "python": spec.python,
+                             "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
     code, client, started, cluster = 1, None, [], None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
-        cluster_versions, client_python = ask_versions(spec.python), _client_python(command)
-        client_versions = client_python and ask_versions(client_python)
-        cluster = Cluster(spec, run)
+        cluster_versions, client_python = ask_versions(spec.python, user), _client_python(command)
+        client_versions = client_python and ask_versions(client_python, user)
+        cluster = Cluster(spec, run, user)
         phases = [("layout", time.perf_counter())]
         cluster.layout()
         _start_probes(probes, run, cluster.ports(), started)  # first: the eBPF agent compiles for a while
@@ -234,7 +239,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
         signals.check()
         started_ns = time.monotonic_ns()
-        client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+        client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env, preexec_fn=our_child,
+                                                   **(user.popen() if user else {}))
         run.update_meta(command_started_ns=started_ns)
         phases.append(("command started", time.perf_counter()))
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,16 @@ def drawn(tmp: Path, page: Path) -> str:
     if not browser.available():
         pytest.skip("no chromium (./setup.sh installs Debian's as root)")
     return browser.body(page, tmp / "profile")
+
+
+def searchable(d: Path) -> Path:
+    """A root daskprobe runs the cluster and the command as an unprivileged user, who must reach the
+    flows the tests write under pytest's temporary directories (root's, 0700): searchable, not readable."""
+    if os.geteuid() == 0:
+        for p in [d, *d.parents][:4]:
+            if p.stat().st_uid == 0 and not p.stat().st_mode & 0o001:
+                p.chmod(p.stat().st_mode | 0o011)
+    return d
 
 
 def write_flow(path: Path, code: str) -> Path:

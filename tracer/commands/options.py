@@ -127,6 +127,24 @@ def new_run(RunDir, out: str | None, command: list[str]):
         raise SystemExit(f"daskprobe: --out: {e}")
 
 
+def missing_parents(out: str | None, command: list[str]) -> list[Path]:
+    """The directories on the way to the run directory that do not exist yet (RunDir.create makes them)."""
+    from ...probes.rundir import default_out
+    path = Path(os.path.abspath(out or default_out(command))).parent
+    return [d for d in [path, *path.parents] if not d.exists()]
+
+
+def hand_over(path: Path, made: list[Path]) -> None:
+    """Give the finished run directory, and the directories made on the way to it, to the user who ran
+    daskprobe (through sudo: root's otherwise), private to them."""
+    from ...probes import users
+    owner = users.invoking()
+    users.hand_over(path, owner)
+    for d in made:
+        if owner and d.is_dir() and not d.is_symlink():
+            os.lchown(d, owner.uid, owner.gid)
+
+
 def check_command(command: list[str]) -> None:
     """Refuse a command that cannot start before a cluster is started for it."""
     exe = command[0]

@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
+    p.add_argument("--user", help="run the cluster and the command as this user (default: the user who ran "
+                                  "sudo, else yourself; as root with no sudo, the system user 'daskprobe'); "
+                                  "never root")
     p.add_argument("--no-trace", action="store_true",
                    help="leave trace.pftrace out (it takes longest to write; 'daskprobe build' writes it later)")
     p.add_argument("--start-timeout", type=options.bounded(*options.START_TIMEOUT_S), default=60.0,
@@ -54,14 +57,17 @@ def main(args, command: list[str]) -> int:
     probes = options.parse_probes(args.probes)
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
+    user = _user(args.user, command, spec.python, args.out)
+    made = options.missing_parents(args.out, command)
     run_dir = options.new_run(RunDir, args.out, command)
     with Signals() as signals:
         code = run(spec, command, run_dir, probes, registry.make(probes, args.sample_rate, args.native, args.cpu_hz),
-                   signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, warm_up=warm_up)
+                   signals, sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, warm_up=warm_up, user=user)
         try:
             finalize(run_dir, trace=not args.no_trace)
         finally:
             _reap(run_dir, signals.grace)
+            options.hand_over(run_dir.path, made)
     if signals.signum and not code:  # interrupted while finalizing a run that had ended well
         code = 128 + signals.signum
     say(f"run directory: {run_dir.path}")
@@ -73,6 +79,31 @@ def _reap(run_dir, grace: float) -> None:
     from ...probes.procs import reap_exiting
     from ..session import note_killed
     note_killed(run_dir, reap_exiting(grace), f"still running {grace:g} s after SIGTERM (a thread that is not a daemon?)")
+
+
+def _user(name: str | None, command: list[str], python: str, out: str | None):
+    """Who runs the cluster and the command, once they can: said before anything starts."""
+    import os
+    import shutil
+
+    from ...probes import users
+    from ..session import say
+    try:
+        user = users.cluster_user(name)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"daskprobe: {e}")
+    if user.is_us:
+        return user
+    needed = [shutil.which(command[0]) or command[0], *command[1:], shutil.which(python) or python]
+    from ...probes.rundir import default_out
+    run_parent = os.path.dirname(os.path.abspath(out or default_out(command)))  # the cluster's scratch space is in it
+    if cannot := users.unreadable(user, [os.getcwd(), run_parent], needed):
+        raise SystemExit(f"daskprobe: the cluster and your command run as user {user.name} (a Dask cluster runs "
+                         f"code for whoever reaches it: never as root), who cannot use {', '.join(cannot)}. Run "
+                         "daskprobe through sudo from your own account, give --user NAME, or make these "
+                         "readable (and directories searchable) by that user.")
+    say(f"the cluster and your command run as user {user.name} (uid {user.uid})")
+    return user
 
 
 def _spec(args, probes: list[str]):

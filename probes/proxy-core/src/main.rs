@@ -2,6 +2,11 @@
 //! framing to an append-only capture file.
 //!
 //! usage: daskprobe-proxy --capture FILE --route LISTEN,UPSTREAM,LABEL [--route ...] [--delay-us N]
+//!                        [--allow-uids UID,UID...]
+//!
+//! With --allow-uids it serves only connections that processes of those users opened (the kernel
+//! says whose, sock_diag): a Dask server runs code for whoever connects, and the cluster behind
+//! the proxy must not run any local user's.
 //!
 //! Prints "ready" on stdout once every route listens, and stops when its
 //! stdin ends: it records each direction still open as closed then (with
@@ -40,14 +45,24 @@ struct Route {
     label: String,
 }
 
-fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
+struct Args {
+    capture: String,
+    routes: Vec<Route>,
+    delay: Duration,
+    allow: Vec<u32>,
+}
+
+fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
-    let (mut capture, mut routes, mut delay) = (None, Vec::new(), Duration::ZERO);
+    let (mut capture, mut routes, mut delay, mut allow) = (None, Vec::new(), Duration::ZERO, Vec::new());
     while let Some(a) = args.next() {
         let v = args.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--capture" => capture = Some(v),
             "--delay-us" => delay = Duration::from_micros(v.parse().map_err(|e| format!("--delay-us: {e}"))?),
+            "--allow-uids" => {
+                allow = v.split(',').map(|u| u.parse().map_err(|e| format!("--allow-uids: {e}"))).collect::<Result<_, _>>()?
+            }
             "--route" => {
                 let p: Vec<&str> = v.splitn(3, ',').collect();
                 if p.len() != 3 {
@@ -58,7 +73,7 @@ fn parse_args() -> Result<(String, Vec<Route>, Duration), String> {
             _ => return Err(format!("unknown option {a}")),
         }
     }
-    Ok((capture.ok_or("--capture is required")?, routes, delay))
+    Ok(Args { capture: capture.ok_or("--capture is required")?, routes, delay, allow })
 }
 
 /// The directions still open, with the bytes each has forwarded: what a stop records as closed.
@@ -173,6 +188,7 @@ struct Shared {
     delay: Duration,
     failures: Failures,
     open: Open,
+    allow: Vec<u32>,
 }
 
 impl Shared {
@@ -212,6 +228,11 @@ fn start(route: &Route, down: TcpStream, shared: &Shared) -> Result<(), (&'stati
     // Fails once the peer has reset, even while it waited to be accepted.
     let peer = down.peer_addr().map_err(at("peer gone before it was served"))?;
     let ours = down.local_addr().map_err(at("peer gone before it was served"))?;
+    if !shared.allow.is_empty() && !peer::opener_uid(&peer, &ours).is_some_and(|u| shared.allow.contains(&u)) {
+        // Not the cluster's: refused, not lost (nothing of the run's went missing), and said in the log.
+        shared.failures.note(&format!("{}: refused a connection not opened by the cluster's user", route.label));
+        return Ok(());
+    }
     let up = TcpStream::connect(&route.upstream).map_err(at("upstream connect"))?;
     let _ = down.set_nodelay(true);
     let _ = up.set_nodelay(true);
@@ -253,7 +274,7 @@ fn spawn_pump(dir: u8, src: TcpStream, dst: TcpStream, shared: &Shared) -> io::R
 }
 
 fn main() {
-    let (capture, routes, delay) = parse_args().unwrap_or_else(|e| {
+    let Args { capture, routes, delay, allow } = parse_args().unwrap_or_else(|e| {
         eprintln!("daskprobe-proxy: {e}");
         std::process::exit(2);
     });
@@ -268,7 +289,7 @@ fn main() {
         .expect("cannot start the capture thread");
     let open: Open = Arc::default();
     let shared = Arc::new(Shared { ids: AtomicU32::new(1), tx: tx.clone(), delay, failures: Failures::default(),
-                                   open: open.clone() });
+                                   open: open.clone(), allow });
     for route in routes {
         let listener = TcpListener::bind(&route.listen).unwrap_or_else(|e| {
             eprintln!("daskprobe-proxy: cannot listen on {}: {e}", route.listen);

@@ -47,9 +47,10 @@ struct Request {
     id: SockId,
 }
 
-/// Where struct inet_diag_msg's idiag_inode sits in a reply: after the 16-byte nlmsghdr,
-/// family/state/timer/retrans (4), the sockid, and expires/rqueue/wqueue/uid (16).
-const INODE_AT: usize = 16 + 4 + size_of::<SockId>() + 16;
+/// Where struct inet_diag_msg's idiag_uid and idiag_inode sit in a reply: after the 16-byte nlmsghdr,
+/// family/state/timer/retrans (4), the sockid, and expires/rqueue/wqueue (12).
+const UID_AT: usize = 16 + 4 + size_of::<SockId>() + 12;
+const INODE_AT: usize = UID_AT + 4;
 
 fn words(ip: IpAddr) -> [u32; 4] {
     let mut w = [0u32; 4];
@@ -64,8 +65,8 @@ fn words(ip: IpAddr) -> [u32; 4] {
     w
 }
 
-/// The inode of the TCP socket whose own address is `local` and whose peer is `remote`.
-fn socket_inode(local: &SocketAddr, remote: &SocketAddr) -> Option<u32> {
+/// The kernel's inet_diag_msg for the TCP socket whose own address is `local` and whose peer is `remote`.
+fn diag(local: &SocketAddr, remote: &SocketAddr) -> Option<[u8; 512]> {
     let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
     let req = Request {
         len: size_of::<Request>() as u32, kind: SOCK_DIAG_BY_FAMILY, flags: libc::NLM_F_REQUEST as u16,
@@ -89,7 +90,21 @@ fn socket_inode(local: &SocketAddr, remote: &SocketAddr) -> Option<u32> {
     if got < (INODE_AT + 4) as isize || kind != SOCK_DIAG_BY_FAMILY {
         return None; // NLMSG_ERROR: no such socket (it closed already)
     }
-    Some(u32::from_ne_bytes(reply[INODE_AT..INODE_AT + 4].try_into().unwrap()))
+    Some(reply)
+}
+
+fn field(reply: &[u8; 512], at: usize) -> u32 {
+    u32::from_ne_bytes(reply[at..at + 4].try_into().unwrap())
+}
+
+fn socket_inode(local: &SocketAddr, remote: &SocketAddr) -> Option<u32> {
+    diag(local, remote).map(|r| field(&r, INODE_AT))
+}
+
+/// The uid of the process that opened the connection accepted from `peer` on `ours` (None: the kernel
+/// has no such socket here, say one on another host, or closed already).
+pub fn opener_uid(peer: &SocketAddr, ours: &SocketAddr) -> Option<u32> {
+    diag(peer, ours).map(|r| field(&r, UID_AT))
 }
 
 /// Processes found owning connections before, the latest first: the next one is most often theirs

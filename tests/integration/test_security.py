@@ -1,0 +1,132 @@
+"""A root `daskprobe run` hands no local user root: the cluster and the command run unprivileged, and
+the cluster serves only its own members and the command. The attacker is another local user, who
+finds the cluster's ports and tries to reach every one of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import write_flow
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+
+ATTACKER = 54321  # a uid no process of the run has
+
+# The command: a client that computes, says it is ready, and stays connected until told to go.
+COMMAND = """
+import os, sys, time
+from distributed import Client
+with Client() as c:
+    assert c.submit(sum, [1, 2]).result() == 3
+    open(sys.argv[1] + "/ready", "w").write(str(os.getuid()))
+    deadline = time.time() + 120
+    while not os.path.exists(sys.argv[1] + "/go") and time.time() < deadline:
+        time.sleep(0.05)
+"""
+
+# The attacker: for each address, a Dask RPC (any answer means it reached a server that runs code
+# for whoever connects), and through a scheduler a Client's run_on_scheduler(os.system).
+ATTACK = """
+import os, sys
+from distributed import Client
+from distributed.core import rpc
+from distributed.utils import sync
+from tornado.ioloop import IOLoop
+mark, reached = sys.argv[1], []
+async def ask(addr):
+    async with rpc(addr, timeout=3) as r:
+        return await r.identity()
+for addr in sys.argv[2:]:
+    try:
+        IOLoop.current().run_sync(lambda: ask(addr), timeout=6)
+        reached.append(addr)
+    except Exception:
+        pass
+    try:
+        with Client(addr, timeout=4) as c:
+            c.run_on_scheduler(os.system, "touch " + mark)
+    except Exception:
+        pass
+print("REACHED", " ".join(reached))
+"""
+
+
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sudo", [None, 65534], ids=["root", "sudo-nobody"])
+def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
+    """Root with no sudo runs the cluster as the system user 'daskprobe'; through sudo, as the invoking
+    user (here nobody). Either way the attacker reaches none of the cluster's addresses, direct or
+    through the proxy, and nothing runs as root; the run directory ends private to the invoking user."""
+    home = Path(tempfile.mkdtemp(prefix="daskprobe-sec-"))
+    try:
+        home.chmod(0o777)  # the command's user writes its ready file here; the attacker reads its script
+        flow, attack = write_flow(home / "flow.py", COMMAND), write_flow(home / "attack.py", ATTACK)
+        mark, out = home / "pwned", Path(tempfile.mkdtemp(prefix="daskprobe-sec-out-")) / "run"
+        out.parent.chmod(0o711)  # the cluster's user reaches its scratch space in the run directory
+        env = dict(os.environ, SUDO_UID=str(sudo), SUDO_GID=str(sudo), SUDO_USER="nobody") if sudo else \
+            {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
+        run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--no-trace",
+                                "--probes", "proxy,proc", "--out", str(out), "--", sys.executable, str(flow), str(home)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(home / "ready", run)
+            meta = json.loads((out / "run.json").read_text())
+            members = [p for p in meta["processes"] if p["role"] in ("scheduler", "worker")]
+            addresses = sorted({f"tcp://{p[k]}" for p in members for k in ("listen", "contact")})
+            command_uid = int((home / "ready").read_text())
+            member_uids = {_uid(p["pid"]) for p in members}
+            attack_run = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
+                                         sys.executable, str(attack), str(mark), *addresses],
+                                        capture_output=True, text=True, timeout=120, cwd=home)
+        finally:
+            (home / "go").touch()
+            stdout, stderr = run.communicate(timeout=240)
+        assert run.returncode == 0, stderr[-3000:]
+        expected = sudo if sudo else __import__("pwd").getpwnam("daskprobe").pw_uid
+        assert command_uid == expected and member_uids == {expected}, (command_uid, member_uids)
+        assert len(addresses) == 4  # scheduler and worker, each listening behind its proxy
+        reached = next(line for line in attack_run.stdout.splitlines() if line.startswith("REACHED")).split()[1:]
+        assert reached == [] and not mark.exists(), attack_run.stdout + attack_run.stderr[-2000:]
+        st = out.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == ((sudo, 0o700) if sudo else (0, 0o700))
+        private = [p for p in out.rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o077]
+        assert not private, private[:5]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_command_the_clusters_user_cannot_read_is_refused_before_anything_starts(tmp_path):
+    """Root's own files stay root's: the run says who cannot read what, and starts nothing."""
+    hidden = Path(tempfile.mkdtemp(prefix="daskprobe-hidden-"))  # 0700, root's
+    try:
+        flow = write_flow(hidden / "flow.py", "print('ran')")
+        out = tmp_path / "run"
+        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out), "--",
+                            sys.executable, str(flow)], capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("SUDO_")})
+        assert p.returncode != 0 and "ran" not in p.stdout
+        assert str(flow) in p.stderr and "--user" in p.stderr, p.stderr
+        assert not out.exists()
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
