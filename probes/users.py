@@ -103,6 +103,24 @@ def unreadable(user: User, dirs: list[str], paths: list[str]) -> list[str]:
     return out.stdout.split("\n")[:-1]
 
 
+def work_as_owner_of(path: Path) -> User | None:
+    """Root working in a directory another user owns becomes that user first (None: nothing to do): root
+    writing there would write through any link its owner plants, and reading there, it would put into
+    that user's files what only root may read."""
+    st = os.stat(path)
+    if os.geteuid() != 0 or st.st_uid == 0:
+        return None
+    try:
+        user = of(pwd.getpwuid(st.st_uid))
+    except KeyError:
+        user = User(st.st_uid, st.st_gid, str(st.st_uid), "/")
+    os.setgroups(list(user.groups))
+    os.setgid(user.gid)
+    os.setuid(user.uid)
+    os.environ.update(user.env({}))
+    return user
+
+
 def hand_over(path: Path, user: User | None) -> None:
     """Give a finished run directory to `user` (None: keep it ours), private to them: directories 0700,
     files 0600. Nothing is followed: a symlink planted inside is itself chowned, never its target."""

@@ -130,3 +130,20 @@ def test_a_command_the_clusters_user_cannot_read_is_refused_before_anything_star
         assert not out.exists()
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+def test_root_rebuilding_another_users_run_writes_nothing_through_the_links_they_planted(pinned_run, tmp_path):
+    """`daskprobe build` as root on a run directory its owner made a trap of (tables/ a link to a
+    directory of root's) works as that owner: nothing lands in root's directory."""
+    run, _, _ = pinned_run
+    copy, victim = tmp_path / "theirs", tmp_path / "roots"
+    shutil.copytree(run.path, copy, symlinks=True)
+    victim.mkdir(mode=0o755)
+    shutil.rmtree(copy / "tables")
+    (copy / "tables").symlink_to(victim)
+    for p in [copy, *copy.rglob("*")]:
+        os.lchown(p, 65534, 65534)
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", "--no-trace", str(copy)],
+                       capture_output=True, text=True, timeout=300)
+    assert list(victim.iterdir()) == [], p.stderr[-2000:]
+    assert "working as nobody" in p.stderr

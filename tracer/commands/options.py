@@ -113,9 +113,14 @@ def comma_list(text: str) -> list[str]:
 
 
 def existing_run(path: str) -> RunDir:
+    """A run directory to read or rebuild; as root in another user's, this process becomes that user."""
+    from ...probes import users
     run = RunDir(path)
     if not (run / "run.json").exists():
         raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
+    if who := users.work_as_owner_of(run.path):
+        from ..session import say
+        say(f"{run.path} is {who.name}'s: working as {who.name}")
     return run
 
 
