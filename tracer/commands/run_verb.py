@@ -58,6 +58,8 @@ def main(args, command: list[str]) -> int:
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
     user = _user(args.user, command, spec.python, args.out)
+    if spec.server_cmd:
+        say("warning: the --server-cmd server's own port serves whoever connects: only its proxy checks who")
     made = options.missing_parents(args.out, command)
     run_dir = options.new_run(RunDir, args.out, command)
     with Signals() as signals:
