@@ -35,7 +35,8 @@ from .categories import UNCATEGORIZED
 from .intervals import inside, intersect, overlap_ns, union
 from .thread_state import of_thread, on_cpu_ns
 
-DIRECT = {"network", "compute", "queueing", "client", "scheduler_decisions"}
+UNKNOWN = {"incomplete": UNCATEGORIZED}  # kinds of time whose owner is not known (critical_path.INCOMPLETE)
+DIRECT = {"network", "compute", "queueing", "client", "scheduler_decisions", *UNKNOWN}
 NOT_WORK = {UNCATEGORIZED, "client", "idle", "compute"}
 COLUMNS = ["job", "kind", "part", "process", "category", "seconds", "pool", "pool_seconds", "pool_n", "n"]
 
@@ -48,7 +49,7 @@ def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame,
     cpu = cpu[["t_ns", "pid", "tid", "source", "on_cpu", "owns_gil", "category"]]
     direct = path[path.kind.isin(DIRECT)]
     rows = [pd.DataFrame({"job": direct.job, "kind": direct.kind, "part": direct.part, "process": direct.process,
-                          "category": direct.kind, "seconds": direct.seconds})]
+                          "category": direct.kind.replace(UNKNOWN), "seconds": direct.seconds})]
     pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
     inproc = path[~path.kind.isin(DIRECT)]
     with_states = set(states.pid.unique())

@@ -14,7 +14,10 @@ kind of time, so the segments are contiguous and sum to the job's makespan:
 - queueing: a task waiting on a worker it was then stolen from;
 - scheduler_decisions: the steal itself, from the scheduler's steal-request
   to its compute-task to the thief;
-- client: the submitter working between a result and its next submission.
+- client: the submitter working between a result and its next submission;
+- incomplete: a job whose end was not recorded (jobs.complete false), from its
+  last told key (or its last graph) to its end (jobs.py): whose time it was is
+  unknown (uncategorized).
 
 Per task, backwards: task-finished on the wire <- the worker after compute <-
 compute <- (a task that held the thread it waited for) <- the worker before
@@ -37,6 +40,7 @@ import pandas as pd
 from .jobs import asks
 
 COLUMNS = ["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]
+INCOMPLETE = "job incomplete: its end was not recorded"
 SATURATED_COMPUTE = "compute (worker saturation: holding the thread the next task waited for)"
 # distributed's batched-send intervals (BatchedSend), by sender and receiver
 BATCH_NS = {("scheduler", "worker"): 5_000_000, ("scheduler", "client"): 2_000_000,
@@ -142,6 +146,8 @@ def critical_paths(jobs: pd.DataFrame, tasks: pd.DataFrame, attempts: pd.DataFra
 
 def _walk(w: _Walk, ix: _Index, job) -> None:
     """Step back from the job's end until its start; each step returns the next."""
+    if not job.complete:
+        w.back_to(job.last_told_ns, "incomplete", INCOMPLETE)
     step = ("told", job.end_told) if pd.notna(job.end_told) else ("graph", ix.last_graph[job.job])
     seen = set()
     while step is not None and w.cursor > w.start and step not in seen:

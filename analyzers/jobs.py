@@ -7,6 +7,11 @@ a maximal stretch in which some graph is in the cluster: graphs whose
 stretches overlap (a futures loop that submits while results come back) form
 one job. The session runs from the client's first byte to its last; time in
 it with no job in the cluster is the client's own.
+
+A job some of whose keys were never told is incomplete: its end was not
+recorded (the capture stopped or lost them, a worker died, the client left
+first). Its time runs on to the next job's start, or to the recording's last
+message: time whose owner is unknown, not the client's.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import pandas as pd
 from .intervals import intersect, subtract
 
 TOLD = ("key-in-memory", "task-erred")
-JOB_COLUMNS = ["job", "start_ns", "end_ns", "graphs", "requested", "end_key", "end_told"]
+JOB_COLUMNS = ["job", "start_ns", "end_ns", "graphs", "requested", "end_key", "end_told", "complete", "untold",
+               "last_told_ns"]
 
 
 def told(msgs: pd.DataFrame) -> pd.DataFrame:
@@ -36,12 +42,25 @@ def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame) -> tuple[pd.DataFrame, 
     new = np.r_[True, g.t_first_ns.to_numpy()[1:] > reach[:-1]] if len(g) else np.empty(0, bool)
     g["job"] = np.cumsum(new) - 1
     last = g.loc[g.groupby("job").done_ns.idxmax()].set_index("job")
+    untold = g.groupby("job").untold.sum().to_numpy("int64")
     jobs = pd.DataFrame({"job": last.index, "start_ns": g.groupby("job").t_first_ns.min().to_numpy(),
                          "end_ns": last.done_ns.to_numpy(), "graphs": g.groupby("job").size().to_numpy(),
                          "requested": g.groupby("job")["keys"].agg(lambda k: sum(map(len, k))).to_numpy(),
-                         "end_key": last.done_key.to_numpy(), "end_told": last.done_told.to_numpy()},
+                         "end_key": last.done_key.to_numpy(), "end_told": last.done_told.to_numpy(),
+                         "complete": untold == 0, "untold": untold, "last_told_ns": last.done_ns.to_numpy()},
                         columns=JOB_COLUMNS)
-    return g, jobs
+    return g, _unknown_ends(jobs, msgs)
+
+
+def _unknown_ends(jobs: pd.DataFrame, msgs: pd.DataFrame) -> pd.DataFrame:
+    """An incomplete job ends where the next starts, or with the recording's last message."""
+    if jobs.complete.all():
+        return jobs
+    client = msgs[(msgs.src_role == "client") | (msgs.dst_role == "client")]  # not the cluster's teardown
+    recorded = int((client if len(client) else msgs).t_last_ns.max()) if len(msgs) else 0
+    upto = np.r_[jobs.start_ns.to_numpy("int64")[1:], recorded]
+    end = np.where(jobs.complete, jobs.end_ns, np.maximum(jobs.end_ns.to_numpy("int64"), upto))
+    return jobs.assign(end_ns=end.astype("int64"))
 
 
 def asks(graphs: pd.DataFrame) -> pd.DataFrame:
@@ -57,7 +76,9 @@ def _done(g: pd.DataFrame, t: pd.DataFrame) -> pd.DataFrame:
     t = t[["key", "dst", "t_first_ns", "t_last_ns", "told_id"]].rename(
         columns={"t_first_ns": "told_first", "t_last_ns": "told_ns"}).astype({"key": "str", "dst": "str"})
     hit = pd.merge_asof(want, t.sort_values("told_first", kind="stable"), left_on="t_first_ns", right_on="told_first",
-                        by=["key", "dst"], direction="forward").dropna(subset=["told_ns"])
+                        by=["key", "dst"], direction="forward")
+    g["untold"] = hit.told_ns.isna().groupby(hit.graph_id).sum().reindex(g.graph_id, fill_value=0).to_numpy("int64")
+    hit = hit.dropna(subset=["told_ns"])
     last = hit.loc[hit.groupby("graph_id").told_ns.idxmax()].set_index("graph_id")
     done = last.told_ns.reindex(g.graph_id).to_numpy("float64")
     g["done_ns"] = np.where(np.isnan(done), g.t_last_ns.to_numpy("float64"), done).astype("int64")

@@ -20,11 +20,11 @@ from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
 from .thread_state import attempt_threads, thread_states, threads_table
-from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle
+from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle, workers_ended
 
 SCHEMA = 2
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
-          "thread_names", "task_stream")
+          "thread_names", "task_stream", "connections")
 FEW_SAMPLES = 20  # a share resting on fewer samples is marked as such
 DEFINITIONS = {
     "task_stream": "where the messages could not be read (attach to tls://, or without root), what Dask's own task "
@@ -40,7 +40,9 @@ DEFINITIONS = {
                   "last job (the last key that job asked for reaching the client)",
     "jobs": "the computations the client submitted: a job runs from the first byte of an update-graph until "
             "the last key it asks for is told to the client; graphs in the cluster at the same time (a futures "
-            "loop) are one job. Each has its own makespan_s, tasks, critical_path_s and recomputed keys",
+            "loop) are one job. Each has its own makespan_s, tasks, critical_path_s and recomputed keys; "
+            "complete is false when some of its keys (untold) were never told: its end was not recorded, and "
+            "its time after its last told key, to the next job or the client's last message, is uncategorized",
     "tasks": "computations of a key in a job (a key computed in two jobs counts twice), over all jobs",
     "dispatches": "compute-task messages the scheduler sent (a task stolen or rescheduled is dispatched again)",
     "aot_s": "average overhead per task as in Böhm & Beránek: makespan_s / tasks, in seconds",
@@ -63,7 +65,9 @@ DEFINITIONS = {
                  "from the kernel (the process's CPU clock, as the proc table has it), their ratio, and the on-CPU "
                  "samples behind the first",
     "worker_idle_s": "per worker, seconds of the makespan in which it held no task (between a compute-task "
-                     "arriving and its task-finished leaving)",
+                     "arriving and its task-finished leaving); a worker that ended in it, only until then",
+    "workers_ended_s": "workers whose every connection closed before the makespan's end (died, or retired): "
+                       "when the last closed, in seconds from the session's start",
     "task_overhead_s": "distribution over finished tasks of (task-finished reaching the scheduler - the task "
                        "being ready) - its compute span, in seconds; ready = the later of its last dependency's "
                        "task-finished reaching the scheduler and its graph's last byte",
@@ -115,7 +119,9 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send
         path["batch_ns"] = path.batch_ns.where(path.kind != "scheduler", 0)  # interval to hold its messages
     numbers, again, span = _numbers(t, jobs, tasks, attempts, window), recomputed(attempts), _makespan(jobs)
-    whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span),
+    ended = workers_ended(t.get("connections"), span)
+    whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span, ended),
+             "workers_ended_s": {w: (ns - window[0]) / 1e9 for w, ns in ended.items()},
              "task_overhead_s": task_overhead(tasks), "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], span, len(tasks))}
     out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(attempts),
            "prefixes": prefix_costs(tasks, path, numbers["session_s"]), "critical_path": path}
@@ -225,6 +231,7 @@ def _jobs(jobs, tasks, attempts, attr, window, again) -> list[dict]:
                     "makespan_s": (j.end_ns - j.start_ns) / 1e9, "graphs": int(j.graphs),
                     "requested": int(j.requested), "tasks": int((tasks.job == j.job).sum()),
                     "dispatches": int((attempts.job == j.job).sum()), "end_key": j.end_key,
+                    "complete": bool(j.complete), "untold": int(j.untold),
                     "recomputed": _recomputed(again[again.job == j.job]),
                     "critical_path_s": split["critical_path_s"],
                     "critical_path_interval_s": split["critical_path_interval_s"],

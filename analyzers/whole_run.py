@@ -9,17 +9,32 @@ from .intervals import union
 from .tasks import task_overheads
 
 
-def worker_idle(attempts: pd.DataFrame, window: tuple[int, int]) -> dict:
+def worker_idle(attempts: pd.DataFrame, window: tuple[int, int], ended: dict | None = None) -> dict:
     """Per worker, seconds in the window holding no task (from compute-task reaching it
-    to its task-finished leaving): the window minus the union of those spans."""
+    to its task-finished leaving): the window minus the union of those spans. A worker that
+    ended in the window (`ended`: worker -> ns) is idle only until then."""
     out = {}
     held = attempts.dropna(subset=["finished_sent_ns"])
     for worker, t in held.groupby("worker"):
-        s = t.compute_recv_ns.astype("int64").clip(*window)
-        e = t.finished_sent_ns.astype("int64").clip(*window)
+        mine = (window[0], max(window[0], min(window[1], (ended or {}).get(worker, window[1]))))
+        s = t.compute_recv_ns.astype("int64").clip(*mine)
+        e = t.finished_sent_ns.astype("int64").clip(*mine)
         lo, hi = union(s, e)
-        out[worker] = (window[1] - window[0] - int((hi - lo).sum())) / 1e9
+        out[worker] = (mine[1] - mine[0] - int((hi - lo).sum())) / 1e9
     return out
+
+
+def workers_ended(connections: pd.DataFrame | None, window: tuple[int, int]) -> dict:
+    """Workers whose every connection closed before the window's end (died, or were retired): worker ->
+    when the last closed, in ns. A live worker keeps its stream to the scheduler open to the end."""
+    if connections is None or connections.empty or "peer" not in connections:
+        return {}
+    w = connections[connections.peer.astype("str").str.startswith("worker")]
+    if w.empty:
+        return {}
+    by = w.groupby("peer").closed_ns
+    last = by.max()[by.count() == by.size()]  # every connection closed
+    return {peer: int(t) for peer, t in last.items() if t < window[1]}
 
 
 def in_flight(attempts: pd.DataFrame) -> pd.DataFrame:

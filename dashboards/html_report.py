@@ -87,7 +87,7 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
     if "error" in summary:
         unread = "messages" in page.run.meta().get("skipped", {})
         sections = [f"<section><h2>{'No critical path' if unread else 'Nothing to measure'}</h2>"
-                    f"<p>{html.escape(summary['error'])}</p></section>"]
+                    f"<p>{html.escape(summary['error'])}</p></section>", caveats_section(summary)]
         for figure in SAMPLES_ONLY if unread else ():  # what needs no message
             if (drawn_one := figure(page))[2] is not None:
                 sections.append(section(*drawn_one))
@@ -95,7 +95,8 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
         drawn = sorted(figure_sections(run) if drawn is None else drawn)  # no data: left out
         prefixes = prefix_table(page)
         titles = {title for _, title, _ in drawn} | ({"Task prefixes"} if prefixes else set())
-        sections = [headline(summary), findings_section(summary, titles), prefixes] + [s for _, _, s in drawn]
+        sections = [headline(summary), caveats_section(summary), findings_section(summary, titles),
+                    prefixes] + [s for _, _, s in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -171,6 +172,14 @@ def headline(summary: dict) -> str:
     return (f"<p class='headline'><b>{summary['session_s']:.2f} s</b> session, {len(jobs)} job(s), makespan "
             f"<b>{summary['makespan_s']:.2f} s</b>, {summary['tasks']} tasks ({summary['dispatches']} dispatches), "
             f"<b>{1e3 * (summary.get('aot_s') or 0):.2f} ms</b> of makespan per task (AOT).</p>")
+
+
+def caveats_section(summary: dict) -> str:
+    """What the numbers cannot be trusted for (analyzers/caveats.py), under the headline: a partial run,
+    what the captures lost, jobs without a recorded end, workers that ended, a build of a live run."""
+    items = "".join(f"<li>{html.escape(c)}</li>" for c in summary.get("caveats", []))
+    return (f"<section class='caveats' id='caveats'><h2>Caution</h2><p class='caption'>What these numbers cannot be "
+            f"trusted for.</p><ul>{items}</ul></section>") if items else ""
 
 
 def prefix_table(p: Page) -> str:
@@ -477,7 +486,7 @@ def metadata(run: RunDir, summary: dict) -> str:
     rows = {"command": " ".join(map(str, meta.get("command", []))), "versions": meta.get("versions"),
             "cluster": meta.get("cluster"), "config": meta.get("config"), "probes": meta.get("probes"),
             "probes skipped": meta.get("skipped"), "exit code": meta.get("exit_code"),
-            "partial": meta.get("partial"), "capture": meta.get("capture")}
+            "partial": meta.get("partial"), "capture": meta.get("capture"), "lost": meta.get("lost") or "-"}
     rows |= {f"host {h}": _host_clock(info) for h, info in sorted(meta.get("hosts", {}).items())}
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_readable(v)}</td></tr>" for k, v in rows.items())
     return f"<section><h2>Run</h2><p class='caption'>What ran, with what, and what was not captured.</p><table>{cells}</table></section>"

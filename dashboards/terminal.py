@@ -13,6 +13,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     if "error" in summary:
         console.print(f"[yellow]daskprobe: {summary['error']}[/]")
+        _print_caveats(console, summary)
         if "command_s" in summary:
             console.print(f"the command took {summary['command_s']:.2f} s (wall time, its start to its exit)")
         if ts := summary.get("task_stream"):
@@ -30,6 +31,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(_jobs_table(jobs))
     console.print(f"{FEW} rests on fewer than 20 samples; 'daskprobe explain CATEGORY' says what each means")
     _print_findings(console, s.get("findings", []), s["session_s"])
+    _print_caveats(console, s)
+
+
+def _print_caveats(console: Console, summary: dict) -> None:
+    """What the numbers above cannot be trusted for (analyzers/caveats.py): last, so it is seen."""
+    for c in summary.get("caveats", []):
+        console.print(f"[bold yellow]caution[/]: {c}", markup=True, highlight=False)
 
 
 def _print_findings(console: Console, found: list[dict], session: float) -> None:
@@ -68,7 +76,8 @@ def _jobs_table(jobs: list[dict]) -> Table:
         t.add_column(col, justify="left" if col == "largest categories" else "right")
     for j in jobs[:20]:
         top = sorted(j["critical_path_s"].items(), key=lambda kv: -kv[1])[:3]
-        t.add_row(str(j["job"]), f"{j['start_s']:.2f}", f"{j['makespan_s']:.3f}", str(j["tasks"]),
+        t.add_row(str(j["job"]) + ("" if j.get("complete", True) else " (no end)"), f"{j['start_s']:.2f}",
+                  f"{j['makespan_s']:.3f}", str(j["tasks"]),
                   str(j["recomputed"]["keys"]), ", ".join(f"{c} {100 * v / j['makespan_s']:.0f}%" for c, v in top
                                                            if j["makespan_s"]))
     if len(jobs) > 20:

@@ -189,6 +189,23 @@ def read_status(capture: Path) -> dict | None:
     return {"state": state, "t_ns": int(t_ns), "bytes": int(end), "reason": reason}
 
 
+def losses(cap: Capture, status: dict | None) -> dict:
+    """What a capture says it lost ({} if nothing), for run.json's `lost`: the tap's packets the kernel
+    dropped, the stretches (gaps) of how many connections they cut, the bytes never seen and the
+    bytes left unread for them (a cut message and what followed until the next message boundary);
+    and where its writer stopped, and why (a full disk)."""
+    out = {}
+    if len(cap.gaps) or len(cap.drops):
+        gap_at = cap.gaps.groupby(["conn", "direction"]).offset.min().rename("gap_at")
+        after = cap.skipped.join(gap_at, on=["conn", "direction"], how="inner")
+        out |= {"packets_dropped": int(cap.drops.packets.sum()), "gaps": len(cap.gaps),
+                "connections": int(cap.gaps.conn.nunique()), "bytes_never_seen": int(cap.gaps.bytes.sum()),
+                "bytes_unread": int(after[after.offset > after.gap_at].bytes.sum())}
+    if status and status["state"] == "stopped":
+        out["stopped"] = {"t_ns": status["t_ns"], "at_bytes": status["bytes"], "reason": status["reason"]}
+    return out
+
+
 def _names(kind: int) -> list[str]:
     return [name for name, _ in _FIELDS[kind]]
 

@@ -292,12 +292,18 @@ ANALYSIS = {
         C("job", "int64", "", "the job's number, in time order from 0"),
         C("start_ns", "int64", MONO, "first byte of its first update-graph at the proxy"),
         C("end_ns", "int64", MONO, "when the last key its graphs ask for was told to their sender (the last byte of "
-          "that key-in-memory or task-erred); a graph none of whose keys were told ends at its last byte"),
+          "that key-in-memory or task-erred); a graph none of whose keys were told ends at its last byte; an "
+          "incomplete job (complete false) at the next job's start or the client's last message"),
         C("graphs", "int64", "count", "update-graphs in it"),
         C("requested", "int64", "count", "keys its graphs ask for"),
         C("end_key", "str", "", "the key whose telling ends it; null if none was told"),
         C("end_told", "Int64", "", "that telling's number among the scheduler's key-in-memory and task-erred ops "
           "to submitters, in message order; null if none"),
+        C("complete", "bool", "", "every key its graphs ask for was told to their sender; false: its end was not "
+          "recorded (the capture stopped or lost it, a worker died, the client left first), and end_ns is the next "
+          "job's start or the client's last message: the time after last_told_ns is uncategorized, not the client's"),
+        C("untold", "int64", "count", "keys its graphs ask for that were never told to their sender"),
+        C("last_told_ns", "int64", MONO, "when its last told key was told (end_ns for a complete job)"),
     )),
     "tasks": Table("One row per key and job: the columns of attempts are those of the attempt that decided it "
                    "(its job's last finished one, else its last), then when the task was ready.", (

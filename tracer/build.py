@@ -8,6 +8,7 @@ import json
 import os
 import time
 import traceback
+from pathlib import Path
 
 from ..probes.rundir import RunDir
 from .forked import ChildFailed, Gate, Queue, beside
@@ -57,6 +58,7 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
     """The analysis stage: the decoded tables in, its tables and summary.json out, the summary printed
     (on stderr while a run finalizes, beside the command's output; on stdout for `report`). What the
     samples say is worked out in a child beside the messages' side, and read back from its tables."""
+    from ..analyzers.caveats import caveats
     from ..analyzers.summary import INPUTS, SAMPLED, analyze, sampled
     from rich.console import Console
 
@@ -74,7 +76,7 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
         result = analyze(tables, meta, list(rules), side=lambda: written(joined))
     for name, df in result.tables.items():
         run.write_table(name, df)
-    summary = result.summary | {"run": str(run.path)}
+    summary = result.summary | {"run": str(run.path), "caveats": caveats(meta, result.summary, live_recorder(meta))}
     run.write_file("summary.json", json.dumps(summary, indent=2, default=_json))
     with contextlib.suppress(OSError):  # a closed terminal costs the printout, not the run
         print_summary(summary, Console(stderr=not stdout))
@@ -82,6 +84,21 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
 
 def _json(v):
     return None if v != v else (int(v) if hasattr(v, "__int__") else str(v))
+
+
+def live_recorder(meta: dict) -> int | None:
+    """The pid of the daskprobe still recording this run (its session has not ended), if any: what is
+    built now reads captures still being written."""
+    if meta.get("ended"):
+        return None
+    pid = next((p["pid"] for p in meta.get("processes", []) if p.get("name") == "daskprobe"), None)
+    if not pid or pid == os.getpid():
+        return None
+    try:
+        alive = b"daskprobe" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not a pid reused since
+    except OSError:
+        return None
+    return pid if alive else None
 
 
 def _html(run: RunDir) -> None:
@@ -130,6 +147,10 @@ def finalize(run: RunDir, trace: bool = True) -> bool:
     trace is written in a child process: what it takes from the decoded tables while the
     analysis runs here, the rest (from the analysis' tables) while the page is written."""
     errors, seconds, began = {}, {}, time.perf_counter()
+    with contextlib.suppress(OSError, ValueError):
+        if live := live_recorder(run.meta()):
+            say(f"warning: the run is still recording (daskprobe pid {live}): building what its captures hold so "
+                "far; they end mid-run. Build it again once it has ended")
     try:
         _timed(run, "tables", _tables, errors, seconds)
         gate, joined = Gate(), None

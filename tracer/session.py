@@ -408,8 +408,12 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
 
 
 def _capture_stopped(run: RunDir, recorder: str) -> str | None:
-    """The proxy forwards on (and the tap reads on) when its capture cannot be written; its log says
-    why it stopped capturing."""
+    """The proxy forwards on (and the tap reads on) when its capture cannot be written: its status
+    file says why it stopped capturing (its log too, unless the full disk refused that line)."""
+    from ..probes.proxy_capture import read_status  # here: it imports pandas, which starting a run needs not
+    status = read_status(run.tap_capture if recorder == "tap" else run.proxy_capture)
+    if status and status["state"] == "stopped":
+        return f"capture stopped at {status['bytes']:,} bytes: {status['reason']}"
     try:
         log = run.log(recorder).read_text(errors="replace")
     except OSError:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..probes import ebpf_tables, procfs, pyspy
-from ..probes.proxy_capture import Capture, read_capture
+from ..probes.proxy_capture import Capture, losses, read_capture, read_status
 from ..probes.rundir import RunDir
 from ..probes.schema import HOST_PID, MONO, TABLES
 from ..probes.sockets import host_of, listen_of
@@ -47,7 +47,9 @@ def build(run: RunDir) -> dict:
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost),
              "arrived_before_sent": _arrived_before_sent(msgs)}
-    run.update_meta(capture=stats)
+    recorder = "tap" if run.messages_capture == run.tap_capture else "proxy"
+    lost = losses(cap, read_status(run.messages_capture))
+    run.update_meta(capture=stats, lost={recorder: lost} if lost else {})
     _tell(stats)
     return stats
 

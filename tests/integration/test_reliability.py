@@ -340,6 +340,54 @@ with Client() as c:
         subprocess.run(["umount", "-l", str(disk)])
 
 
+def test_a_capture_stopped_by_a_full_disk_is_said_and_its_cut_job_is_incomplete(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        filler = disk / "filler"
+        fill = f"""
+import time
+from distributed import Client, wait
+def slow(x):
+    time.sleep(0.1)
+    return x
+with Client() as c:
+    futures = c.map(slow, range(40))
+    time.sleep(1)  # some results told, and written
+    with open({str(filler)!r}, "wb", buffering=0) as f:  # something else fills the disk meanwhile
+        try:
+            while True:
+                f.write(b"x" * 65536)
+        except OSError:
+            pass
+    wait(futures)
+"""
+        flow = write_flow(tmp_path / "fill.py", fill)
+        p = daskprobe("run", "--workers", "1", "--threads", "1", "--probes", "proxy,proc", "--out", str(disk / "run"),
+                      "--", sys.executable, str(flow), timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "probe proxy stopped early: capture stopped at" in p.stderr, p.stderr[-3000:]  # said at the end
+        filler.unlink()
+        run = RunDir(disk / "run")
+        b = daskprobe("build", str(run.path))
+        assert b.returncode == 0, b.stderr[-3000:]
+        stopped = run.meta()["lost"]["proxy"]["stopped"]
+        assert "No space left" in stopped["reason"] and stopped["at_bytes"] == run.proxy_capture.stat().st_size
+        jobs = run.table("jobs")
+        assert len(jobs) == 1 and not jobs.complete[0] and 0 < jobs.untold[0] < 40, jobs
+        caveats = json.loads((run / "summary.json").read_text())["caveats"]
+        said = b.stderr + (run / "report.html").read_text()
+        for words in ("the proxy's capture stopped", "1 of 1 job(s) have no recorded end"):
+            assert any(words in c for c in caveats), caveats
+            assert words in said.replace("&#x27;", "'"), words
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 def test_a_user_without_root_runs_with_what_it_can(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("run as root: the test switches to nobody")

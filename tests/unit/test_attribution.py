@@ -1,5 +1,6 @@
 """The makespan split on hand-made runs where every millisecond is known."""
 
+import pandas as pd
 import pytest
 
 from daskprobe.analyzers.summary import analyze
@@ -49,6 +50,40 @@ def test_sequential_computations_are_jobs_and_the_gap_is_the_clients():
     assert [j["makespan_s"] for j in out["jobs"]] == pytest.approx([0.018, 0.018])
     assert ms(out, "client") == pytest.approx(10 + 1000)
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
+
+
+def test_a_job_whose_end_was_not_recorded_is_incomplete_and_its_time_not_the_clients():
+    # the capture lost c-0's result (a full disk, a tap that lost packets): job 0 has no recorded end
+    s = Scenario()
+    s.message("client", "scheduler", 0, 1, "register-client")
+    s.graph(10, 11, ["a-0", "c-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 25, 26)
+    s.told("a-0", 27, 28)
+    s.task("c-0", "worker-0", 12, 13, 30, None, None, None, outcome="unfinished")
+    s.graph(1028, 1029, ["b-0"])
+    s.task("b-0", "worker-1", 1030, 1031, 1032, 1042, 1043, 1044)
+    s.told("b-0", 1045, 1046)
+    out = split(s)
+    assert [(j["complete"], j["untold"]) for j in out["jobs"]] == [(False, 1), (True, 0)]
+    assert ms(out, "client") == pytest.approx(10), "only before the first job: the rest is not known to be the client's"
+    parts = out["critical_path_parts_s"]
+    assert parts["incomplete: job incomplete: its end was not recorded [uncategorized]"] * 1e3 == pytest.approx(1000)
+    assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
+
+
+def test_a_worker_that_died_is_idle_only_until_it_died():
+    s = Scenario()
+    s.graph(10, 11, ["a-0", "b-0"])
+    s.task("a-0", "worker-1", 12, 13, 14, 24, 25, 26)
+    s.task("b-0", "worker-0", 12, 13, 14, 1040, 1043, 1044)
+    s.told("a-0", 27, 28)
+    s.told("b-0", 1045, 1046)
+    t = s.tables()
+    ms_ = 1_000_000
+    t["connections"] = pd.DataFrame({"peer": ["worker-1", "worker-0"], "closed_ns": pd.array([30 * ms_, None], "Int64")})
+    out = analyze(t, META).summary
+    assert out["workers_ended_s"] == {"worker-1": pytest.approx(0.020)}  # 30 ms, the session began at 10
+    assert out["worker_idle_s"]["worker-1"] == pytest.approx(0.020 - 0.012), "not the 1 s after it died"  # held 13-25
 
 
 def test_a_futures_loop_is_one_job_with_the_client_thinking_between_result_and_resubmission():

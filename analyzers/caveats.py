@@ -1,0 +1,48 @@
+"""What a run's numbers cannot be trusted for, in sentences for the terminal and the report: a
+run still recording, a partial run, what the captures lost, jobs whose end was not recorded,
+workers that ended during the makespan. From run.json and the summary only (pure)."""
+
+from __future__ import annotations
+
+
+def caveats(meta: dict, summary: dict, live_pid: int | None = None) -> list[str]:
+    out = []
+    if live_pid:
+        out.append(f"built while the run was still recording (daskprobe pid {live_pid}): its captures end "
+                   "mid-run; build it again once it has ended")
+    elif meta.get("partial"):
+        out.append("the run is partial: " + (_why_partial(meta) or "it did not end cleanly (run.json)"))
+    for probe, lost in meta.get("lost", {}).items():
+        out += _lost(probe, lost, meta)
+    jobs = summary.get("jobs", [])
+    if cut := [j for j in jobs if not j.get("complete", True)]:
+        out.append(f"{len(cut)} of {len(jobs)} job(s) have no recorded end ({sum(j['untold'] for j in cut)} keys "
+                   f"asked for were never told to the client: job(s) {', '.join(str(j['job']) for j in cut[:10])}): "
+                   "their time after their last told key is uncategorized, not the client's")
+    for worker, at in summary.get("workers_ended_s", {}).items():
+        out.append(f"{worker} ended at {at:.2f} s (its connections closed: it died or was retired): its idle "
+                   "time counts until then")
+    return out
+
+
+def _why_partial(meta: dict) -> str:
+    why = [f"{name} stopped early ({error})" for name, error in meta.get("probe_errors", {}).items()]
+    if meta.get("killed"):
+        why.append(f"{', '.join(meta['killed'])} had to be killed")
+    if (code := meta.get("exit_code")) and code > 128:
+        why.append(f"interrupted (exit code {code})")
+    return "; ".join(why)
+
+
+def _lost(probe: str, lost: dict, meta: dict) -> list[str]:
+    out = []
+    if lost.get("gaps") or lost.get("packets_dropped"):
+        out.append(f"the {probe} lost {lost['gaps']} stretch(es) of {lost['connections']} connection(s): the kernel "
+                   f"dropped {lost['packets_dropped']} packets ({lost['bytes_never_seen']:,} bytes never seen, "
+                   f"{lost['bytes_unread']:,} bytes unread until the next message): their messages are missing")
+    if stopped := lost.get("stopped"):
+        anchor = meta.get("command_started_ns") or meta.get("probes_ready_ns")
+        when = f" {(stopped['t_ns'] - anchor) / 1e9:.2f} s into the command" if anchor else ""
+        out.append(f"the {probe}'s capture stopped{when}, at {stopped['at_bytes']:,} bytes ({stopped['reason']}): "
+                   "nothing after it was recorded")
+    return out
