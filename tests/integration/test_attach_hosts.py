@@ -1,0 +1,86 @@
+"""`daskprobe attach` to a cluster all on this host, joined while recording by a worker on another
+host (a network namespace): that host's agent is started then and read back. Ground truth: the
+joiner's pid and the function it spins in."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import daskprobe, write_flow
+from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.schema import HOST_PID
+from test_agent_trust import other_host  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and attach need root")
+
+DASK = str(Path(sys.executable).with_name("dask"))
+
+JOIN_ELSEWHERE = """
+import json, os, subprocess, sys, time
+from distributed import Client
+
+def crunch(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+ns, host = sys.argv[1:3]
+with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
+    worker = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.argv[3], "worker",
+                               os.environ["DASK_SCHEDULER_ADDRESS"], "--host", host, "--nthreads", "1", "--no-nanny",
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    c.wait_for_workers(2, timeout=60)
+    new = next(w for w in c.scheduler_info()["workers"] if host in w)
+    time.sleep(6)  # daskprobe looks every 2 s; the agent there starts in a second or two
+    c.submit(crunch, 1.5, key="crunch-elsewhere", workers=[new]).result()
+    print(json.dumps({"pid": worker.pid, "address": new}), flush=True)
+"""
+
+
+def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_path, other_host):  # noqa: F811
+    ns, ours, theirs = other_host
+    port = 20_000 + (os.getpid() + 7) % 10_000
+    address = f"tcp://{ours}:{port}"
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
+                              stdout=log, stderr=log)]
+    procs.append(subprocess.Popen([DASK, "worker", address, "--host", ours, "--nthreads", "1", "--no-nanny",
+                                   "--no-dashboard"], stdout=log, stderr=log))
+    joined = {}
+    try:
+        up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
+                             "c.wait_for_workers(1, timeout=60)"], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+        out = tmp_path / "run"
+        p = daskprobe("attach", address, "--out", str(out), "--no-trace", "--probes", "pyspy,proc", "--",
+                      sys.executable, str(write_flow(tmp_path / "join.py", JOIN_ELSEWHERE)), ns, theirs, DASK,
+                      timeout=300)
+        joined = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
+        assert p.returncode == 0, p.stderr[-3000:]
+        meta = json.loads((out / "run.json").read_text())
+        assert theirs in meta.get("hosts", {}), p.stderr[-3000:]
+        host = meta["hosts"][theirs]
+        assert host["complete"], host
+        run = RunDir(out)
+        pid = host["number"] * HOST_PID + joined["pid"]
+        procs_table = run.table("processes").set_index("name")
+        assert pid in set(procs_table.pid), procs_table[["pid", "listen", "host"]].to_string()
+        samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
+        spun = set(frames.frame_id[frames.function == "crunch"])
+        in_crunch = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))]
+        assert samples[samples.pid == pid].stack_id.isin(in_crunch).sum() >= 50, "1.5 s at 100 Hz: about 150"
+    finally:
+        if joined:  # the joiner the script left running
+            os.kill(joined["pid"], signal.SIGTERM)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
