@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,21 +39,27 @@ def cpu_s(pid: int) -> float:
         raise ProcessLookupError(pid) from None
 
 
-def read_thread_names(path: Path) -> pd.DataFrame:
-    """One row per thread: its kernel name (comm, at most 15 characters)."""
-    return tsv_rows(path, {"pid": "int64", "tid": "int64", "comm": "str"})
+def read_thread_names(path: Path, malformed: Counter | None = None) -> pd.DataFrame:
+    """One row per thread: its kernel name (comm, at most 15 characters). Malformed lines are
+    left out and counted (tsv_rows)."""
+    return tsv_rows(path, {"pid": "int64", "tid": "int64", "comm": "str"}, malformed)
 
 
 COLUMNS = dict.fromkeys(["t_ns", "pid", "utime", "stime", "rss_pages", "cpu_ns"], "int64")
 
 
-def read_proc(path: Path) -> pd.DataFrame:
+def read_proc(path: Path, malformed: Counter | None = None) -> pd.DataFrame:
     """One row per process and tick: cpu_s, cpu_percent over the previous tick, rss_bytes. Captures
-    made before lines had cpu_ns give CPU time in stat's ticks."""
-    df = tsv_rows(path, COLUMNS)
+    made before lines had cpu_ns give CPU time in stat's ticks. Malformed lines are left out and
+    counted (tsv_rows)."""
+    bad = Counter()
+    df = tsv_rows(path, COLUMNS, bad)
     if df.empty:
-        df = tsv_rows(path, dict(list(COLUMNS.items())[:-1]))
+        bad = Counter()
+        df = tsv_rows(path, dict(list(COLUMNS.items())[:-1]), bad)
         df["cpu_ns"] = (df.utime + df.stime) * 1_000_000_000 // CLK_TCK
+    if malformed is not None:
+        malformed.update(bad)
     df = df.sort_values(["pid", "t_ns"])
     df["cpu_s"] = df.cpu_ns / 1e9
     g = df.groupby("pid")

@@ -5,11 +5,11 @@ and its reader."""
 
 from __future__ import annotations
 
-import contextlib
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import capture_lines
+from .base import as_int, capture_lines
 
 if TYPE_CHECKING:  # imported by read_samples: starting a run needs no pandas
     import pandas as pd
@@ -36,27 +36,34 @@ LINES = {
           "another thread by then, or a frame could not be read)"),
 }
 _F, _S = (1 + len(LINES[kind][0].split()) for kind in "FS")  # fields of the line, its letter included
+LOST = "<a frame whose line was malformed>"  # the function of a frame a stack names and no line defined
 
 
-def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def read_samples(path: Path, malformed: Counter | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, stacks, frames) from the sampler's capture; a torn last line is dropped.
     `S` lines of older captures, without the thread's Python identifier, the stale flag, the tick
     flag or the tick's period, get ident 0, false and a null period. A thread's samples taken before
-    it was named carry its first name."""
+    it was named carry its first name. A malformed line (a letter no kind has, other fields than
+    its kind's, a number that is not one, a frame defined twice) is left out and counted in
+    malformed[path.name]; a frame a stack names that no line defined (its line was malformed)
+    becomes a frame named LOST, counted too."""
     import pandas as pd
-    frames, samples, stacks = [], [], {}
+    frames, samples, stacks, bad = {}, [], {}, 0
     for text in capture_lines(path):
-        f = text.split("\t")
-        with contextlib.suppress(ValueError):  # a line cut short by a kill or a full disk (a number cut off)
-            if f[0] == "F" and len(f) == _F:
-                _, frame_id, function, filename, line = f
-                frames.append((int(frame_id), function, filename, int(line)))
+        try:
+            f = text.split("\t")
+            if f[0] == "F" and len(f) == _F and (frame_id := as_int(f[1])) not in frames:
+                frames[frame_id] = (frame_id, f[2], f[3], as_int(f[4]))
             elif f[0] == "S" and _S - 4 <= len(f) <= _S:
-                _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick, period = \
-                    (f + ["0"] * (_S - 1 - len(f)) + [""])[:_S]
-                row = (int(t_ns), int(pid), int(tid), thread_name, active == "1", owns_gil == "1", int(ident))
-                samples.append((*row, stale == "1", tick == "1", int(period) if period else None,
-                                stacks.setdefault(frame_ids, len(stacks))))
+                samples.append(_sample(f, stacks))
+            elif f[0] not in LINES or f[0] in "FS":
+                raise ValueError(text)
+        except ValueError:  # a line cut short or changed by a kill, a full disk or a fault
+            bad += 1
+    lost = {i for ids in stacks for i in ids} - frames.keys()
+    frames.update((i, (i, LOST, "", 0)) for i in lost)
+    if malformed is not None:
+        malformed[path.name] += bad + len(lost)
     s = pd.DataFrame(samples, columns=["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "ident", "stale",
                                        "tick", "period_ns", "stack_id"])
     s["period_ns"] = s.period_ns.astype("Int64")
@@ -70,7 +77,15 @@ def read_samples(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     # 2^31); the main thread's native id is its pid, so its eBPF states and its event loop's role hold.
     main = (s.tid > 2**31 - 1) & (s.thread_name == "MainThread")
     s.loc[main, "tid"] = s.pid[main]
-    st = pd.DataFrame({"stack_id": list(stacks.values()),
-                       "frame_ids": [[int(i) for i in k.split(",") if i] for k in stacks]})
-    fr = pd.DataFrame(frames, columns=["frame_id", "function", "filename", "line"])
+    st = pd.DataFrame({"stack_id": list(stacks.values()), "frame_ids": [list(k) for k in stacks]})
+    fr = pd.DataFrame(sorted(frames.values()), columns=["frame_id", "function", "filename", "line"])
     return s, st, fr
+
+
+def _sample(f: list[str], stacks: dict) -> tuple:
+    """An S line's row (its fields split), its stack's id from `stacks` (frame ids: stack id)."""
+    _, t_ns, pid, tid, active, owns_gil, thread_name, frame_ids, ident, stale, tick, period = \
+        (f + ["0"] * (_S - 1 - len(f)) + [""])[:_S]
+    ids = tuple(as_int(i) for i in frame_ids.split(",") if i)
+    row = (as_int(t_ns), as_int(pid), as_int(tid), thread_name, active == "1", owns_gil == "1", as_int(ident))
+    return (*row, stale == "1", tick == "1", as_int(period) if period else None, stacks.setdefault(ids, len(stacks)))

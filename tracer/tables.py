@@ -8,6 +8,7 @@ when the proxy saw the first and the last byte of the message.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -41,12 +42,13 @@ def build(run: RunDir) -> dict:
         run.write_table("attempts", attempts)
         run.write_table("graphs", graphs_table(events["graphs"], msgs))
         run.write_table("task_stream", task_stream_table(run, procs, meta["clock_anchor"]))
-    if failed := probes_done():
-        run.update_meta(skipped_per_process=failed)
+    probed = probes_done()
+    if probed["failed"]:
+        run.update_meta(skipped_per_process=probed["failed"])
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost),
-             "arrived_before_sent": _arrived_before_sent(msgs)}
+             "arrived_before_sent": _arrived_before_sent(msgs), "malformed_lines": probed["malformed_lines"]}
     recorder = "tap" if run.messages_capture == run.tap_capture else "proxy"
     lost = losses(cap, read_status(run.messages_capture))
     run.update_meta(capture=stats, lost={recorder: lost} if lost else {})
@@ -89,39 +91,47 @@ def _tell(stats: dict) -> None:
             "clocks as set (run.json hosts: offsets and uncertainties): their wire times are below zero")
     if stats["malformed_streams"]:
         say(f"{stats['malformed_streams']} connections sent bytes that are not Dask's framing; forwarded unparsed")
+    if stats["malformed_lines"]:
+        say("malformed lines (torn or corrupted) left out of the captures: "
+            + ", ".join(f"{n} of {name}" for name, n in stats["malformed_lines"].items()))
 
 
-def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> list[str]:
+def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     """Tables of the sampling probes, this host's and those its agents read back from others;
-    rows carry the name and host of their process. Returns what an eBPF agent could not probe,
-    per process (for run.json)."""
-    tables, failed = _captured(run / "captures", conns)
+    rows carry the name and host of their process. Returns (for run.json) what an eBPF agent
+    could not probe, per process ("failed"), and the malformed lines left out of each capture
+    ("malformed_lines": its path in the run directory: how many)."""
+    tables, failed, malformed = _captured(run / "captures", conns)
     for number, host, offset, timens in _agent_hosts(run):
-        theirs, their_failed = _captured(run / "hosts" / host / "captures", conns.iloc[:0],
-                                         len(tables["frames"]), len(tables["stacks"]))
+        theirs, their_failed, their_malformed = _captured(run / "hosts" / host / "captures", conns.iloc[:0],
+                                                          _after(tables["frames"].frame_id),
+                                                          _after(tables["stacks"].stack_id))
         for name, df in theirs.items():
             moved = _moved(name, df, number * HOST_PID, offset, timens)
             tables[name] = pd.concat([tables[name], moved], ignore_index=True)
         failed += [f"{host} {f}" for f in their_failed]
+        malformed |= {f"hosts/{host}/{k}": n for k, n in their_malformed.items()}
     named = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     for name, df in tables.items():
         if "pid" in df:
             df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
         run.write_table(name, df)
-    return failed
+    return {"failed": failed, "malformed_lines": malformed}
 
 
-def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0) -> tuple[dict, list[str]]:
+def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0) -> tuple[dict, list[str], dict]:
     """The tables of one captures directory, frame and stack ids from the bases on; what its eBPF
-    agent could not probe, per process."""
-    samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE)
+    agent could not probe, per process; the malformed lines left out of its captures (captures/NAME:
+    how many, where any)."""
+    bad = Counter()
+    samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE, bad)
     samples["source"], frames["kind"] = "pyspy", "python"
     frames["frame_id"] += frame_base
     stacks["frame_ids"] = [[i + frame_base for i in ids] for ids in stacks.frame_ids]
     stacks["stack_id"] += stack_base
     samples["stack_id"] += stack_base
-    native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=frame_base + len(frames),
-                                  stack_base=stack_base + len(stacks))
+    native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=_after(frames.frame_id, frame_base),
+                                  stack_base=_after(stacks.stack_id, stack_base))
     samples, stacks, frames = (pd.concat([a, b], ignore_index=True) for a, b in zip((samples, stacks, frames), native))
     events = ebpf_tables.read_events(cap / ebpf_tables.EVENTS)
     tables = {"samples": samples, "stacks": stacks, "frames": frames,
@@ -129,10 +139,17 @@ def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0
               "offcpu": ebpf_tables.read_offcpu(events),
               "short_waits": ebpf_tables.read_small(cap / "ebpf_small.tsv"),
               "tcp": ebpf_tables.read_tcp(events, conns),
-              "proc": procfs.read_proc(cap / procfs.CAPTURE),
-              "thread_names": procfs.read_thread_names(cap / procfs.THREADS)}
+              "proc": procfs.read_proc(cap / procfs.CAPTURE, bad),
+              "thread_names": procfs.read_thread_names(cap / procfs.THREADS, bad)}
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
-    return tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
+    return (tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()],
+            {f"captures/{name}": n for name, n in bad.items() if n})
+
+
+def _after(ids: pd.Series, base: int = 0) -> int:
+    """The first id past these, base if none: a capture's ids may have gaps (a frame's line malformed),
+    so the next capture's ids start past the largest, not at the count."""
+    return int(ids.max()) + 1 if len(ids) else base
 
 
 BPF_TABLES = {"gil_waits", "offcpu", "tcp"}  # stamped by BPF
