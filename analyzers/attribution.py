@@ -1,7 +1,8 @@
 """Split the critical path into categories.
 
-Segments of the network, compute, queueing, client and the steal itself are
-their own category. Time inside a process (scheduler or worker) is split by
+Segments of the network, queueing, client and the steal itself are their own
+category. Compute is compute, but where the thread that ran the task waited
+for the GIL or for a CPU (task_threads.py). Time inside a process (scheduler or worker) is split by
 what that process's event-loop thread (its main thread) was doing:
 
 - waiting for the GIL (in take_gil): gil_contention;
@@ -33,6 +34,7 @@ import pandas as pd
 
 from .categories import UNCATEGORIZED
 from .intervals import inside, intersect, overlap_ns, union
+from .task_threads import compute_rows
 from .thread_state import of_thread, on_cpu_ns
 
 UNKNOWN = {"incomplete": UNCATEGORIZED}  # kinds of time whose owner is not known (critical_path.INCOMPLETE)
@@ -42,15 +44,17 @@ COLUMNS = ["job", "kind", "part", "process", "category", "seconds", "pool", "poo
 
 
 def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame, cpu: pd.DataFrame,
-              threads: pd.DataFrame) -> pd.DataFrame:
-    """One row per (segment group, category): seconds, and for sample-derived rows their pool."""
+              threads: pd.DataFrame, attempts: pd.DataFrame, task_tids: pd.DataFrame) -> pd.DataFrame:
+    """One row per (segment group, category): seconds, and for sample-derived rows their pool.
+    `task_tids`: attempt_threads of `attempts`, the threads that ran the tasks."""
+    pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
+    compute = compute_rows(path[path.kind == "compute"], attempts, task_tids, states, pids)
     path = path[["job", "kind", "part", "process", "start_ns", "end_ns", "batch_ns"]]  # each filter copies every column
     path = path.assign(seconds=(path.end_ns - path.start_ns) / 1e9)
     cpu = cpu[["t_ns", "pid", "tid", "source", "on_cpu", "owns_gil", "category"]]
-    direct = path[path.kind.isin(DIRECT)]
+    direct = path[path.kind.isin(DIRECT - {"compute"})]
     rows = [pd.DataFrame({"job": direct.job, "kind": direct.kind, "part": direct.part, "process": direct.process,
-                          "category": direct.kind.replace(UNKNOWN), "seconds": direct.seconds})]
-    pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
+                          "category": direct.kind.replace(UNKNOWN), "seconds": direct.seconds}), compute]
     inproc = path[~path.kind.isin(DIRECT)]
     with_states = set(states.pid.unique())
     per_process = {}  # what every job of a process is split by: computed once per process

@@ -24,15 +24,17 @@ DEFINITIONS = {
                            "message handling, comm, serialization, graph materialization, the event loop; plus "
                            "'batching': a message held by the batched-send interval (scheduler to worker 5 ms, "
                            "worker to scheduler 2 ms, scheduler to client 2 ms) while the loop was blocked",
-    "gil_contention": "time the event-loop thread of the process the path was in waited to take the GIL "
-                      "(eBPF: take_gil's sleeps on the GIL's condition)",
-    "cpu_starvation": "time the event-loop thread of the process the path was in was runnable but had no CPU "
-                      "(eBPF sched_switch / sched_wakeup): the machine had more work than cores",
+    "gil_contention": "time the event-loop thread of the process the path was in, or the thread running a task "
+                      "on the path, waited to take the GIL (eBPF: take_gil's sleeps on the GIL's condition)",
+    "cpu_starvation": "time the event-loop thread of the process the path was in, or the thread running a task "
+                      "on the path, was runnable but had no CPU (eBPF sched_switch / sched_wakeup): the machine "
+                      "had more work than cores",
     "network": "time messages on the path were on the wire: from their first byte reaching the proxy to their "
                "last byte leaving it (any --delay-ms hold included); between hosts whose taps saw both ends (attach "
                "with agents), from the first byte leaving the sender's host to the last reaching the receiver's; for "
                "task messages, graph uploads and the get_data requests and replies between workers",
-    "compute": "the workers' compute spans (startstops) of the tasks on the path",
+    "compute": "the workers' compute spans (startstops) of the tasks on the path, but the time their threads "
+               "waited for the GIL or a CPU (gil_contention, cpu_starvation)",
     "queueing": "time a task on the path waited on a worker it was then stolen from (worker-side queueing)",
     "idle": "time the event-loop thread of the process the path was in was blocked with no message held for "
             "sending and no Dask work on its other threads: it waited for something the path does not show",

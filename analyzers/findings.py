@@ -8,17 +8,25 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .intervals import inside, intersect, union
+import re
+
+import numpy as np
+import pandas as pd
+
+from .intervals import inside, intersect, overlap_ns, union
+from .thread_state import of_thread
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
 
 
 def findings(s: dict, t: dict, meta: dict) -> list[dict]:
-    """`s`: the summary so far; `t`: the decoded tables; `meta`: run.json."""
+    """`s`: the summary so far; `t`: the decoded tables and the analysis' (tasks, critical_path,
+    cpu_samples, thread_states, stack_categories); `meta`: run.json."""
     session = s["session_s"] or 1.0
-    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s), _starvation(s, t, meta),
-                         _gil(s, t), _decisions(s), _overhead(s), _network(s), _materialization(s),
+    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s, t), _starvation(s, t, meta),
+                         _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
+                         _decisions(s), _overhead(s), _network(s), _graph_data(s, t), _materialization(s, t),
                          _transfers(s), _workers_wait(s)) if f]
     for f in found:
         f["share"] = f["seconds"] / session
@@ -76,14 +84,46 @@ def _saturation(s: dict, meta: dict) -> dict | None:
                     + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""), advice)
 
 
-def _client(s: dict) -> dict | None:
+DASK_CLIENT_WORK = ("runtime_bookkeeping", "scheduler_decisions")  # rules' categories of Dask's own frames
+
+
+def client_split(t: dict) -> dict[str, float] | None:
+    """The shares of the client's time (the path's client segments) its main thread spent in Dask's
+    client-side work (building, optimizing and serializing graphs: stacks in Dask's code), in the user's
+    own code (on a CPU elsewhere), and waiting (off a CPU), from its samples there."""
+    path, cpu, cats = t.get("critical_path"), t.get("cpu_samples"), t.get("stack_categories")
+    if path is None or cpu is None or cats is None:
+        return None
+    segs = path[path.kind == "client"].sort_values("start_ns")
+    main = cpu[(cpu.role == "client") & (cpu.tid == cpu.pid) & (cpu.source == "pyspy")]
+    main = main[inside(main.t_ns.to_numpy(), *union(segs.start_ns, segs.end_ns))]
+    if len(main) < 5:
+        return None
+    rule = main.stack_id.map(cats.set_index("stack_id").category)
+    on = main.on_cpu.fillna(False).astype(bool)
+    kinds = np.where(~on, "waiting", np.where(rule.isin(DASK_CLIENT_WORK), "dask", "yours"))
+    return (pd.Series(kinds).value_counts() / len(kinds)).to_dict() | {"samples": len(kinds)}
+
+
+def _client(s: dict, t: dict) -> dict | None:
     sec, jobs = _cat(s, "client"), len(s["jobs"])
-    return _finding("client", sec, "the cluster waited on the client",
-                    f"time in which no computation of the client's was in the cluster, or the client "
-                    f"had its result and had not yet submitted the next ({jobs} computation(s))",
+    if not sec:
+        return None
+    split = client_split(t) or {}
+    evidence = (f"time in which no computation of the client's was in the cluster, or the client had its result "
+                f"and had not yet submitted the next ({jobs} computation(s))")
+    if split:
+        evidence += (f"; by its main thread's {split['samples']} samples: Dask's client-side work "
+                     f"{split.get('dask', 0):.0%}, your own code {split.get('yours', 0):.0%}, waiting "
+                     f"{split.get('waiting', 0):.0%}")
+    if split.get("dask", 0) > max(split.get("yours", 0), split.get("waiting", 0)):
+        return _finding("client-graph", sec * split["dask"], "the cluster waited on Dask's client-side work",
+                        evidence + ": building, optimizing and serializing task graphs",
+                        "fewer, larger tasks (larger chunks or partitions; collections rather than a loop of "
+                        "delayed calls), so the graph is smaller to build and send")
+    return _finding("client", sec, "the cluster waited on the client", evidence,
                     "compute outputs together (dask.compute(a, b)), submit the next work before processing "
-                    "results (futures, as_completed), or move the client's own work onto the cluster"
-                    ) if sec else None
+                    "results (futures, as_completed), or move the client's own work onto the cluster")
 
 
 def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
@@ -121,25 +161,70 @@ def cpu_holders(t: dict, top: int = 3) -> str | None:
     return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {int(inside_.sum())} samples)"
 
 
-def _gil(s: dict, t: dict) -> dict | None:
-    sec = _cat(s, "gil_contention")
+TASK_GIL = "task thread waiting for the GIL"
+
+
+def _gil_by_process(s: dict, task_threads: bool) -> dict[str, float]:
+    """Seconds of gil_contention on the path by kind of process (scheduler, worker), of task threads'
+    waits or of event loops'."""
+    out: dict[str, float] = {}
+    for k, v in s["critical_path_parts_s"].items():
+        if k.endswith("[gil_contention]") and (TASK_GIL in k) == task_threads:
+            kind = k.split(":", 1)[0]
+            out[kind] = out.get(kind, 0.0) + v
+    return out
+
+
+def _gil(s: dict, t: dict, meta: dict) -> dict | None:
+    where = _gil_by_process(s, task_threads=False)
+    sec = sum(where.values())
     if not sec:
         return None
-    holder = gil_holder(t)
+    holder = gil_holder(t, roles=[k for k in where if where[k] > 0])
+    threads = meta.get("cluster", {}).get("threads") or 0
+    worker = where.get("worker", 0) + where.get("compute", 0) >= where.get("scheduler", 0)
+    if worker and threads > 1:
+        advice = ("a task that holds the GIL delays its worker's event loop: with several threads per worker, use "
+                  "more worker processes with fewer threads each, or tasks that release the GIL (numpy, numba, "
+                  "Cython nogil)")
+    elif worker:
+        advice = ("the worker's one task thread holds the GIL while its event loop waits: tasks that release it "
+                  "(numpy, numba, Cython nogil), or shorter tasks")
+    else:
+        advice = "another thread of the scheduler holds the GIL: a plugin, preload or library thread in it"
     return _finding("gil-contention", sec, "event loops waited for the GIL",
-                    "event-loop time on the path spent waiting to take the GIL"
-                    + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""),
-                    "another thread of the same process holds the GIL: a task that does not release it on a "
-                    "worker with several threads (use more processes with one thread each), or a plugin, "
-                    "preload or library thread in the scheduler")
+                    "event-loop time on the path spent waiting to take the GIL ("
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in where.items() if v) + ")"
+                    + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""), advice)
 
 
-def gil_holder(t: dict) -> str | None:
+def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
+    sec = sum(_gil_by_process(s, task_threads=True).values())
+    if not sec:
+        return None
+    c = meta.get("cluster", {})
+    hot = hot_functions(t, top=1)
+    return _finding("task-gil", sec, "tasks waited for the GIL held by other tasks",
+                    f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
+                    f"as compute; {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
+                    + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
+                    "pure-Python tasks run one at a time in a process however many threads it has: more "
+                    "worker processes with one thread each (dask worker --nworkers N --nthreads 1, or "
+                    "LocalCluster(n_workers=N, threads_per_worker=1)), or code that releases the GIL (numpy, "
+                    "pandas built-ins, numba)")
+
+
+def gil_holder(t: dict, roles: list[str] | None = None) -> str | None:
     """The function most often on top of a non-main thread's GIL-holding samples (the sampler reads the
-    holder's stack at each read of it: a tick on it, and every 200 ms), with its process."""
+    holder's stack at each read of it: a tick on it, and every 200 ms), with its process; only of the
+    processes of `roles` (a thread holds its own process's GIL only)."""
     smp = t["samples"]
     if smp.empty or "owns_gil" not in smp:
         return None
+    if roles is not None and "processes" in t:
+        kinds = {"compute": "worker"}
+        pids = t["processes"][t["processes"].role.isin([kinds.get(r, r) for r in roles])].pid
+        smp = smp[smp.pid.isin(pids)]
     # on a CPU or not: a C call may sleep holding the GIL
     held = smp[smp.owns_gil.fillna(False).astype(bool) & (smp.tid != smp.pid)]
     if held.empty:
@@ -160,21 +245,62 @@ def _decisions(s: dict) -> dict | None:
                     "scheduler_decisions") if sec else None
 
 
+def bookkeeping_per_task(s: dict) -> float | None:
+    """CPU seconds Dask's runtime (scheduler and workers: bookkeeping and decisions) spent per task."""
+    n = s["tasks"]
+    if not n:
+        return None
+    cpu = s.get("cpu_by_category_s", {})
+    return sum(v for p, cats in cpu.items() if p == "scheduler" or p.startswith("worker")
+               for c, v in cats.items() if c in DASK_CLIENT_WORK) / n
+
+
 def _overhead(s: dict) -> dict | None:
     sec, n = _cat(s, "runtime_bookkeeping"), s["tasks"]
     compute_per_task = s["compute_s"] / n if n else 0.0
-    aot = s["aot_s"] or 0.0
-    if not sec or aot <= 2 * compute_per_task:
+    aot, per_task = s["aot_s"] or 0.0, bookkeeping_per_task(s)
+    # the premise: Dask's own work per task exceeds the task's, and tasks are short for the makespan
+    if not sec or aot <= 2 * compute_per_task or per_task is None or per_task <= compute_per_task:
         return None
     return _finding("task-overhead", sec, "Dask's work per task outweighs the tasks' own",
                     f"runtime bookkeeping on the path; {n} tasks, each computing "
-                    f"{compute_per_task * 1e3:.2f} ms on average against {aot * 1e3:.2f} ms of makespan per task",
+                    f"{compute_per_task * 1e3:.2f} ms on average against {per_task * 1e3:.2f} ms of Dask's CPU "
+                    f"(scheduler and workers) and {aot * 1e3:.2f} ms of the jobs' makespan per task",
                     "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls (each task costs Dask "
                     "about a millisecond whatever it does)", s, "runtime_bookkeeping")
 
 
-def _materialization(s: dict) -> dict | None:
+BIG_GRAPH_BYTES = 10e6        # a graph this large, at this much per task, carries data rather than tasks
+DATA_PER_TASK_BYTES = 100e3
+
+
+def graph_bytes(t: dict) -> tuple[float, int]:
+    """Bytes of the client's graph uploads, and the tasks they carried."""
+    g, tasks = t.get("graphs"), t.get("tasks")
+    if g is None or g.empty:
+        return 0.0, 0
+    return float(g[g.src_role == "client"].msg_bytes.sum()), int(len(tasks)) if tasks is not None else 0
+
+
+def _graph_data(s: dict, t: dict) -> dict | None:
+    size, n = graph_bytes(t)
+    if size < BIG_GRAPH_BYTES or not n or size / n < DATA_PER_TASK_BYTES:
+        return None
+    sec = _parts(s, "graph upload", "scheduler: graph to dispatch") + \
+        (client_split(t) or {}).get("dask", 0.0) * _cat(s, "client")
+    return _finding("data-in-graph", sec, "the task graphs carried data",
+                    f"the client sent {size / 1e6:.0f} MB of graphs for {n} tasks ({size / n / 1e3:.0f} kB per task): "
+                    "objects embedded in the graph are serialized, sent and unpacked with it each time",
+                    "do not put large objects into tasks' arguments: client.scatter(data) and pass the future, or "
+                    "load the data inside the tasks (dask.dataframe.read_parquet, dask.array.from_zarr, "
+                    "dask.delayed(load)(path))")
+
+
+def _materialization(s: dict, t: dict) -> dict | None:
     sec = _parts(s, "scheduler: graph to dispatch")
+    size, n = graph_bytes(t)
+    if n and size / n >= DATA_PER_TASK_BYTES:  # a few tasks carrying data: fewer tasks would not help
+        return None
     return _finding("graph-materialization", sec, "the scheduler took long from a graph's arrival to its first "
                     "dispatch", "time on the path between an update-graph arriving and its first compute-task "
                     "leaving: unpacking, materializing and ordering the graph",
@@ -214,3 +340,94 @@ def _network(s: dict) -> dict | None:
                     "move less data: keep intermediate results on the workers (persist, no gather), larger "
                     "chunks so fewer transfers, results reduced before they reach the client") if sec else None
 
+
+
+STRAGGLER_FACTOR = 5.0   # a task this many times its prefix's median compute, and
+STRAGGLER_MIN_S = 0.01   # this many seconds over it, is a straggler
+LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
+
+
+def stragglers(t: dict) -> pd.DataFrame:
+    """Tasks on the critical path whose compute took far longer than their prefix's median (of at least 5
+    tasks): job, key, prefix, worker, compute_s, median_s, path_s (their compute seconds on the path)."""
+    tasks, path = t.get("tasks"), t.get("critical_path")
+    if tasks is None or path is None or tasks.empty:
+        return pd.DataFrame()
+    done = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    dur = (done.compute_stop_ns - done.compute_start_ns).astype("float64") / 1e9
+    by = dur.groupby(done.prefix)
+    median, count = by.transform("median"), by.transform("size")
+    slow = done.assign(compute_s=dur, median_s=median)[(count >= 5) & (dur > STRAGGLER_FACTOR * median)
+                                                        & (dur - median > STRAGGLER_MIN_S)]
+    on = path[path.kind == "compute"].assign(path_s=lambda p: (p.end_ns - p.start_ns) / 1e9)
+    on = on.groupby(["job", "key"]).path_s.sum().reset_index()
+    return slow.merge(on, on=["job", "key"]).sort_values("path_s", ascending=False)
+
+
+def _why(row, t: dict) -> str:
+    """What the thread that ran a task did in its compute span, from its eBPF states."""
+    states, threads, procs = t.get("thread_states"), t.get("threads"), t.get("processes")
+    if states is None or threads is None or procs is None or states.empty or pd.isna(row.thread):
+        return ""
+    pid = procs[procs.name == row.worker].pid
+    tid = threads[threads.pid.isin(pid) & (threads.ident == row.thread)].tid
+    if pid.empty or tid.empty:
+        return ""
+    st, s0, s1 = of_thread(states, int(pid.iloc[0]), int(tid.iloc[0])), [row.compute_start_ns], [row.compute_stop_ns]
+    span = row.compute_stop_ns - row.compute_start_ns
+    waits = {w: int(overlap_ns(s0, s1, *st[state])[0]) / span
+             for state, w in (("gil", "waiting for the GIL"), ("runnable", "waiting for a CPU"), ("blocked", "blocked"))}
+    return ", ".join([f"on a CPU {max(0.0, 1 - sum(waits.values())):.0%}"] + [f"{w} {v:.0%}" for w, v in waits.items()
+                                                                            if v >= 0.05])
+
+
+def _stragglers(s: dict, t: dict) -> dict | None:
+    slow = stragglers(t)
+    if slow.empty:
+        return None
+    sec = float((slow.path_s - slow.median_s).clip(lower=0).sum())
+    top = [f"{r.key} ({r.prefix}) {r.compute_s:.2f} s on {r.worker} against a median of {r.median_s:.3f} s"
+           + (f" ({why})" if (why := _why(r, t)) else "") for r in slow.head(3).itertuples()]
+    return _finding("straggler", sec, f"{len(slow)} straggling task(s) held the critical path",
+                    "tasks that took far longer than others of their kind, while the path waited for them: "
+                    + "; ".join(top),
+                    "find why these keys are slow (their data: a skewed partition or a larger chunk; their "
+                    "worker: one that is busier or slower): repartition evenly, or split the slow inputs")
+
+
+def hot_functions(t: dict, top: int = 3) -> list[dict]:
+    """The user's own functions most often running inside tasks' compute spans (worker samples in
+    compute): the innermost frame outside libraries of each sample, and its share of those samples."""
+    cpu, stacks, frames = t.get("cpu_samples"), t.get("stacks"), t.get("frames")
+    if cpu is None or stacks is None or frames is None or cpu.empty:
+        return []
+    comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
+    if len(comp) < 10:
+        return []
+    user = frames[~frames.filename.fillna("").str.contains("|".join(map(re.escape, LIBRARY)))]
+    user = user.set_index("frame_id")
+    first = stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in user.index), None))
+    mine = comp.stack_id.map(first).dropna()
+    if mine.empty:
+        return []
+    counts = mine.astype("int64").value_counts()
+    rows = user.loc[counts.index].assign(n=counts.to_numpy())
+    rows = rows.groupby(["function", "filename"], sort=False).agg(n=("n", "sum"), line=("line", "first"))
+    rows = rows.sort_values("n", ascending=False).head(top).reset_index()
+    return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.n / len(comp),
+             "samples": int(r.n), "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"}
+            for r in rows.itertuples()]
+
+
+def _hot_function(s: dict, t: dict) -> dict | None:
+    hot = hot_functions(t, top=3)
+    comp = _cat(s, "compute")
+    if not hot or hot[0]["share"] < 0.3 or comp < MIN_SHARE * s["session_s"]:
+        return None
+    h = hot[0]
+    return _finding("hot-function", comp * h["share"], f"the tasks spent their time in {h['function']}",
+                    f"{h['share']:.0%} of the tasks' on-CPU samples ({h['samples']}) were in your function "
+                    f"{h['where']}; compute was {comp:.2f} s of the critical path"
+                    + ("; then " + ", ".join(f"{x['where']} {x['share']:.0%}" for x in hot[1:]) if hot[1:] else ""),
+                    f"speed up {h['function']}: vectorize it (numpy or pandas operations instead of Python loops "
+                    "and row-wise apply), or compile it (numba); it is where the compute went")

@@ -127,16 +127,18 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
            "prefixes": prefix_costs(tasks, path, numbers["session_s"]), "critical_path": path}
     sides = side() if side else sampled(t, meta, rules)  # all above needs no samples: done while they are read
     states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]
-    attr = attribute(path, t["processes"], states, cpu, threads)
+    task_tids = attempt_threads(attempts, threads)  # attempts is t["attempts"] with its jobs: the same rows
+    attr = attribute(path, t["processes"], states, cpu, threads, attempts, task_tids)
     cpu_in_window = cpu_time(cpu, states, threads[threads.pid.isin(_pids(t["processes"], CLUSTER))], span)
     summary = base | numbers | _split(attr) | {
         "jobs": _jobs(jobs, tasks, attempts, attr, window, again), "recomputed": whole["recomputed"],
         "cpu_by_category_s": cpu_by_category(cpu_in_window),
         "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], span)} | whole | {
         "thread_states": "ebpf" if len(states) else "samples"}
-    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path},
-                                   meta)
-    out |= {"attempt_threads": attempt_threads(t["attempts"], threads), "attribution": attr}
+    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path,
+                                                 "tasks": tasks, "threads": threads,
+                                                 "stack_categories": sides["stack_categories"]}, meta)
+    out |= {"attempt_threads": task_tids, "attribution": attr}
     return Analysis(out | ({} if side else sides), summary)
 
 

@@ -65,13 +65,14 @@ class Scenario:
                                 "runnable_ns": int((t1 - t0) * MS) - blocked})
 
     def sample(self, process: str, t: float, function: str, file: str = "distributed/scheduler.py",
-               tid: int | None = None, active: bool = True, name: str = "MainThread", owns_gil: bool = True) -> None:
+               tid: int | None = None, active: bool = True, name: str = "MainThread", owns_gil: bool = True,
+               ident: int | None = None) -> None:
         pid = PIDS[process]
         frame = self.frames.setdefault((function, file), len(self.frames))
         stack = self.stacks.setdefault((frame,), len(self.stacks))
         self.samples.append({"t_ns": int(t * MS), "pid": pid, "tid": pid if tid is None else tid,
                              "thread_name": name, "active": active, "owns_gil": owns_gil, "stack_id": stack,
-                             "source": "pyspy", "cpu": np.nan, "process": process})
+                             "source": "pyspy", "cpu": np.nan, "process": process, "ident": ident})
 
     def tables(self) -> dict:
         procs = pd.DataFrame([{"pid": pid, "name": name, "role": _role(name), "listen": None, "contact": None,
@@ -94,7 +95,8 @@ class Scenario:
 
 
 GRAPH_COLUMNS = ["msg_id", "src", "src_role", "t_first_ns", "t_last_ns", "msg_bytes", "keys", "graph_id"]
-SAMPLE_COLUMNS = ["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "source", "cpu", "process"]
+SAMPLE_COLUMNS = ["t_ns", "pid", "tid", "thread_name", "active", "owns_gil", "stack_id", "source", "cpu", "process",
+                  "ident"]
 
 
 def _role(name: str) -> str:
