@@ -121,8 +121,7 @@ class Agents:
         try:
             hosts = self.hosts()
         except Exception as e:  # the scheduler gone: each host keeps what was read, and run.json says so
-            if isinstance(e, BadReply):
-                self._bad(None, e)
+            self._bad(None, e) if isinstance(e, BadReply) else self._note(f"the relay could not list the hosts: {e}")
             for seen in self.seen.values() if final else ():
                 seen.setdefault("error", f"the scheduler did not answer ({type(e).__name__}: {e})")
             return
@@ -136,6 +135,7 @@ class Agents:
                     break
                 except Exception as e:  # this host only: the member gone meanwhile, its agent dead or not ours
                     seen["error"] = f"{type(e).__name__}: {e}"[:1000]
+                    self._note(f"reading {host} failed: {seen['error']}")
                     seen["failed_reads"] = seen.get("failed_reads", 0) + 1
                     if isinstance(e, BadReply):
                         self._bad(host, e)
@@ -160,9 +160,12 @@ class Agents:
         """Counted in the host's run.json entry, and logged."""
         if host:
             self.seen[host]["bad_replies"] = self.seen[host].get("bad_replies", 0) + 1
+        self._note(f"a bad reply from {host or 'the relay'}: {e}")
+
+    def _note(self, what: str) -> None:
         try:
             with open_append(self.log) as f:
-                f.write(f"daskprobe: a bad reply from {host or 'the relay'}: {e}\n"[:2000].encode())
+                f.write(f"daskprobe: {what}"[:2000].encode() + b"\n")
         except OSError:
             pass
 
