@@ -43,6 +43,8 @@ TID = C("tid", "int64", "", "thread id (the kernel's; on another host, as its pi
 PROCESS = C("process", "str", "", "the process's name in `processes`; null if the pid is none of the run's")
 HOST = C("host", "str", "", "the host the process ran on: local (daskprobe's), or the host of its address "
          "(run.json `hosts`: the agent there and its clock offset)")
+CAPTURED_ON = C("host", "str", "", "the host whose capture it comes from: local (daskprobe's), or another host "
+                "whose agent captured it (run.json `hosts`)")
 # Pids are the run's: pid P on the k-th host with an agent (run.json `hosts`, `number`) is k·HOST_PID + P,
 # since two hosts may run processes with the same pid (containers: every worker may be pid 7). Linux pids
 # are below 2^22 (PID_MAX_LIMIT), and so the run's stay in the int32 that Perfetto's pids are, up to 511 hosts.
@@ -187,6 +189,7 @@ DECODED = {
         C("stack_id", "int64", "", "the stack's number"),
         C("frame_ids", "list[int64]", "", "its frames (frames.frame_id), leaf first; eBPF's kernel frames "
           "before its user frames"),
+        CAPTURED_ON,
     )),
     "frames": Table("One row per distinct frame.", (
         C("frame_id", "int64", "", "the frame's number"),
@@ -194,6 +197,7 @@ DECODED = {
         C("filename", "str", "", "source file (Python), module (native) or [kernel]"),
         C("line", "int64", "", "line number; 0 for native and kernel frames"),
         C("kind", "str", "", "python, native or kernel"),
+        CAPTURED_ON,
     )),
     "gil_waits": Table("One row per wait of at least 5 µs to take the GIL (eBPF: take_gil's sleeps on the GIL's condition); shorter "
                        "ones are summed in short_waits.", (
@@ -250,6 +254,7 @@ DECODED = {
         C("direction", "Int64", "", "as in messages; null if none"),
         C("hop", "str", "", "peer (between the connecting process and the proxy) or upstream (between the proxy "
           "and the process it fronts); null if none"),
+        CAPTURED_ON,
     )),
     "proc": Table("One row per process and tick (5 a second) of /proc/PID/stat and the process's CPU clock "
                   "(captures/proc.tsv).", (
@@ -325,6 +330,7 @@ ANALYSIS = {
         C("start_ns", "int64", MONO, "start of the interval"),
         C("end_ns", "int64", MONO, "its end"),
         C("state", "str", "", "gil (waiting to take the GIL), runnable (no CPU free) or blocked"),
+        HOST,
     )),
     "in_flight": Table("One row per change of the tasks a worker holds: a compute-task reaching it (+1) or a "
                        "task-finished leaving it (-1).", (
@@ -364,6 +370,7 @@ ANALYSIS = {
         C("ebpf_states", "bool", "", "its process has eBPF thread states"),
         C("first_ns", "int64", MONO, "when it was first seen"),
         C("last_ns", "int64", MONO, "when it was last seen"),
+        HOST,
     )),
     "attempt_threads": Table("One row per attempt whose worker thread is known: the thread that ran it. A "
                              "task-finished names its thread by Python ident, which a later thread may get again: "
@@ -371,6 +378,7 @@ ANALYSIS = {
         C("attempt", "int64", "", "the attempt's row in attempts (from 0)"),
         TID,
         C("name", "str", "", "the thread's name (threads.name)"),
+        HOST,
     )),
     "cpu_samples": Table("One row per sample the CPU analysis counts (a process with Python samples is counted "
                          "from those only), with its thread state and category.", (
@@ -388,6 +396,7 @@ ANALYSIS = {
           "client's, else its stack's (stack_categories)"),
         C("weight_s", "float64", "s", "time it stands for without eBPF states: since its process's previous read "
           "(at most 3 periods), 1/cpu_hz for ebpf"),
+        HOST,
     )),
     "stack_categories": Table("One row per stack.", (
         C("stack_id", "int64", "", "stacks.stack_id"),

@@ -67,7 +67,7 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
 
     def side() -> None:  # in the child
         for name, df in sampled(tables, meta, list(rules)).items():
-            run.write_table(name, df)
+            run.write_table(name, _hosted(name, df, meta))
 
     def written(joined) -> dict:  # here, once the attribution needs them
         joined()  # raises what failed in the child
@@ -75,11 +75,18 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
     with beside(side) as joined:
         result = analyze(tables, meta, list(rules), side=lambda: written(joined))
     for name, df in result.tables.items():
-        run.write_table(name, df)
+        run.write_table(name, _hosted(name, df, meta))
     summary = result.summary | {"run": str(run.path), "caveats": caveats(meta, result.summary, live_recorder(meta))}
     run.write_file("summary.json", json.dumps(summary, indent=2, default=_json))
     with contextlib.suppress(OSError):  # a closed terminal costs the printout, not the run
         print_summary(summary, Console(stderr=not stdout))
+
+
+def _hosted(name: str, df, meta: dict):
+    """A table of the analysis with the host column its schema asks for (processes' and threads' rows)."""
+    from ..probes.schema import TABLES
+    from .tables import with_host
+    return with_host(df, meta) if "host" in TABLES[name].names else df
 
 
 def _json(v):

@@ -101,9 +101,9 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     rows carry the name and host of their process. Returns (for run.json) what an eBPF agent
     could not probe, per process ("failed"), and the malformed lines left out of each capture
     ("malformed_lines": its path in the run directory: how many)."""
-    tables, failed, malformed = _captured(run / "captures", conns)
+    tables, failed, malformed = _captured(run / "captures", "local", conns)
     for number, host, offset, timens in _agent_hosts(run):
-        theirs, their_failed, their_malformed = _captured(run / "hosts" / host / "captures", conns.iloc[:0],
+        theirs, their_failed, their_malformed = _captured(run / "hosts" / host / "captures", host, conns.iloc[:0],
                                                           _after(tables["frames"].frame_id),
                                                           _after(tables["stacks"].stack_id))
         for name, df in theirs.items():
@@ -114,15 +114,16 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     named = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     for name, df in tables.items():
         if "pid" in df:
-            df["process"], df["host"] = df.pid.map(named.name), df.pid.map(named.host)
+            df["process"] = df.pid.map(named.name)
         run.write_table(name, df)
     return {"failed": failed, "malformed_lines": malformed}
 
 
-def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0) -> tuple[dict, list[str], dict]:
-    """The tables of one captures directory, frame and stack ids from the bases on; what its eBPF
-    agent could not probe, per process; the malformed lines left out of its captures (captures/NAME:
-    how many, where any)."""
+def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
+              stack_base: int = 0) -> tuple[dict, list[str], dict]:
+    """The tables of one host's captures directory, each row with its host, frame and stack ids from
+    the bases on; what its eBPF agent could not probe, per process; the malformed lines left out of
+    its captures (captures/NAME: how many, where any)."""
     bad = Counter()
     samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE, bad)
     samples["source"], frames["kind"] = "pyspy", "python"
@@ -141,9 +142,19 @@ def _captured(cap, conns: pd.DataFrame, frame_base: int = 0, stack_base: int = 0
               "tcp": ebpf_tables.read_tcp(events, conns),
               "proc": procfs.read_proc(cap / procfs.CAPTURE, bad),
               "thread_names": procfs.read_thread_names(cap / procfs.THREADS, bad)}
+    for df in tables.values():
+        df["host"] = host  # the capture's: a pid none of the run's processes has ran there too
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
     return (tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()],
             {f"captures/{name}": n for name, n in bad.items() if n})
+
+
+def with_host(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A table of processes' or threads' rows, with the host each ran on, by its pid (else tid): the
+    run's pids and tids carry their host's number (HOST_PID); null for one that is none of the run's."""
+    names = {0: "local"} | {h["number"]: host for host, h in meta.get("hosts", {}).items()}
+    df["host"] = ((df["pid"] if "pid" in df else df["tid"]) // HOST_PID).map(names)
+    return df
 
 
 def _after(ids: pd.Series, base: int = 0) -> int:

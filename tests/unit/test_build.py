@@ -7,7 +7,7 @@ import pandas as pd
 from daskprobe.analyzers.summary import INPUTS, analyze
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
-from daskprobe.tracer.build import _json, analysis, report
+from daskprobe.tracer.build import _hosted, _json, analysis, report
 from scenario import META, Scenario, two_task_chain
 
 
@@ -28,7 +28,7 @@ def test_the_stage_split_over_two_processes_says_what_one_process_says(tmp_path)
             r.write_table(name, df.reindex(columns=TABLES[name].names))
     expected = analyze({name: one.table(name, missing_ok=True) for name in INPUTS}, META)
     for name, df in expected.tables.items():
-        one.write_table(name, df)
+        one.write_table(name, _hosted(name, df, META))  # as the stage writes them
     analysis(run)
     summary = json.loads((run / "summary.json").read_text())
     assert summary.pop("run") == str(run.path) and summary.pop("caveats") == []

@@ -79,7 +79,7 @@ def test_write_table_refuses_a_column_that_does_not_fit_its_dtype(tmp_path, colu
 
 def test_a_list_column_of_the_wrong_element_type_is_refused(tmp_path):
     run = _run(tmp_path)
-    run.write_table("stacks", pd.DataFrame({"stack_id": [0], "frame_ids": [[3, 1, 2]]}))
+    run.write_table("stacks", pd.DataFrame({"stack_id": [0], "frame_ids": [[3, 1, 2]], "host": ["local"]}))
     assert run.table("stacks").frame_ids[0].tolist() == [3, 1, 2]
     with pytest.raises(schema.SchemaError, match="'stacks'"):
-        run.write_table("stacks", pd.DataFrame({"stack_id": [0], "frame_ids": [["f", "g"]]}))
+        run.write_table("stacks", pd.DataFrame({"stack_id": [0], "frame_ids": [["f", "g"]], "host": ["local"]}))
