@@ -45,7 +45,8 @@ DEFINITIONS = {
             "its time after its last told key, to the next job or the client's last message, is uncategorized",
     "tasks": "computations of a key in a job (a key computed in two jobs counts twice), over all jobs",
     "dispatches": "compute-task messages the scheduler sent (a task stolen or rescheduled is dispatched again)",
-    "aot_s": "average overhead per task as in Böhm & Beránek: makespan_s / tasks, in seconds",
+    "aot_s": "average overhead per task as in Böhm & Beránek: the jobs' makespans (summed; the client's time "
+             "between jobs left out) / tasks, in seconds",
     "compute_s": "sum over finished dispatches of the worker's compute span (stop - start), in seconds",
     "messages": "Dask messages seen by the proxy in the makespan window (a batch counts once)",
     "ops": "ops in those messages (each op of a batch counts)",
@@ -68,9 +69,11 @@ DEFINITIONS = {
                      "arriving and its task-finished leaving); a worker that ended in it, only until then",
     "workers_ended_s": "workers whose every connection closed before the makespan's end (died, or retired): "
                        "when the last closed, in seconds from the session's start",
-    "task_overhead_s": "distribution over finished tasks of (task-finished reaching the scheduler - the task "
-                       "being ready) - its compute span, in seconds; ready = the later of its last dependency's "
-                       "task-finished reaching the scheduler and its graph's last byte",
+    "task_overhead_s": "distribution over finished tasks of their overhead, in seconds: (task-finished reaching the "
+                       "scheduler - the task being ready) less its compute span and its waiting (from ready to its "
+                       "compute-task leaving the scheduler, and on the worker from its arrival and inputs to its "
+                       "start); ready = the later of its last dependency's task-finished reaching the scheduler and "
+                       "its graph's last byte",
     "scheduler_cpu_per_task_s": "scheduler CPU seconds (the proc table's: its CPU clock) in the makespan window / tasks",
     "findings": "what the split says to change: each cause that took at least 10% of the session (and any "
                 "recomputed keys), with its seconds (90% interval where they rest on samples), share of "
@@ -201,7 +204,8 @@ def _numbers(t: dict, jobs, tasks, attempts, window) -> dict:
     makespan = (end - start) / 1e9
     return {"session_s": (window[1] - window[0]) / 1e9, "session_window_ns": list(window),
             "makespan_s": makespan, "window_ns": [start, end], "tasks": n, "dispatches": len(attempts),
-            "aot_s": makespan / n if n else None, "compute_s": float(spans.sum()) / 1e9,
+            "aot_s": float((jobs.end_ns - jobs.start_ns).sum()) / 1e9 / n if n else None,
+            "compute_s": float(spans.sum()) / 1e9,
             "messages": len(per_msg), "ops": len(inside),
             "messages_per_task": len(per_msg) / n if n else None,
             "bytes_per_task": float(per_msg.msg_bytes.sum()) / n if n else None,

@@ -285,3 +285,10 @@ def test_data_carried_in_the_graph_is_named_and_fewer_tasks_is_not_advised():
     assert "50 MB of graphs for 1 tasks" in ids["data-in-graph"]["evidence"]
     s.graphs[-1]["msg_bytes"] = 100
     assert "data-in-graph" not in found(s)
+
+
+def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
+    summary = analyze(client_between("/home/me/flow.py").tables(), META).summary
+    jobs = sum(j["makespan_s"] for j in summary["jobs"])
+    assert summary["aot_s"] == pytest.approx(jobs / summary["tasks"])
+    assert summary["aot_s"] < summary["makespan_s"] / summary["tasks"] / 10  # 1 s of client time left out
