@@ -26,7 +26,8 @@ def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     session = s["session_s"] or 1.0
     found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s, t), _starvation(s, t, meta),
                          _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
-                         _decisions(s), _overhead(s), _network(s), _graph_data(s, t), _materialization(s, t),
+                         _cold_start(s, t), _decisions(s), _overhead(s), _network(s), _graph_data(s, t),
+                         _materialization(s, t),
                          _transfers(s), _workers_wait(s)) if f]
     for f in found:
         f["share"] = f["seconds"] / session
@@ -431,3 +432,66 @@ def _hot_function(s: dict, t: dict) -> dict | None:
                     + ("; then " + ", ".join(f"{x['where']} {x['share']:.0%}" for x in hot[1:]) if hot[1:] else ""),
                     f"speed up {h['function']}: vectorize it (numpy or pandas operations instead of Python loops "
                     "and row-wise apply), or compile it (numba); it is where the compute went")
+
+
+IMPORTING = "_find_and_load"  # importlib's frame under every import statement
+
+
+def imports_on_path(t: dict) -> pd.DataFrame:
+    """CPU seconds that processes on the critical path of a job spent importing modules (their on-CPU
+    samples inside their own path segments whose stacks import), by process and top-level module."""
+    path, cpu, stacks, frames, procs = (t.get(k) for k in ("critical_path", "cpu_samples", "stacks", "frames",
+                                                            "processes"))
+    if any(x is None for x in (path, cpu, stacks, frames, procs)) or cpu.empty:
+        return pd.DataFrame(columns=["process", "module", "seconds"])
+    module = _imported_module(stacks, frames)
+    segs = path[(path.job >= 0) & path.process.notna()]
+    pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid
+    rows = []
+    for process, mine in segs.groupby("process"):
+        smp = cpu[(cpu.pid == pids.get(process)) & cpu.on_cpu.fillna(False).astype(bool)]
+        smp = smp[inside(smp.t_ns.to_numpy(), *union(mine.start_ns, mine.end_ns))]
+        smp = smp.assign(module=smp.stack_id.map(module)).dropna(subset=["module"])
+        rows += [{"process": process, "module": m, "seconds": float(w)}
+                 for m, w in smp.groupby("module").weight_s.sum().items()]
+    return pd.DataFrame(rows, columns=["process", "module", "seconds"])
+
+
+def _imported_module(stacks: pd.DataFrame, frames: pd.DataFrame) -> pd.Series:
+    """stack_id -> the top-level module an import in that stack was loading (None: no import)."""
+    f = frames.set_index("frame_id")
+    importing = set(f.index[f.function == IMPORTING])
+    module_level = f.filename[f.function == "<module>"].to_dict()
+
+    def top(ids) -> str | None:
+        ids = list(ids)
+        outer = max((i for i, fid in enumerate(ids) if fid in importing), default=None)
+        if outer is None:
+            return None
+        inner = next((module_level[fid] for fid in reversed(ids[:outer]) if fid in module_level), None)
+        return _module_name(inner) if inner else "?"
+    return stacks.set_index("stack_id").frame_ids.map(top)
+
+
+def _module_name(filename: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1].split("/", 1)[0].removesuffix(".py")
+    name = filename.rsplit("/", 2)
+    return name[-2] if name[-1] == "__init__.py" and len(name) > 1 else name[-1].removesuffix(".py")
+
+
+def _cold_start(s: dict, t: dict) -> dict | None:
+    imports = imports_on_path(t)
+    sec = float(imports.seconds.sum())
+    if not sec:
+        return None
+    by_process = imports.groupby("process").seconds.sum().sort_values(ascending=False)
+    modules = imports.groupby("module").seconds.sum().sort_values(ascending=False).head(4)
+    return _finding("cold-start", sec, "processes imported modules while the path waited",
+                    "CPU time importing, inside jobs, on the critical path: "
+                    + ", ".join(f"{p} {v:.2f} s" for p, v in by_process.items())
+                    + "; modules: " + ", ".join(f"{m} {v:.2f} s" for m, v in modules.items()),
+                    "a cold start: each new process imports what its first tasks need. Import it before timing "
+                    "(a worker preload: dask worker --preload MODULE, or client.run(importlib.import_module, "
+                    "'MODULE') once), or keep one cluster alive across computations")

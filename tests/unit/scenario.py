@@ -67,9 +67,15 @@ class Scenario:
     def sample(self, process: str, t: float, function: str, file: str = "distributed/scheduler.py",
                tid: int | None = None, active: bool = True, name: str = "MainThread", owns_gil: bool = True,
                ident: int | None = None) -> None:
+        self.sample_stack(process, t, [(function, file)], tid, active, name, owns_gil, ident)
+
+    def sample_stack(self, process: str, t: float, frames: list[tuple[str, str]], tid: int | None = None,
+                     active: bool = True, name: str = "MainThread", owns_gil: bool = True,
+                     ident: int | None = None) -> None:
+        """A sample of a stack of (function, file) frames, innermost first."""
         pid = PIDS[process]
-        frame = self.frames.setdefault((function, file), len(self.frames))
-        stack = self.stacks.setdefault((frame,), len(self.stacks))
+        ids = tuple(self.frames.setdefault(f, len(self.frames)) for f in frames)
+        stack = self.stacks.setdefault(ids, len(self.stacks))
         self.samples.append({"t_ns": int(t * MS), "pid": pid, "tid": pid if tid is None else tid,
                              "thread_name": name, "active": active, "owns_gil": owns_gil, "stack_id": stack,
                              "source": "pyspy", "cpu": np.nan, "process": process, "ident": ident})

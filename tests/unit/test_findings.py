@@ -292,3 +292,21 @@ def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
     jobs = sum(j["makespan_s"] for j in summary["jobs"])
     assert summary["aot_s"] == pytest.approx(jobs / summary["tasks"])
     assert summary["aot_s"] < summary["makespan_s"] / summary["tasks"] / 10  # 1 s of client time left out
+
+
+def test_module_imports_inside_a_job_are_a_cold_start_naming_the_module():
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["a-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 60, 61)  # task-finished leaves 36 ms after the compute
+    s.told("a-0", 62, 63)
+    s.message("client", "scheduler", 63.5, 64, "close-client")
+    pandas_init = "/venv/lib/python3.11/site-packages/pandas/__init__.py"
+    for t in range(25, 59, 2):  # meanwhile worker-0's loop imports pandas
+        s.sample_stack("worker-0", t, [("<module>", "/venv/lib/python3.11/site-packages/pandas/core/frame.py"),
+                                       ("_find_and_load", "<frozen importlib._bootstrap>"),
+                                       ("<module>", pandas_init), ("_find_and_load", "<frozen importlib._bootstrap>"),
+                                       ("handle_stream", "/venv/lib/python3.11/site-packages/distributed/core.py")])
+    f = found(s)["cold-start"]
+    assert "worker-0" in f["evidence"] and "pandas" in f["evidence"] and "preload" in f["advice"], f
+    assert "cold-start" not in found(short_session(Scenario()))
