@@ -19,6 +19,7 @@ from .critical_path import critical_paths
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
+from .transfers import moved, transfers
 from .thread_state import attempt_threads, thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle, workers_ended
 
@@ -74,6 +75,9 @@ DEFINITIONS = {
                        "compute-task leaving the scheduler, and on the worker from its arrival and inputs to its "
                        "start); ready = the later of its last dependency's task-finished reaching the scheduler and "
                        "its graph's last byte",
+    "moved": "task data sent from one worker to another (table transfers: get_data replies, P2P shuffle and "
+             "rechunk shuffle_receive requests): bytes on the wire, and by kind bytes, messages and MB/s over their "
+             "time on the wire (first to last byte; null where that was under 1 ms in all)",
     "scheduler_cpu_per_task_s": "scheduler CPU seconds (the proc table's: its CPU clock) in the makespan window / tasks",
     "findings": "what the split says to change: each cause that took at least 10% of the session (and any "
                 "recomputed keys), with its seconds (90% interval where they rest on samples), share of "
@@ -126,7 +130,9 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span, ended),
              "workers_ended_s": {w: (ns - window[0]) / 1e9 for w, ns in ended.items()},
              "task_overhead_s": task_overhead(tasks), "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], span, len(tasks))}
-    out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(attempts),
+    moves = transfers(t["messages"])
+    whole["moved"] = moved(moves)
+    out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(attempts), "transfers": moves,
            "prefixes": prefix_costs(tasks, path, numbers["session_s"]), "critical_path": path}
     sides = side() if side else sampled(t, meta, rules)  # all above needs no samples: done while they are read
     states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]

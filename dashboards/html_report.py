@@ -15,8 +15,8 @@ from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 
 from ..analyzers.categories import UNCATEGORIZED
-from ..analyzers.jobs import exchanges
 from ..analyzers.tasks import task_overheads
+from ..analyzers.transfers import MIN_WIRE_S, rate
 from ..probes.rundir import RunDir
 
 # Per figure, so that a 100K-task page draws in seconds: each bar is an SVG element (a browser
@@ -270,23 +270,31 @@ def _stream(spans: pd.DataFrame, moves: pd.DataFrame, start: int, since: str = "
 
 
 def bandwidth(p: Page):
-    """Dask's bandwidth between workers: the get_data replies each worker served each other."""
-    x = exchanges(p.run.table("messages"))
+    """Data moved between workers (table transfers): get_data replies and P2P shuffle_receive requests."""
+    x = p.run.table("transfers", missing_ok=True)
     if x.empty:
-        return "Bandwidth between workers", "", None
-    x = x.assign(wire_s=(x.rep_last - x.rep_first) / 1e9)
-    g = x.groupby(["dst", "src"]).agg(mb=("rep_bytes", lambda b: b.sum() / 1e6), n=("rep_bytes", "size"),
-                                      wire_s=("wire_s", "sum"))
+        return "Data moved between workers", "", None
+    x = x.assign(wire_s=(x.t_last_ns - x.t_first_ns) / 1e9)
+    g = x.groupby(["dst", "src"]).agg(mb=("bytes", lambda b: b.sum() / 1e6), n=("bytes", "size"), wire_s=("wire_s", "sum"))
     mb = g.mb.unstack(fill_value=0)
-    text = [[f"{g.mb.get((a, b), 0):.1f} MB in {g.n.get((a, b), 0)} replies, "
-             f"{g.mb.get((a, b), 0) / max(g.wire_s.get((a, b), 0), 1e-9):.0f} MB/s on the wire" if (a, b) in g.index else ""
-             for b in mb.columns] for a in mb.index]
+
+    def cell(a: str, b: str) -> str:
+        if (a, b) not in g.index:
+            return ""
+        r = g.loc[(a, b)]
+        speed = rate(r.mb * 1e6, r.wire_s)
+        return f"{r.mb:.1f} MB in {int(r.n)} messages, " + (f"{speed:.0f} MB/s on the wire" if speed else
+                                                             f"under {MIN_WIRE_S * 1e3:.0f} ms on the wire")
+    text = [[cell(a, b) for b in mb.columns] for a in mb.index]
     fig = go.Figure(go.Heatmap(z=mb.to_numpy(), x=list(mb.columns), y=list(mb.index), text=text,
                                texttemplate="%{text}", colorscale="Blues", colorbar=dict(title="MB")))
-    return ("Bandwidth between workers",
-            "Megabytes each worker (row) sent another (column) in replies to get_data, the inputs one worker "
-            "fetched from another; in each cell, the replies' count and their bytes over their time on the wire "
-            "(first to last byte at the proxy, in MB/s).", layout(fig, "to (the worker that fetched)", "from"))
+    kinds = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in x.groupby("kind").bytes.sum().items())
+    return ("Data moved between workers",
+            f"Megabytes each worker (column) sent another (row): {kinds}. get_data replies carry the inputs one "
+            "worker fetched from another; shuffle_receive carries a P2P shuffle's or rechunk's pieces. In each "
+            "cell, the messages' count and their bytes over their time on the wire (first to last byte at the "
+            f"proxy, in MB/s; not given under {MIN_WIRE_S * 1e3:.0f} ms).",
+            layout(fig, "from (the worker that sent)", "to"))
 
 
 def per_job(p: Page):

@@ -339,6 +339,15 @@ ANALYSIS = {
           "the proxy"),
         C("tasks", "int64", "count", "tasks it holds from then on; 0: idle, waiting on the scheduler"),
     )),
+    "transfers": Table("One row per message that carried task data from one worker to another: a reply to "
+                       "get_data (a task's inputs), or a P2P shuffle's or rechunk's shuffle_receive.", (
+        C("src", "str", "", "the worker that sent the data"),
+        C("dst", "str", "", "the worker that received it"),
+        C("kind", "str", "", "get_data (inputs fetched) or shuffle_receive (P2P shuffle or rechunk)"),
+        C("t_first_ns", "int64", MONO, "the message's first byte at the proxy (or tap)"),
+        C("t_last_ns", "int64", MONO, "its last byte"),
+        C("bytes", "int64", "bytes", "the message's bytes on the wire, framing included"),
+    )),
     "prefixes": Table("One row per key prefix (dask's key_split): what its tasks cost over all jobs.", (
         C("prefix", "str", "", "the prefix"),
         C("tasks", "int64", "count", "its tasks (a key per job)"),
@@ -346,12 +355,12 @@ ANALYSIS = {
         C("compute_s", "float64", "s", "their compute spans, summed"),
         C("compute_per_task_s", "float64", "s", "compute span per task, mean"),
         C("overhead_per_task_s", "float64", "s", "overhead per finished task, median: (task-finished reaching the "
-                                                 "scheduler - ready) - compute; null if none finished. It includes "
-                                                 "waiting (wait_per_task_s)"),
-        C("wait_per_task_s", "float64", "s", "the part of overhead_per_task_s spent waiting, median: from ready to "
-                                             "its compute-task leaving the scheduler (queued there, with the "
-                                             "scheduler's own handling), plus from its compute-task (or its inputs, "
-                                             "when fetched) reaching the worker to its compute's start"),
+                                                 "scheduler - ready) - compute - waiting: the messages' hops, "
+                                                 "fetching inputs, reporting the result; null if none finished"),
+        C("wait_per_task_s", "float64", "s", "waiting per finished task, median: from ready to its compute-task "
+                                             "leaving the scheduler (queued there, with the scheduler's own "
+                                             "handling), plus from its compute-task (or its inputs, when fetched) "
+                                             "reaching the worker to its compute's start"),
         C("result_bytes", "float64", "bytes", "their results' sizes, summed (as the workers reported them)"),
         C("moved_bytes", "float64", "bytes", "bytes of its results other workers needed: each result's size once per "
                                              "other worker that ran a task of the same job depending on it (from "
