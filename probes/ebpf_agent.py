@@ -18,7 +18,9 @@ appends to DIR:
                      @N: the Nth record of ebpf_ustacks.bin, unwound after the run)
     ebpf_ustacks.bin struct ustack records (ebpf_format.py): CPU samples of the native processes,
                      with their user registers and the top of their user stack, as BPF copied them
-    ebpf_maps.tsv    t_ns pid start end offset path   (a sampled process's executable mappings, hex, when they change)
+    ebpf_maps.tsv    t_ns pid start end offset dev inode uid path   (a sampled process's executable mappings, hex,
+                     when they change; dev MAJOR:MINOR, the process's real uid: the unwinder reads a file only
+                     if it is still that one and that user could read it)
     ebpf_programs.tsv  name runs run_time_ns        (each BPF program's cost, if the kernel counts it: ebpf_format)
     ebpf_small.tsv   kind pid tid total_ns count                  (waits below the thresholds, summed in BPF)
     ebpf_status.tsv  A|E pid what                                 (attached / could not, and why;
@@ -44,6 +46,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 
 import ebpf_format  # siblings: sys.path[0] is this script's folder
 from btf import Btf
+from mapped_file import NotRead, default_version, fd_path, first, mappings, open_mapped
 
 TIMENS_NS = ebpf_format.timens_ns()
 
@@ -56,8 +59,6 @@ GIL_MIN_NS = 5_000
 OFFCPU_MIN_NS = 50_000
 MAPS_EVERY_S = 1.0
 POLL_S = 0.5  # a drain costs about the same whether it finds 400 records or 2,000; a wake-up is 60-110 µs
-# start end offset path, of a file or the vDSO
-EXEC_MAPPING = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ..x. ([0-9a-f]+) \S+ \d+ +(/[^\n]*|\[vdso\])")
 GIL_ATTACH_S = 5.0  # how long a watched process may take to map its libpython
 TCP_PROBE_FORMAT = "/sys/kernel/tracing/events/tcp/tcp_probe/format"
 
@@ -344,19 +345,12 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
 """
 
 
-def mapped(pid: int, pattern: str) -> str | None:
-    """The first file mapped in the process whose path matches `pattern`."""
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            path = line.split()[-1]
-            if re.search(pattern, path):
-                return path
-    return None
-
-
-def libpython_of(pid: int) -> str | None:
-    """The file that holds take_gil for this process: its libpython, else its executable."""
-    return mapped(pid, r"/libpython3\.\d+[^/]*\.so") or os.readlink(f"/proc/{pid}/exe")
+def libpython_of(pid: int):
+    """The mapping of the file that holds take_gil for this process: its libpython, else its executable."""
+    if lib := first(pid, r"/libpython3\.\d+[^/]*\.so"):
+        return lib
+    exe = os.stat(f"/proc/{pid}/exe")
+    return next((m for m in mappings(pid) if int(m.inode) == exe.st_ino and m.path != "[vdso]"), None)
 
 
 def stat_field(path: str, n: int) -> str | None:
@@ -389,61 +383,41 @@ def started(pid: int) -> str | None:
     return stat_field(f"/proc/{pid}/stat", 22)
 
 
-def libc_of(pid: int) -> str | None:
-    return mapped(pid, r"/libc(\.so|-[\d.]+\.so)")
+def libc_of(pid: int):
+    return first(pid, r"/libc(\.so|-[\d.]+\.so)")
 
 
-def exec_mappings(pid: int) -> list[tuple[str, str, str, str]]:
-    """The process's executable mappings, its files' and its vDSO ([vdso]): (start, end, offset, path), as
-    /proc/PID/maps has them."""
-    with open(f"/proc/{pid}/maps") as f:
-        return [m.groups() for m in map(EXEC_MAPPING.match, f) if m]
+def exec_mappings(pid: int) -> list:
+    """The process's executable mappings, its files' and its vDSO ([vdso]) (mapped_file.Mapping)."""
+    return [m for m in mappings(pid) if m.perms[2] == "x"]
 
 
 def text_of(pid: int, path: str) -> tuple[int, int] | None:
     """Where the executable mappings of `path` lie in the process: (lowest start, highest end)."""
-    spans = [(int(start, 16), int(end, 16)) for start, end, _, p in exec_mappings(pid) if p == path]
+    spans = [(int(m.start, 16), int(m.end, 16)) for m in exec_mappings(pid) if m.path == path]
     return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
 
 
-def take_gil_symbol(path: str) -> str | None:
-    """take_gil, or its LTO-suffixed name (take_gil.lto_priv.0)."""
+def take_gil_symbol(fd: int) -> str | None:
+    """take_gil, or its LTO-suffixed name (take_gil.lto_priv.0), in an open file."""
     try:
-        found = BPF.get_user_functions_and_addresses(path, r"^take_gil(\..*)?$")
+        found = BPF.get_user_functions_and_addresses(fd_path(fd), r"^take_gil(\..*)?$")
     except Exception:
         return None
     return found[0][0].decode() if found else None
 
 
-def default_version(path: str, name: str) -> int | None:
-    """The address of `name`'s default version (name@@VERSION) in an ELF file's dynamic symbols.
-    glibc keeps old versions of some functions (pthread_cond_timedwait@GLIBC_2.2.5) beside the one
-    programs link to, and without debug symbols bcc names both alike."""
-    with open(path, "rb") as f:
-        elf = f.read()
-    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:  # 64-bit little-endian only
-        return None
-    shoff, (shentsize, shnum) = struct.unpack_from("<Q", elf, 0x28)[0], struct.unpack_from("<HH", elf, 0x3A)
-    # (type, offset, size, link) of each section
-    sections = [struct.unpack_from("<4xI16xQQI", elf, shoff + i * shentsize) for i in range(shnum)]
-    dynsym = next((sec for sec in sections if sec[0] == 11), None)  # SHT_DYNSYM
-    versym = next((sec for sec in sections if sec[0] == 0x6FFFFFFF), None)  # SHT_GNU_versym
-    if dynsym is None:
-        return None
-    strtab = sections[dynsym[3]][1]
-    for i in range(dynsym[2] // 24):
-        st_name, st_value = struct.unpack_from("<I4xQ", elf, dynsym[1] + 24 * i)
-        end = elf.index(b"\0", strtab + st_name)
-        hidden = versym is not None and struct.unpack_from("<H", elf, versym[1] + 2 * i)[0] & 0x8000
-        if st_value and not hidden and elf[strtab + st_name:end] == name.encode():
-            return st_value
-    return None
+def real_uid(pid: int) -> int:
+    """The process's real uid (OSError: gone)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Uid:")).split()[1])
 
 
 class Agent:
     def __init__(self, args):
         self.args, self.files, self.stacks_cache, self.symbols = args, {}, {}, {}
-        # take_gil's name by file; pthread_cond_timedwait's offset by libc file (device, inode)
+        # by file (device, inode): take_gil's name in a libpython; (an open descriptor, whose
+        # /proc/self/fd path bcc attaches to, and pthread_cond_timedwait's address) in a libc
         self.gil_libs, self.gil_libcs = {}, {}
         # libc file -> (pid, its start time), or None for the whole machine -> the uprobe events attached
         self.gil_probes = {}
@@ -567,34 +541,58 @@ class Agent:
     def attach_gil(self, pid: int, name: str) -> str:
         try:
             lib, libc = libpython_of(pid), libc_of(pid)
-            if lib not in self.gil_libs:
-                self.gil_libs[lib] = take_gil_symbol(lib)
-            if (sym := self.gil_libs[lib]) is None:
-                return f"E\t{pid}\tgil: {name}: no take_gil symbol in {lib} (stripped, or not CPython)\n"
+            if lib is None:
+                return f"E\t{pid}\tgil: {name}: no libpython or executable mapped\n"
+            if (sym := self.take_gil_in(pid, lib)) is None:
+                return f"E\t{pid}\tgil: {name}: no take_gil symbol in {lib.path} (stripped, or not CPython)\n"
             if not libc:
                 return f"E\t{pid}\tgil: {name}: no libc mapped\n"
-            # the file the process maps, through its root: in another mount namespace, another file
-            path = f"/proc/{pid}/root{libc}"
-            st = os.stat(path)
-            key = (st.st_dev, st.st_ino)
-            if key not in self.gil_libcs:
-                self.gil_libcs[key] = default_version(path, "pthread_cond_timedwait")
-            if not (at := self.gil_libcs[key]):
-                return f"E\t{pid}\tgil: {name}: no pthread_cond_timedwait in its libc ({libc})\n"
-            text = text_of(pid, lib)
-        # gone, or an ELF file we cannot read (a watched process's libc, seen through its root, is its own)
-        except (OSError, ValueError, IndexError, struct.error) as e:
+            key, (fd, at) = self.libc_in(pid, libc)
+            if not at:
+                return f"E\t{pid}\tgil: {name}: no pthread_cond_timedwait in its libc ({libc.path})\n"
+            text = text_of(pid, lib.path)
+        # gone, or a file not read (mapped_file's checks) or that is not the ELF file expected
+        except (OSError, ValueError, IndexError, struct.error, NotRead) as e:
             return f"E\t{pid}\tgil: {name}: {e}\n"
         if text is None:
-            return f"E\t{pid}\tgil: {name}: {lib} is not mapped\n"
+            return f"E\t{pid}\tgil: {name}: {lib.path} is not mapped\n"
         table = self.b["gil_text"]
         table[ctypes.c_uint32(pid)] = table.Leaf(*text)
         try:
-            scope = self.attach_waits(key, path, at, pid)
+            scope = self.attach_waits(key, fd_path(fd), at, pid)
         except Exception as e:  # bcc's only kind; the process gone meanwhile, say
             del table[ctypes.c_uint32(pid)]
-            return f"E\t{pid}\tgil: {name}: attaching to {libc}: {e}\n"
-        return f"A\t{pid}\tgil: {name}: {lib}:{sym}, its waits in {libc}:pthread_cond_timedwait ({scope})\n"
+            return f"E\t{pid}\tgil: {name}: attaching to {libc.path}: {e}\n"
+        return f"A\t{pid}\tgil: {name}: {lib.path}:{sym}, its waits in {libc.path}:pthread_cond_timedwait ({scope})\n"
+
+    def take_gil_in(self, pid: int, lib) -> str | None:
+        """take_gil's name in the file the process maps (looked for once per file)."""
+        fd = open_mapped(pid, lib)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key not in self.gil_libs:
+                self.gil_libs[key] = take_gil_symbol(fd)
+            return self.gil_libs[key]
+        finally:
+            os.close(fd)
+
+    def libc_in(self, pid: int, libc) -> tuple:
+        """(device, inode) of the libc file the process maps (in another mount namespace, another file
+        than at its path here), and (a descriptor open on it, pthread_cond_timedwait's address). The
+        descriptor stays open: bcc attaches to its /proc/self/fd path, which names that file only."""
+        fd = open_mapped(pid, libc)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key in self.gil_libcs:
+            os.close(fd)
+        else:
+            try:
+                self.gil_libcs[key] = (fd, default_version(fd, "pthread_cond_timedwait"))
+            except BaseException:
+                os.close(fd)
+                raise
+        return key, self.gil_libcs[key]
 
     def attach_waits(self, file: tuple[int, int], path: str, at: int, pid: int) -> str:
         """Probes libc's pthread_cond_timedwait for `pid`, and says for whom. Per process, the kernel
@@ -707,13 +705,14 @@ class Agent:
     def snapshot_maps(self, pid: int) -> None:
         """The process's executable file mappings, written when they differ from the last ones
         written: the unwinder finds a sample's modules in the first snapshot taken after it. A sample
-        in the vDSO (in no file: left unnamed) is in them too, so that it does not read them again."""
+        in the vDSO (in no file: left unnamed) is in them too, so that it does not read them again.
+        Each with the file's device and inode and the process's uid, which the unwinder checks."""
         try:
-            mappings = exec_mappings(pid)
-        except OSError:
+            mappings, uid = exec_mappings(pid), real_uid(pid)
+        except (OSError, StopIteration):
             return  # it has exited: its earlier snapshot stands
-        rows = [m for m in mappings if m[3] != "[vdso]"]
-        spans = sorted((int(start, 16), int(end, 16)) for start, end, *_ in mappings)
+        rows = [(m.start, m.end, m.offset, m.dev, m.inode, str(uid), m.path) for m in mappings if m.path != "[vdso]"]
+        spans = sorted((int(m.start, 16), int(m.end, 16)) for m in mappings)
         self.ranges[pid] = ([a for a, _ in spans], [b for _, b in spans], time.monotonic())
         if rows != self.maps.get(pid):
             self.maps[pid], t = rows, kernel_now()

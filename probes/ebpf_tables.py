@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,20 @@ def _unwinder(args: list[str], stdin: str | None = None) -> tuple[dict[str, str]
         return {}, "daskprobe-unwind is not built (run ./setup.sh)"
     done = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, errors="replace")
     frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
+    if not done.returncode:
+        _tell_not_read(done.stderr)
     # the reason goes into a frame's name: no frame separators in it
     why = re.sub(r"\s*[;\t\n]+\s*", " ", done.stderr.strip()[-200:]) or f"exit code {done.returncode}"
     return frames, (f"daskprobe-unwind failed: {why}" if done.returncode else None)
+
+
+def _tell_not_read(said: str, most: int = 10) -> None:
+    """The mapped files daskprobe-unwind did not read (its checks: open.rs), and why, on our stderr:
+    their frames are unnamed. The count, then the first few."""
+    files = [line for line in said.splitlines() if "not read, its frames unnamed" in line]
+    total = [line for line in said.splitlines() if "mapped files not read" in line]
+    for line in total + files[:most] + [f"daskprobe-unwind: ... and {len(files) - most} more"] * (len(files) > most):
+        print(line, file=sys.stderr)
 
 
 def unwind(captures: Path) -> dict[str, str]:

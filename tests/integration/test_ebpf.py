@@ -243,8 +243,9 @@ DLSYM = """
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[1])
 import ebpf_agent
-libc = ebpf_agent.libc_of(os.getpid())
-ours = ebpf_agent.default_version(libc, "pthread_cond_timedwait")
+mapping = ebpf_agent.libc_of(os.getpid())
+libc = mapping.path
+ours = ebpf_agent.default_version(ebpf_agent.open_mapped(os.getpid(), mapping), "pthread_cond_timedwait")
 # the dynamic linker's answer: the function programs call, less where libc's file starts in memory
 at = ctypes.cast(ctypes.CDLL(libc).pthread_cond_timedwait, ctypes.c_void_p).value
 for line in open("/proc/self/maps"):

@@ -9,9 +9,14 @@
 //! record: N, a tab, its frames leaf first as "function [module]", ';'-joined, as the agent
 //! writes the kernel stacks it symbolizes itself. With --addresses, the stacks BPF walked by
 //! frame pointers (stdin: "pid<TAB>t_ns<TAB>addr,addr,...", hex, leaf first) are symbolized the same way.
+//!
+//! It runs as root and the mapped files' paths are the cluster's: each is read only if open.rs's
+//! checks hold. Those not read are named on stderr with the reason, and counted; their frames
+//! stay "[unknown] [module]".
 
 mod maps;
 mod module;
+mod open;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufWriter, Read, Write};
@@ -23,6 +28,11 @@ use framehop::{Module, Unwinder};
 
 use maps::{Mapping, Snapshots};
 use module::Elf;
+use open::Skip;
+
+/// A file as a mapping names it, with what its checks depend on: the same path may be another file
+/// for another process (or, recorded by device and inode, another file by now).
+type FileKey = (String, Option<(u64, u64)>, Option<u32>);
 
 const MAX_FRAMES: usize = 128;
 
@@ -69,14 +79,14 @@ fn args() -> Result<Args, String> {
 }
 
 /// A process's modules at one snapshot: framehop's unwinder, and for symbols each
-/// mapped range with its load bias and file.
+/// mapped range with its load bias and file (None: a file not read).
 struct Process {
     unwinder: UnwinderX86_64<Vec<u8>>,
-    ranges: Vec<(std::ops::Range<u64>, u64, Rc<Elf>, String)>,
+    ranges: Vec<(std::ops::Range<u64>, u64, Option<Rc<Elf>>, String)>,
 }
 
 impl Process {
-    fn new(mappings: &[Mapping], elves: &mut HashMap<String, Option<Rc<Elf>>>) -> Process {
+    fn new(mappings: &[Mapping], elves: &mut HashMap<FileKey, Result<Rc<Elf>, Skip>>) -> Process {
         let mut p = Process { unwinder: UnwinderX86_64::new(), ranges: Vec::new() };
         let mut by_path: Vec<(&str, Vec<&Mapping>)> = Vec::new();
         for m in mappings {
@@ -86,13 +96,16 @@ impl Process {
             }
         }
         for (path, ms) in by_path {
-            let Some(elf) = elves.entry(path.to_string()).or_insert_with(|| Elf::open(path).map(Rc::new)).clone()
-            else { continue };
-            let Some(bias) = elf.bias(ms[0]) else { continue };
+            let key = (path.to_string(), ms[0].file, ms[0].uid);
             let range = ms.iter().map(|m| m.start).min().unwrap()..ms.iter().map(|m| m.end).max().unwrap();
             let name = path.rsplit('/').next().unwrap_or(path).trim_end_matches(" (deleted)").to_string();
+            let Ok(elf) = elves.entry(key).or_insert_with(|| Elf::open(ms[0]).map(Rc::new)).clone() else {
+                p.ranges.push((range, 0, None, name));
+                continue;
+            };
+            let Some(bias) = elf.bias(ms[0]) else { continue };
             p.unwinder.add_module(Module::new(name.clone(), range.clone(), bias, elf.sections()));
-            p.ranges.push((range, bias, elf, name));
+            p.ranges.push((range, bias, Some(elf), name));
         }
         p
     }
@@ -100,7 +113,7 @@ impl Process {
     fn symbolize(&self, avma: u64) -> String {
         let name = |s: &str| s.replace(';', ":").replace('\t', " ");
         match self.ranges.iter().find(|(r, ..)| r.contains(&avma)) {
-            Some((_, bias, elf, module)) => match elf.symbol(avma.wrapping_sub(*bias)) {
+            Some((_, bias, elf, module)) => match elf.as_ref().and_then(|e| e.symbol(avma.wrapping_sub(*bias))) {
                 Some(f) => format!("{} [{}]", name(f), name(module)),
                 None => format!("[unknown] [{}]", name(module)),
             },
@@ -137,7 +150,7 @@ fn field(rec: &[u8], at: usize, width: usize) -> u64 {
 /// The processes' modules, built once per (pid, snapshot).
 struct Modules<'a> {
     snapshots: &'a Snapshots,
-    elves: HashMap<String, Option<Rc<Elf>>>,
+    elves: HashMap<FileKey, Result<Rc<Elf>, Skip>>,
     processes: HashMap<(u32, usize), Process>,
 }
 
@@ -146,6 +159,24 @@ impl Modules<'_> {
         let (i, mappings) = self.snapshots.at(pid, t)?;
         let elves = &mut self.elves;
         Some(self.processes.entry((pid, i)).or_insert_with(|| Process::new(mappings, elves)))
+    }
+
+    /// Says on stderr which files were not read and why, and how many for each reason.
+    fn tell_skipped(&self) {
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for ((path, ..), why) in self.elves.iter().filter_map(|(k, e)| Some((k, e.as_ref().err()?))) {
+            eprintln!("daskprobe-unwind: not read, its frames unnamed: {path}: {why}");
+            let why = why.to_string();
+            match counts.iter_mut().find(|(w, _)| *w == why) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((why, 1)),
+            }
+        }
+        if !counts.is_empty() {
+            let total: usize = counts.iter().map(|(_, n)| n).sum();
+            let each: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
+            eprintln!("daskprobe-unwind: {total} mapped files not read: {}", each.join("; "));
+        }
     }
 }
 
@@ -161,6 +192,8 @@ fn main() {
         Some((stacks, record, offsets)) => unwind(stacks, *record, offsets, &mut modules, &mut out),
         None => symbolize(&mut modules, &mut out),
     }
+    out.flush().expect("writing");
+    modules.tell_skipped();
 }
 
 /// Each stack a "pid<TAB>t_ns<TAB>addr,..." line of stdin holds, symbolized.
