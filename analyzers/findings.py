@@ -26,7 +26,7 @@ def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     session = s["session_s"] or 1.0
     found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s, t), _starvation(s, t, meta),
                          _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
-                         _cold_start(s, t), _decisions(s), _overhead(s), _network(s), _graph_data(s, t),
+                         _cold_start(s, t), _spilling(s, t), _loop_blocked(s, t), _decisions(s), _overhead(s), _network(s), _graph_data(s, t),
                          _materialization(s, t),
                          _transfers(s), _workers_wait(s)) if f]
     for f in found:
@@ -396,28 +396,38 @@ def _stragglers(s: dict, t: dict) -> dict | None:
                     "worker: one that is busier or slower): repartition evenly, or split the slow inputs")
 
 
+def user_frames(t: dict) -> pd.Series:
+    """stack_id -> the innermost frame of the user's own code in it (frame_id), outside libraries."""
+    stacks, frames = t.get("stacks"), t.get("frames")
+    if stacks is None or frames is None:
+        return pd.Series(dtype="float64")
+    mine = set(frames.frame_id[~frames.filename.fillna("").str.contains("|".join(map(re.escape, LIBRARY)))])
+    return stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in mine), None))
+
+
+def top_functions(t: dict, samples: pd.DataFrame, top: int = 3) -> list[dict]:
+    """The user's functions most often innermost of their code in `samples` (cpu_samples' rows): each
+    with its file and line, its share of those samples, and the seconds they stand for."""
+    first = samples.stack_id.map(user_frames(t)).dropna().astype("int64")
+    if first.empty:
+        return []
+    f = t["frames"].set_index("frame_id").loc[first.to_numpy()]
+    rows = f.assign(n=1, w=samples.weight_s.loc[first.index].to_numpy()).groupby(
+        ["function", "filename"], sort=False).agg(n=("n", "sum"), line=("line", "first"), seconds=("w", "sum"))
+    rows = rows.sort_values("n", ascending=False).head(top).reset_index()
+    return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.n / len(samples),
+             "samples": int(r.n), "seconds": float(r.seconds),
+             "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in rows.itertuples()]
+
+
 def hot_functions(t: dict, top: int = 3) -> list[dict]:
     """The user's own functions most often running inside tasks' compute spans (worker samples in
-    compute): the innermost frame outside libraries of each sample, and its share of those samples."""
-    cpu, stacks, frames = t.get("cpu_samples"), t.get("stacks"), t.get("frames")
-    if cpu is None or stacks is None or frames is None or cpu.empty:
+    compute), with their share of those samples."""
+    cpu = t.get("cpu_samples")
+    if cpu is None or cpu.empty:
         return []
     comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
-    if len(comp) < 10:
-        return []
-    user = frames[~frames.filename.fillna("").str.contains("|".join(map(re.escape, LIBRARY)))]
-    user = user.set_index("frame_id")
-    first = stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in user.index), None))
-    mine = comp.stack_id.map(first).dropna()
-    if mine.empty:
-        return []
-    counts = mine.astype("int64").value_counts()
-    rows = user.loc[counts.index].assign(n=counts.to_numpy())
-    rows = rows.groupby(["function", "filename"], sort=False).agg(n=("n", "sum"), line=("line", "first"))
-    rows = rows.sort_values("n", ascending=False).head(top).reset_index()
-    return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.n / len(comp),
-             "samples": int(r.n), "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"}
-            for r in rows.itertuples()]
+    return top_functions(t, comp, top) if len(comp) >= 10 else []
 
 
 def _hot_function(s: dict, t: dict) -> dict | None:
@@ -437,24 +447,30 @@ def _hot_function(s: dict, t: dict) -> dict | None:
 IMPORTING = "_find_and_load"  # importlib's frame under every import statement
 
 
+def path_samples(t: dict) -> pd.DataFrame:
+    """On-CPU samples that processes took inside their own segments of a job's critical path (cpu_samples'
+    rows): what each process on the path was running while the path was in it."""
+    path, cpu, procs = t.get("critical_path"), t.get("cpu_samples"), t.get("processes")
+    if path is None or cpu is None or procs is None or cpu.empty:
+        return pd.DataFrame(columns=["t_ns", "pid", "tid", "stack_id", "weight_s", "process"])
+    segs = path[(path.job >= 0) & path.process.notna()]
+    pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid
+    on = cpu[cpu.on_cpu.fillna(False).astype(bool)]
+    parts = []
+    for process, mine in segs.groupby("process"):
+        smp = on[on.pid == pids.get(process)]
+        parts.append(smp[inside(smp.t_ns.to_numpy(), *union(mine.start_ns, mine.end_ns))].assign(process=process))
+    return pd.concat(parts, ignore_index=True) if parts else on.iloc[:0].assign(process="")
+
+
 def imports_on_path(t: dict) -> pd.DataFrame:
     """CPU seconds that processes on the critical path of a job spent importing modules (their on-CPU
     samples inside their own path segments whose stacks import), by process and top-level module."""
-    path, cpu, stacks, frames, procs = (t.get(k) for k in ("critical_path", "cpu_samples", "stacks", "frames",
-                                                            "processes"))
-    if any(x is None for x in (path, cpu, stacks, frames, procs)) or cpu.empty:
+    smp = path_samples(t)
+    if smp.empty or t.get("stacks") is None:
         return pd.DataFrame(columns=["process", "module", "seconds"])
-    module = _imported_module(stacks, frames)
-    segs = path[(path.job >= 0) & path.process.notna()]
-    pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid
-    rows = []
-    for process, mine in segs.groupby("process"):
-        smp = cpu[(cpu.pid == pids.get(process)) & cpu.on_cpu.fillna(False).astype(bool)]
-        smp = smp[inside(smp.t_ns.to_numpy(), *union(mine.start_ns, mine.end_ns))]
-        smp = smp.assign(module=smp.stack_id.map(module)).dropna(subset=["module"])
-        rows += [{"process": process, "module": m, "seconds": float(w)}
-                 for m, w in smp.groupby("module").weight_s.sum().items()]
-    return pd.DataFrame(rows, columns=["process", "module", "seconds"])
+    smp = smp.assign(module=smp.stack_id.map(_imported_module(t["stacks"], t["frames"]))).dropna(subset=["module"])
+    return smp.groupby(["process", "module"]).weight_s.sum().rename("seconds").reset_index()
 
 
 def _imported_module(stacks: pd.DataFrame, frames: pd.DataFrame) -> pd.Series:
@@ -495,3 +511,46 @@ def _cold_start(s: dict, t: dict) -> dict | None:
                     "a cold start: each new process imports what its first tasks need. Import it before timing "
                     "(a worker preload: dask worker --preload MODULE, or client.run(importlib.import_module, "
                     "'MODULE') once), or keep one cluster alive across computations")
+
+
+SPILLING = re.compile(r"distributed/spill\.py|/zict/")
+
+
+def _spilling(s: dict, t: dict) -> dict | None:
+    smp = path_samples(t)
+    if smp.empty:
+        return None
+    f = t["frames"].set_index("frame_id")
+    spill_frames = set(f.index[f.filename.fillna("").str.contains(SPILLING)])
+    hit = smp[smp.stack_id.map(t["stacks"].set_index("stack_id").frame_ids).map(
+        lambda ids: any(i in spill_frames for i in ids))]
+    sec = float(hit.weight_s.sum())
+    if not sec:
+        return None
+    by = hit.groupby("process").weight_s.sum().sort_values(ascending=False)
+    return _finding("spilling", sec, "workers spilled data to disk while the path waited",
+                    "CPU time on the critical path in Dask's spilling (writing results to disk and reading them "
+                    "back): " + ", ".join(f"{p} {v:.2f} s" for p, v in by.items()),
+                    "the workers' memory did not hold their data: more memory per worker (fewer, larger workers, "
+                    "or a higher memory_limit), smaller chunks or partitions, or fewer results held at once "
+                    "(persist less, release what is no longer needed)")
+
+
+def _loop_blocked(s: dict, t: dict) -> dict | None:
+    smp = path_samples(t)
+    procs = t.get("processes")
+    if smp.empty or procs is None:
+        return None
+    servers = procs[procs.role.isin(["scheduler", "worker"])].pid
+    loop = smp[smp.pid.isin(servers) & (smp.tid == smp.pid)]
+    top = top_functions(t, loop, top=3)
+    sec = sum(x["seconds"] for x in top)
+    if not top or not sec:
+        return None
+    h = top[0]
+    return _finding("event-loop-blocked", sec, f"your code ran on Dask's event loop: {h['function']}",
+                    "while the path was in the scheduler or a worker, its event loop ran your own code: "
+                    + ", ".join(f"{x['where']} {x['seconds']:.2f} s" for x in top),
+                    "nothing else in that process moves while its event loop runs your code (a plugin, a handler, "
+                    "client.run or run_on_scheduler): make it quick, or run it in a thread "
+                    "(loop.run_in_executor) or as a task")

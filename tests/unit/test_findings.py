@@ -294,19 +294,42 @@ def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
     assert summary["aot_s"] < summary["makespan_s"] / summary["tasks"] / 10  # 1 s of client time left out
 
 
-def test_module_imports_inside_a_job_are_a_cold_start_naming_the_module():
+def worker_loop_runs(frames: list[tuple[str, str]]) -> Scenario:
+    """One task whose task-finished leaves worker-0 36 ms after its compute, while worker-0's loop runs
+    a stack of (function, file) frames, innermost first."""
     s = Scenario()
     s.message("client", "scheduler", 9, 9.5, "register-client")
     s.graph(10, 11, ["a-0"])
-    s.task("a-0", "worker-0", 12, 13, 14, 24, 60, 61)  # task-finished leaves 36 ms after the compute
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 60, 61)
     s.told("a-0", 62, 63)
     s.message("client", "scheduler", 63.5, 64, "close-client")
-    pandas_init = "/venv/lib/python3.11/site-packages/pandas/__init__.py"
-    for t in range(25, 59, 2):  # meanwhile worker-0's loop imports pandas
-        s.sample_stack("worker-0", t, [("<module>", "/venv/lib/python3.11/site-packages/pandas/core/frame.py"),
-                                       ("_find_and_load", "<frozen importlib._bootstrap>"),
-                                       ("<module>", pandas_init), ("_find_and_load", "<frozen importlib._bootstrap>"),
-                                       ("handle_stream", "/venv/lib/python3.11/site-packages/distributed/core.py")])
-    f = found(s)["cold-start"]
+    for t in range(25, 59, 2):
+        s.sample_stack("worker-0", t, frames)
+    return s
+
+
+DASK_LOOP = [("handle_stream", "/venv/lib/python3.11/site-packages/distributed/core.py"),
+             ("_run", "/usr/lib/python3.11/asyncio/events.py")]
+
+
+def test_module_imports_inside_a_job_are_a_cold_start_naming_the_module():
+    f = found(worker_loop_runs([("<module>", "/venv/lib/python3.11/site-packages/pandas/core/frame.py"),
+                                ("_find_and_load", "<frozen importlib._bootstrap>"),
+                                ("<module>", "/venv/lib/python3.11/site-packages/pandas/__init__.py"),
+                                ("_find_and_load", "<frozen importlib._bootstrap>"), *DASK_LOOP]))["cold-start"]
     assert "worker-0" in f["evidence"] and "pandas" in f["evidence"] and "preload" in f["advice"], f
-    assert "cold-start" not in found(short_session(Scenario()))
+    assert "cold-start" not in found(worker_loop_runs(DASK_LOOP))
+
+
+def test_spilling_on_the_path_is_named_per_worker():
+    f = found(worker_loop_runs([("write", "/venv/lib/python3.11/site-packages/zict/file.py"),
+                                ("__setitem__", "/venv/lib/python3.11/site-packages/distributed/spill.py"),
+                                *DASK_LOOP]))["spilling"]
+    assert "worker-0" in f["evidence"] and "memory" in f["advice"], f
+    assert "spilling" not in found(worker_loop_runs(DASK_LOOP))
+
+
+def test_the_users_code_on_an_event_loop_is_named_with_its_function():
+    f = found(worker_loop_runs([("slow_transition", "/home/me/plugin.py"), *DASK_LOOP]))["event-loop-blocked"]
+    assert "slow_transition (plugin.py:1)" in f["evidence"] and "run_in_executor" in f["advice"], f
+    assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP))
