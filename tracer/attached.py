@@ -9,6 +9,7 @@ import json
 import os
 import ssl
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,7 @@ class Attached:
         self.unverified: dict[str, str] = {}  # local members not profiled: name -> why
         self.agents = None
         self.rate: float | None = None  # the agents' sampling rate; None: no agents
+        self.puller: threading.Thread | None = None  # the pull running, if one is
         self.partial_hosts: dict[str, str] = {}  # "agent@HOST" -> why its captures were not all read
         self.next_pull = 0.0
         self.stream_from: dict = {}  # where the next read of Dask's task stream starts; empty: none
@@ -232,18 +234,39 @@ class Attached:
                        f"read back every {STREAM_S:g} s and at the end")
 
     def _pull(self) -> None:
-        """What the agents captured since the last pull (which renews their lease)."""
+        """What the agents captured since the last pull (which renews their lease), in a thread: a
+        host going away mid-read holds a Dask comm for up to its connect timeout (30 s), and the
+        looks for workers that join or leave (and the tap's ports) must go on meanwhile. One pull
+        at a time; one still running skips this one."""
         from ..probes.agent import STREAM_S
         self.next_pull = time.monotonic() + STREAM_S
+        if self.puller and self.puller.is_alive():
+            return
+        self.puller = threading.Thread(target=self._pull_now, args=(self.named_ports(),), name="daskprobe-agents",
+                                       daemon=True)
+        self.puller.start()
+
+    def _pull_now(self, ports: dict[int, str]) -> None:
         try:
-            self.agents.pull(self.run, self.named_ports())
-        except Exception:  # the cluster not answering now: the next pull, or the last, reads on
+            self.agents.pull(self.run, ports)
+        except Exception:  # the cluster not answering now (logged): the next pull, or the last, reads on
             pass
+
+    def _pulled(self) -> None:
+        """The running pull over (the last one needs the relay to itself); a relay hung past its own
+        deadlines is ended, and what was read stays."""
+        from .agents import REQUEST_S
+        if self.puller:
+            self.puller.join(2 * REQUEST_S)
+            if self.puller.is_alive():
+                self.agents._end_relay()
+                self.puller.join(10)
 
     def collect_agents(self) -> str:
         """The agents' last captures read into run/hosts/, their members given the run's pids (pid P
         on host k: k·HOST_PID + P); what to tell the user. A host not read to the end keeps what was
         read, and makes the run partial: run.json's `probe_errors` says why ("agent@HOST")."""
+        self._pulled()
         try:
             hosts = self.agents.finish(self.run, self.named_ports())
         except Exception as e:  # what was read stays in hosts/, without its clock: said, and partial

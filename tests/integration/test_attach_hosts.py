@@ -36,7 +36,12 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
                                "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c.wait_for_workers(2, timeout=60)
     new = next(w for w in c.scheduler_info()["workers"] if host in w)
-    time.sleep(6)  # daskprobe looks every 2 s; the agent there starts in a second or two
+    def agent_there():
+        return "@daskprobe-agent-" in open("/proc/net/unix").read()
+    deadline = time.monotonic() + 120  # daskprobe looks every 2 s, then starts its relay and the agent there
+    while not c.run(agent_there, workers=[new])[new] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)  # the worker joins the agent once it is up
     c.submit(crunch, 1.5, key="crunch-elsewhere", workers=[new]).result()
     print(json.dumps({"pid": worker.pid, "address": new}), flush=True)
 """
