@@ -1,0 +1,237 @@
+"""Evidence for the findings: what the run's tables say about a cause, computed from the summary's
+tables (critical_path, cpu_samples, thread_states, tasks, stacks, frames): who held the GIL or the
+CPUs, where the client's time went, which tasks straggled, which functions of the user's ran, what
+was imported or spilled on the path, how much data the graphs carried."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .intervals import inside, intersect, overlap_ns, union
+from .thread_state import of_thread
+
+DASK_CLIENT_WORK = ("runtime_bookkeeping", "scheduler_decisions")  # rules' categories of Dask's own frames
+
+
+def client_split(t: dict) -> dict[str, float] | None:
+    """The shares of the client's time (the path's client segments) its main thread spent in Dask's
+    client-side work (building, optimizing and serializing graphs: stacks in Dask's code), in the user's
+    own code (on a CPU elsewhere), and waiting (off a CPU), from its samples there."""
+    path, cpu, cats = t.get("critical_path"), t.get("cpu_samples"), t.get("stack_categories")
+    if path is None or cpu is None or cats is None:
+        return None
+    segs = path[path.kind == "client"].sort_values("start_ns")
+    main = cpu[(cpu.role == "client") & (cpu.tid == cpu.pid) & (cpu.source == "pyspy")]
+    main = main[inside(main.t_ns.to_numpy(), *union(segs.start_ns, segs.end_ns))]
+    if len(main) < 5:
+        return None
+    rule = main.stack_id.map(cats.set_index("stack_id").category)
+    on = main.on_cpu.fillna(False).astype(bool)
+    kinds = np.where(~on, "waiting", np.where(rule.isin(DASK_CLIENT_WORK), "dask", "yours"))
+    return (pd.Series(kinds).value_counts() / len(kinds)).to_dict() | {"samples": len(kinds)}
+
+
+def cpu_holders(t: dict, top: int = 3) -> str | None:
+    """What the sampled threads on a CPU were doing while an event loop waited for one within a job:
+    the largest (process, category) shares of on-CPU samples inside event loops' runnable intervals
+    (outside jobs a client's imports, say, are not what starved the path)."""
+    states, cpu, path = t.get("thread_states"), t.get("cpu_samples"), t.get("critical_path")
+    if states is None or cpu is None or path is None or states.empty or cpu.empty:
+        return None
+    waits = states[(states.state == "runnable") & (states.tid == states.pid)]
+    jobs = path[path.job >= 0]
+    waited = intersect(*union(waits.start_ns, waits.end_ns), *union(jobs.start_ns, jobs.end_ns))[:2]
+    running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
+    inside_ = inside(running.t_ns.to_numpy(), *waited)
+    # weighted by the time each sample stands for: Python and eBPF samples come at different rates
+    share = running[inside_].groupby(["process", "category"]).weight_s.sum()
+    if share.empty or not share.sum():
+        return None
+    share = (share / share.sum()).sort_values(ascending=False).head(top)
+    return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {int(inside_.sum())} samples)"
+
+
+def gil_holder(t: dict, roles: list[str] | None = None) -> str | None:
+    """The function most often on top of a non-main thread's GIL-holding samples (the sampler reads the
+    holder's stack at each read of it: a tick on it, and every 200 ms), with its process; only of the
+    processes of `roles` (a thread holds its own process's GIL only)."""
+    smp = t["samples"]
+    if smp.empty or "owns_gil" not in smp:
+        return None
+    if roles is not None and "processes" in t:
+        kinds = {"compute": "worker"}
+        pids = t["processes"][t["processes"].role.isin([kinds.get(r, r) for r in roles])].pid
+        smp = smp[smp.pid.isin(pids)]
+    # on a CPU or not: a C call may sleep holding the GIL
+    held = smp[smp.owns_gil.fillna(False).astype(bool) & (smp.tid != smp.pid)]
+    if held.empty:
+        return None
+    process, thread, stack_id = held.groupby(["process", "thread_name", "stack_id"]).size().idxmax()
+    frames = t["stacks"].set_index("stack_id").frame_ids.get(stack_id)
+    if frames is None or not len(frames):
+        return f"thread '{thread}' of {process}"
+    f = t["frames"].set_index("frame_id").loc[frames[0]]
+    return f"thread '{thread}' of {process}, in {f.function} ({f.filename.rsplit('/', 1)[-1]}:{f.line})"
+
+
+def bookkeeping_per_task(s: dict) -> float | None:
+    """CPU seconds Dask's runtime (scheduler and workers: bookkeeping and decisions) spent per task."""
+    n = s["tasks"]
+    if not n:
+        return None
+    cpu = s.get("cpu_by_category_s", {})
+    return sum(v for p, cats in cpu.items() if p == "scheduler" or p.startswith("worker")
+               for c, v in cats.items() if c in DASK_CLIENT_WORK) / n
+
+
+def graph_bytes(t: dict) -> tuple[float, int]:
+    """Bytes of the client's graph uploads, and the tasks they carried."""
+    g, tasks = t.get("graphs"), t.get("tasks")
+    if g is None or g.empty:
+        return 0.0, 0
+    return float(g[g.src_role == "client"].msg_bytes.sum()), int(len(tasks)) if tasks is not None else 0
+
+
+STRAGGLER_FACTOR = 5.0   # a task this many times its prefix's median compute, and
+STRAGGLER_MIN_S = 0.01   # this many seconds over it, is a straggler
+LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
+
+
+def stragglers(t: dict) -> pd.DataFrame:
+    """Tasks on the critical path whose compute took far longer than their prefix's median (of at least 5
+    tasks): job, key, prefix, worker, compute_s, median_s, path_s (their compute seconds on the path)."""
+    tasks, path = t.get("tasks"), t.get("critical_path")
+    if tasks is None or path is None or tasks.empty:
+        return pd.DataFrame()
+    done = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    dur = (done.compute_stop_ns - done.compute_start_ns).astype("float64") / 1e9
+    by = dur.groupby(done.prefix)
+    median, count = by.transform("median"), by.transform("size")
+    slow = done.assign(compute_s=dur, median_s=median)[(count >= 5) & (dur > STRAGGLER_FACTOR * median)
+                                                        & (dur - median > STRAGGLER_MIN_S)]
+    on = path[path.kind == "compute"].assign(path_s=lambda p: (p.end_ns - p.start_ns) / 1e9)
+    on = on.groupby(["job", "key"]).path_s.sum().reset_index()
+    return slow.merge(on, on=["job", "key"]).sort_values("path_s", ascending=False)
+
+
+def why_slow(row, t: dict) -> str:
+    """What the thread that ran a task did in its compute span, from its eBPF states."""
+    states, threads, procs = t.get("thread_states"), t.get("threads"), t.get("processes")
+    if states is None or threads is None or procs is None or states.empty or pd.isna(row.thread):
+        return ""
+    pid = procs[procs.name == row.worker].pid
+    tid = threads[threads.pid.isin(pid) & (threads.ident == row.thread)].tid
+    if pid.empty or tid.empty:
+        return ""
+    st, s0, s1 = of_thread(states, int(pid.iloc[0]), int(tid.iloc[0])), [row.compute_start_ns], [row.compute_stop_ns]
+    span = row.compute_stop_ns - row.compute_start_ns
+    waits = {w: int(overlap_ns(s0, s1, *st[state])[0]) / span
+             for state, w in (("gil", "waiting for the GIL"), ("runnable", "waiting for a CPU"), ("blocked", "blocked"))}
+    return ", ".join([f"on a CPU {max(0.0, 1 - sum(waits.values())):.0%}"] + [f"{w} {v:.0%}" for w, v in waits.items()
+                                                                            if v >= 0.05])
+
+
+def user_frames(t: dict) -> pd.Series:
+    """stack_id -> the innermost frame of the user's own code in it (frame_id), outside libraries."""
+    stacks, frames = t.get("stacks"), t.get("frames")
+    if stacks is None or frames is None:
+        return pd.Series(dtype="float64")
+    mine = set(frames.frame_id[~frames.filename.fillna("").str.contains("|".join(map(re.escape, LIBRARY)))])
+    return stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in mine), None))
+
+
+def top_functions(t: dict, samples: pd.DataFrame, top: int = 3) -> list[dict]:
+    """The user's functions most often innermost of their code in `samples` (cpu_samples' rows): each
+    with its file and line, its share of those samples, and the seconds they stand for."""
+    first = samples.stack_id.map(user_frames(t)).dropna().astype("int64")
+    if first.empty:
+        return []
+    f = t["frames"].set_index("frame_id").loc[first.to_numpy()]
+    rows = f.assign(n=1, w=samples.weight_s.loc[first.index].to_numpy()).groupby(
+        ["function", "filename"], sort=False).agg(n=("n", "sum"), line=("line", "first"), seconds=("w", "sum"))
+    rows = rows.sort_values("n", ascending=False).head(top).reset_index()
+    return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.n / len(samples),
+             "samples": int(r.n), "seconds": float(r.seconds),
+             "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in rows.itertuples()]
+
+
+def hot_functions(t: dict, top: int = 3) -> list[dict]:
+    """The user's own functions most often running inside tasks' compute spans (worker samples in
+    compute), with their share of those samples."""
+    cpu = t.get("cpu_samples")
+    if cpu is None or cpu.empty:
+        return []
+    comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
+    return top_functions(t, comp, top) if len(comp) >= 10 else []
+
+
+IMPORTING = "_find_and_load"  # importlib's frame under every import statement
+
+
+def path_samples(t: dict) -> pd.DataFrame:
+    """On-CPU samples that processes took inside their own segments of a job's critical path (cpu_samples'
+    rows): what each process on the path was running while the path was in it."""
+    path, cpu, procs = t.get("critical_path"), t.get("cpu_samples"), t.get("processes")
+    if path is None or cpu is None or procs is None or cpu.empty:
+        return pd.DataFrame(columns=["t_ns", "pid", "tid", "stack_id", "weight_s", "process"])
+    segs = path[(path.job >= 0) & path.process.notna()]
+    pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid
+    on = cpu[cpu.on_cpu.fillna(False).astype(bool)]
+    parts = []
+    for process, mine in segs.groupby("process"):
+        smp = on[on.pid == pids.get(process)]
+        parts.append(smp[inside(smp.t_ns.to_numpy(), *union(mine.start_ns, mine.end_ns))].assign(process=process))
+    return pd.concat(parts, ignore_index=True) if parts else on.iloc[:0].assign(process="")
+
+
+def imports_on_path(t: dict) -> pd.DataFrame:
+    """CPU seconds that processes on the critical path of a job spent importing modules (their on-CPU
+    samples inside their own path segments whose stacks import), by process and top-level module."""
+    smp = path_samples(t)
+    if smp.empty or t.get("stacks") is None:
+        return pd.DataFrame(columns=["process", "module", "seconds"])
+    smp = smp.assign(module=smp.stack_id.map(_imported_module(t["stacks"], t["frames"]))).dropna(subset=["module"])
+    return smp.groupby(["process", "module"]).weight_s.sum().rename("seconds").reset_index()
+
+
+def _imported_module(stacks: pd.DataFrame, frames: pd.DataFrame) -> pd.Series:
+    """stack_id -> the top-level module an import in that stack was loading (None: no import)."""
+    f = frames.set_index("frame_id")
+    importing = set(f.index[f.function == IMPORTING])
+    module_level = f.filename[f.function == "<module>"].to_dict()
+
+    def top(ids) -> str | None:
+        ids = list(ids)
+        outer = max((i for i, fid in enumerate(ids) if fid in importing), default=None)
+        if outer is None:
+            return None
+        inner = next((module_level[fid] for fid in reversed(ids[:outer]) if fid in module_level), None)
+        return _module_name(inner) if inner else "?"
+    return stacks.set_index("stack_id").frame_ids.map(top)
+
+
+def _module_name(filename: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1].split("/", 1)[0].removesuffix(".py")
+    name = filename.rsplit("/", 2)
+    return name[-2] if name[-1] == "__init__.py" and len(name) > 1 else name[-1].removesuffix(".py")
+
+
+SPILLING = re.compile(r"distributed/spill\.py|/zict/")
+
+
+def spills_on_path(t: dict) -> pd.Series:
+    """By process, CPU seconds on the critical path in Dask's spilling code (the largest first)."""
+    smp = path_samples(t)
+    if smp.empty:
+        return pd.Series(dtype="float64")
+    f = t["frames"].set_index("frame_id")
+    spill_frames = set(f.index[f.filename.fillna("").str.contains(SPILLING)])
+    frames_of = t["stacks"].set_index("stack_id").frame_ids
+    hit = smp[smp.stack_id.map(frames_of).map(lambda ids: any(i in spill_frames for i in ids))]
+    return hit.groupby("process").weight_s.sum().sort_values(ascending=False)
+
