@@ -20,18 +20,19 @@ from daskprobe.probes.pyspy import read_samples
 pytestmark = pytest.mark.skipif(native_binary("daskprobe-sampler") is None, reason="the sampler is not built")
 
 JOINER = """
-import sys, time
+import sys, threading
 from daskprobe.probes.agent import join
 join(sys.argv[1], 100.0, "tcp://10.0.0.9:4321", "worker")
 print("joined", flush=True)
+done = threading.Event()
 
-def crunch(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def crunch():
+    while not done.is_set():
         pass
 
-crunch(1.0)
-sys.stdin.readline()
+threading.Thread(target=crunch, daemon=True).start()
+sys.stdin.readline()  # until the test has seen enough of it
+done.set()
 """
 
 NOBODY = """
@@ -58,7 +59,10 @@ def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(
             other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                                     "-c", NOBODY, run_id], capture_output=True, text=True, timeout=30)
             assert other.stdout.strip() == "b''", other.stderr
-        time.sleep(1.2)  # the joiner spins for 1 s
+        deadline = time.monotonic() + 120  # about 1 s at 100 Hz; more where a busy machine gives less CPU
+        while len(_spun(ask(run_id, "read", "captures/pyspy.tsv", "0"), joiner.pid, tmp_path)) < 50:
+            assert time.monotonic() < deadline, "not 50 samples of the spinning joiner in 120 s"
+            time.sleep(0.5)
         state = json.loads(ask(run_id, "stop"))
         files = state["files"]
         assert "captures/pyspy.tsv" in files and files["captures/pyspy.tsv"] > 0, files
@@ -70,11 +74,8 @@ def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(
         assert ask(run_id, "done") == b"ok"
     finally:
         joiner.communicate("\n", timeout=30)
-    samples, stacks, frames = read_samples(fetched)
-    crunch = set(frames.frame_id[frames.function == "crunch"])
-    spun = samples[(samples.pid == joiner.pid) & samples.stack_id.map(
-        stacks.set_index("stack_id").frame_ids.map(lambda ids: bool(crunch & set(ids))))]
-    assert len(spun) >= 50, len(spun)  # 1 s at 100 Hz: 100 reads
+    spun = _spun(fetched.read_bytes(), joiner.pid, tmp_path)
+    assert len(spun) >= 50, len(spun)  # what was seen before, handed back whole
     deadline = time.monotonic() + 10
     while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -96,6 +97,15 @@ time.sleep(5)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def _spun(capture: bytes, pid: int, tmp_path: Path):
+    """The samples of the joiner in its crunch loop, in a capture's bytes."""
+    (tmp_path / "so-far.tsv").write_bytes(capture)
+    samples, stacks, frames = read_samples(tmp_path / "so-far.tsv")
+    crunch = set(frames.frame_id[frames.function == "crunch"])
+    return samples[(samples.pid == pid) & samples.stack_id.map(
+        stacks.set_index("stack_id").frame_ids.map(lambda ids: bool(crunch & set(ids))))]
+
+
 def test_an_agent_socket_held_by_another_user_is_not_believed():
     run_id = uuid.uuid4().hex[:12]
     squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",

@@ -240,8 +240,10 @@ def test_our_cpython_reader_reports_what_py_spy_reports(tmp_path, version):
     waits = ["wait", "wait"] if version == "3.10" else ["Condition.wait", "Event.wait"]
     assert [f[0] for f in a[a.thread_name == "coroutine"].frames.iloc[0][:5]] == \
         waits + ["leaf_wait", "middle", "in_coroutine"]
-    spin = a[a.thread_name == "spinner"]
-    assert len(spin) > 50 and (spin.frames.map(lambda s: s[0][0]) == "spinner").all()
+    spin, reads = a[a.thread_name == "spinner"], a.t_ns.nunique()  # one t_ns per read of the process
+    # in most reads (about 100 in 1 s, fewer where a busy machine delayed the sampler)
+    assert reads >= 10 and len(spin) > 0.5 * reads, (len(spin), reads)
+    assert (spin.frames.map(lambda s: s[0][0]) == "spinner").all()
     assert spin.active.mean() > 0.9 and spin.owns_gil.mean() > 0.5
 
 
