@@ -81,7 +81,7 @@ def test_a_hostile_remote_worker_runs_nothing_as_root_and_costs_the_recording_on
     preload = write_flow(shared / "hostile.py", HOSTILE.replace("{planted}", str(planted)))
     port = 20_000 + os.getpid() % 10_000
     address = f"tcp://{ours}:{port}"
-    env = dict(os.environ, HOME=str(shared))
+    env = dict(os.environ, HOME=str(shared), TMPDIR=str(shared))  # the agent's directory too: it keeps it (never read)
     log = open(tmp_path / "cluster.log", "w")
     scheduler = subprocess.Popen([*NOBODY, DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
                                  stdout=log, stderr=log, env=env, cwd=shared)

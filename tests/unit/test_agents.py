@@ -2,6 +2,7 @@
 and what an answer may make it write."""
 
 import json
+from pathlib import Path
 
 from daskprobe.probes.rundir import RunDir
 from daskprobe.tracer.agents import Agents
@@ -169,3 +170,36 @@ def test_collecting_a_host_that_sent_a_bad_pid_keeps_the_run_and_makes_it_partia
     meta = run.meta()
     assert meta["partial"] and "pid" in meta["probe_errors"]["agent@10.0.0.2"], meta
     assert "10.0.0.2" in said and attached.members[0].pid is None
+
+
+def serve_briefly(tmp_path, monkeypatch, verbs: list[str]) -> Path:
+    """An Agent with no probes serving a listener for a lease of 0.5 s, asked `verbs` first; its directory."""
+    import socket
+    import threading
+    import uuid
+    from daskprobe.probes import agent as agent_module
+    monkeypatch.setattr(agent_module, "LEASE_S", 0.5)
+    agent = agent_module.Agent.__new__(agent_module.Agent)
+    agent.dir = tmp_path / "agent"
+    (agent.dir / "captures").mkdir(parents=True)
+    (agent.dir / "captures" / "pyspy.tsv").write_bytes(b"captured")
+    agent.run, agent.members, agent.skipped, agent.probes, agent.stopped = None, [], {}, [], False
+    agent.tap, agent.tapped = None, {}
+    run_id = uuid.uuid4().hex[:12]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(agent_module._name(run_id))
+    listener.listen(4)
+    serving = threading.Thread(target=agent.serve, args=(listener,))
+    serving.start()
+    for verb in verbs:
+        agent_module.ask(run_id, verb)
+    serving.join(10)
+    listener.close()
+    assert not serving.is_alive()
+    return agent.dir
+
+
+def test_an_agent_whose_lease_lapsed_keeps_its_captures_and_one_told_done_removes_them(tmp_path, monkeypatch):
+    kept = serve_briefly(tmp_path / "lapsed", monkeypatch, ["state"])  # read once, then nobody asked
+    assert (kept / "captures" / "pyspy.tsv").read_bytes() == b"captured", "a host cut off keeps its captures"
+    assert not serve_briefly(tmp_path / "done", monkeypatch, ["state", "done"]).exists()
