@@ -81,9 +81,10 @@ def test_samples_align_with_known_switches_within_1ms(tmp_path):
     samples["phase"] = samples.stack_id.map(stacks.set_index("stack_id").frame_ids).map(
         lambda ids: next((fn[i] for i in ids if fn[i].startswith("phase_")), None))
     seen = samples.dropna(subset=["phase"])
-    # Enough samples for the check below to mean something. Not all that were scheduled: on a
-    # loaded 2-core CI machine the sampler itself waits for a CPU (CI once got 67%).
-    assert len(seen) >= 0.4 * 60 * 37e-3 * 250, "too few samples to judge alignment"
+    # Enough samples for the check below to mean something (with 20, one sample out of its phase
+    # fails it). Not a share of those scheduled (555): the sampler runs at nice 19 and waits for a
+    # CPU on a loaded machine (CI once got 67%; beside two busy loops, 9%).
+    assert len(seen) >= 20, f"{len(seen)} samples: too few to judge alignment"
     tolerance = 1_000_000
     errors = []
     for s in seen.itertuples():
