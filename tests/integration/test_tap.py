@@ -6,10 +6,15 @@ import asyncio
 import contextlib
 import operator
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -19,9 +24,10 @@ from distributed.comm import CommClosedError, connect, listen
 from distributed.comm.tcp import _add_frames_header
 from distributed.protocol import dumps, to_serialize
 
-from helpers import PINNED_FLOW, run_flow
+from helpers import PINNED_FLOW, run_flow, searchable, write_flow
 from daskprobe.probes.proxy import start_tap, stop_proxy
-from daskprobe.probes.proxy_capture import read_capture
+from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.proxy_capture import read_capture, read_status
 from daskprobe.tracer.wire import decode_frame0, key_str
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a packet socket needs root (or CAP_NET_RAW)")
@@ -221,9 +227,73 @@ def test_packets_the_kernel_dropped_are_counted_and_the_stream_reads_on(tmp_path
     assert got[:5] == [f"before-{i}" for i in range(5)] and got[-20:] == [f"after-{i}" for i in range(20)], got
     assert 0 < got.count("big") < 64
     assert cap.drops.packets.sum() > 0, "the kernel's drops are counted"
+    status = read_status(tmp_path / "tap.bin")  # its writer's status, padded as the reader expects
+    assert status["state"] == "ended" and status["bytes"] == (tmp_path / "tap.bin").stat().st_size
     assert len(cap.gaps) >= 1 and cap.gaps.bytes.sum() > 0, "and the gap they left"
     lost = cap.skipped[(cap.skipped.conn == cap.gaps.conn.iloc[0]) & (cap.skipped.direction == 0)]
     assert lost.bytes.sum() >= cap.gaps.bytes.sum() and cap.malformed.empty
+
+
+STALLED_FLOW = """
+import os, time
+import numpy as np
+from distributed import Client
+with Client() as c:
+    c.submit(sum, [1, 2]).result()
+    open({marker!r}, "w").close()
+    while not os.path.exists({go!r}):  # the tap is stopped now
+        time.sleep(0.05)
+    for i in range(8):  # 256 MB from a worker: more than the tap's 64 MiB ring holds
+        assert c.submit(np.ones, 4_000_000, key=f"big-{{i}}").result().sum() == 4_000_000
+    open({moved!r}, "w").close()
+    while not os.path.exists({resumed!r}):  # the tap runs again: what comes now has room
+        time.sleep(0.05)
+    for i in range(5):
+        assert c.submit(sum, [i, 1], key=f"after-{{i}}").result() == i + 1
+        time.sleep(0.2)
+"""
+
+
+def test_a_run_whose_tap_lost_packets_says_so_and_reads_on(tmp_path):
+    # the tap stalled under traffic (SIGSTOP for the bulk of the transfer): the kernel drops what its ring
+    # cannot hold; run.json, the terminal and the report say what was lost, and the jobs after are whole
+    shared = Path(tempfile.mkdtemp(prefix="daskprobe-tap-"))  # where the cluster's user may write the markers
+    shared.chmod(0o777)
+    marker, go, moved, resumed = (shared / name for name in ("started", "go", "moved", "resumed"))
+    flow = searchable(write_flow(tmp_path / "flow.py", STALLED_FLOW.format(marker=str(marker), go=str(go),
+                                                                            moved=str(moved), resumed=str(resumed))))
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--probes", "tap,proc",
+                          "--out", str(out), "--", sys.executable, str(flow)], stderr=subprocess.PIPE, text=True)
+    tap = None
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert p.poll() is None and time.monotonic() < deadline, "the flow did not start"
+            time.sleep(0.05)
+        run = RunDir(out)
+        tap = next(r["pid"] for r in run.meta()["processes"] if r["name"] == "tap")
+        os.kill(tap, signal.SIGSTOP)
+        go.touch()
+        while not moved.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if tap:
+            os.kill(tap, signal.SIGCONT)
+        time.sleep(1)  # it reads what its ring held
+        resumed.touch()
+        _, err = p.communicate(timeout=300)
+        shutil.rmtree(shared)
+    assert p.returncode == 0, err[-3000:]
+    lost = run.meta()["lost"]["tap"]
+    assert lost["packets_dropped"] > 0 and lost["gaps"] > 0 and lost["bytes_never_seen"] > 0, lost
+    said = " ".join(err.split())  # the terminal wraps lines
+    assert f"the tap lost {lost['gaps']} stretch(es)" in said, err[-3000:]
+    assert f"the tap lost {lost['gaps']} stretch(es)" in (run / "report.html").read_text()
+    jobs = run.table("jobs")
+    told = run.table("messages").query("op == 'key-in-memory'").key
+    assert {f"after-{i}" for i in range(5)} <= set(told), "every job after the loss is read"
+    assert jobs.complete.iloc[-5:].all(), jobs
 
 
 def keys_by_op(cap) -> dict[str, set[str]]:
