@@ -87,12 +87,13 @@ def bookkeeping_per_task(s: dict) -> float | None:
                for c, v in cats.items() if c in DASK_CLIENT_WORK) / n
 
 
-def graph_bytes(t: dict) -> tuple[float, int]:
-    """Bytes of the client's graph uploads, and the tasks they carried."""
-    g, tasks = t.get("graphs"), t.get("tasks")
-    if g is None or g.empty:
-        return 0.0, 0
-    return float(g[g.src_role == "client"].msg_bytes.sum()), int(len(tasks)) if tasks is not None else 0
+def heaviest_graphs(s: dict) -> dict | None:
+    """The job whose graphs carried the most bytes per task: its number, bytes and tasks."""
+    jobs = [j for j in s["jobs"] if j["tasks"]]
+    if not jobs:
+        return None
+    j = max(jobs, key=lambda j: j.get("graph_bytes", 0) / j["tasks"])
+    return {"job": j["job"], "bytes": j.get("graph_bytes", 0), "tasks": j["tasks"]}
 
 
 STRAGGLER_FACTOR = 5.0   # a task this many times its prefix's median compute, and

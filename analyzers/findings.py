@@ -8,7 +8,7 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, graph_bytes, hot_functions,
+from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs, hot_functions,
                        imports_on_path, path_samples, spills_on_path, stragglers, top_functions, why_slow)
 
 MIN_SHARE = 0.10
@@ -197,14 +197,15 @@ DATA_PER_TASK_BYTES = 100e3
 
 
 def _graph_data(s: dict, t: dict) -> dict | None:
-    size, n = graph_bytes(t)
-    if size < BIG_GRAPH_BYTES or not n or size / n < DATA_PER_TASK_BYTES:
+    g = heaviest_graphs(s)
+    if not g or g["bytes"] < BIG_GRAPH_BYTES or g["bytes"] / g["tasks"] < DATA_PER_TASK_BYTES:
         return None
     sec = _parts(s, "graph upload", "scheduler: graph to dispatch") + \
         (client_split(t) or {}).get("dask", 0.0) * _cat(s, "client")
     return _finding("data-in-graph", sec, "the task graphs carried data",
-                    f"the client sent {size / 1e6:.0f} MB of graphs for {n} tasks ({size / n / 1e3:.0f} kB per task): "
-                    "objects embedded in the graph are serialized, sent and unpacked with it each time",
+                    f"job {g['job']}'s graphs were {g['bytes'] / 1e6:.0f} MB for {g['tasks']} tasks "
+                    f"({g['bytes'] / g['tasks'] / 1e3:.0f} kB per task): objects embedded in a graph are serialized, "
+                    "sent and unpacked with it, each time it is computed",
                     "do not put large objects into tasks' arguments: client.scatter(data) and pass the future, or "
                     "load the data inside the tasks (dask.dataframe.read_parquet, dask.array.from_zarr, "
                     "dask.delayed(load)(path))")
@@ -212,8 +213,8 @@ def _graph_data(s: dict, t: dict) -> dict | None:
 
 def _materialization(s: dict, t: dict) -> dict | None:
     sec = _parts(s, "scheduler: graph to dispatch")
-    size, n = graph_bytes(t)
-    if n and size / n >= DATA_PER_TASK_BYTES:  # a few tasks carrying data: fewer tasks would not help
+    g = heaviest_graphs(s)
+    if g and g["bytes"] / g["tasks"] >= DATA_PER_TASK_BYTES:  # a few tasks carrying data: fewer would not help
         return None
     return _finding("graph-materialization", sec, "the scheduler took long from a graph's arrival to its first "
                     "dispatch", "time on the path between an update-graph arriving and its first compute-task "

@@ -22,8 +22,8 @@ import pandas as pd
 from .intervals import intersect, subtract
 
 TOLD = ("key-in-memory", "task-erred")
-JOB_COLUMNS = ["job", "start_ns", "end_ns", "graphs", "requested", "end_key", "end_told", "complete", "untold",
-               "last_told_ns"]
+JOB_COLUMNS = ["job", "start_ns", "end_ns", "graphs", "graph_bytes", "requested", "end_key", "end_told", "complete",
+               "untold", "last_told_ns"]
 
 
 def told(msgs: pd.DataFrame) -> pd.DataFrame:
@@ -45,6 +45,7 @@ def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame) -> tuple[pd.DataFrame, 
     untold = g.groupby("job").untold.sum().to_numpy("int64")
     jobs = pd.DataFrame({"job": last.index, "start_ns": g.groupby("job").t_first_ns.min().to_numpy(),
                          "end_ns": last.done_ns.to_numpy(), "graphs": g.groupby("job").size().to_numpy(),
+                         "graph_bytes": g.groupby("job").msg_bytes.sum().to_numpy(),
                          "requested": g.groupby("job")["keys"].agg(lambda k: sum(map(len, k))).to_numpy(),
                          "end_key": last.done_key.to_numpy(), "end_told": last.done_told.to_numpy(),
                          "complete": untold == 0, "untold": untold, "last_told_ns": last.done_ns.to_numpy()},

@@ -241,6 +241,7 @@ def _jobs(jobs, tasks, attempts, attr, window, again) -> list[dict]:
         split = _split(mine)
         out.append({"job": int(j.job), "start_s": (j.start_ns - window[0]) / 1e9,
                     "makespan_s": (j.end_ns - j.start_ns) / 1e9, "graphs": int(j.graphs),
+                    "graph_bytes": int(j.graph_bytes),
                     "requested": int(j.requested), "tasks": int((tasks.job == j.job).sum()),
                     "dispatches": int((attempts.job == j.job).sum()), "end_key": j.end_key,
                     "complete": bool(j.complete), "untold": int(j.untold),

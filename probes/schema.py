@@ -300,6 +300,7 @@ ANALYSIS = {
           "that key-in-memory or task-erred); a graph none of whose keys were told ends at its last byte; an "
           "incomplete job (complete false) at the next job's start or the client's last message"),
         C("graphs", "int64", "count", "update-graphs in it"),
+        C("graph_bytes", "int64", "bytes", "their bytes on the wire: the graphs and whatever data they carry"),
         C("requested", "int64", "count", "keys its graphs ask for"),
         C("end_key", "str", "", "the key whose telling ends it; null if none was told"),
         C("end_told", "Int64", "", "that telling's number among the scheduler's key-in-memory and task-erred ops "

@@ -282,7 +282,7 @@ def test_data_carried_in_the_graph_is_named_and_fewer_tasks_is_not_advised():
     s.message("client", "scheduler", 58.5, 59, "close-client")
     ids = found(s)
     assert "data-in-graph" in ids and "graph-materialization" not in ids, list(ids)
-    assert "50 MB of graphs for 1 tasks" in ids["data-in-graph"]["evidence"]
+    assert "job 0's graphs were 50 MB for 1 tasks" in ids["data-in-graph"]["evidence"]
     s.graphs[-1]["msg_bytes"] = 100
     assert "data-in-graph" not in found(s)
 
