@@ -13,7 +13,8 @@ finding, whether it names the cause, whether any finding does, and the twin's
 findings (one that names the cause is a false positive). Writes runs.csv (one
 row per run), diagnosis.csv and diagnosis.md in --out and prints the table.
 Run directories go to a temporary directory, deleted once summary.json is
-read (--keep: kept under OUT/runs).
+read (--keep: kept under OUT/runs). --retable makes the table again from
+OUT/runs.csv (after a script's expected ids changed).
 """
 
 from __future__ import annotations
@@ -164,24 +165,38 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", default="runs/diagnosis")
     p.add_argument("--keep", action="store_true", help="keep the run directories (under OUT/runs)")
+    p.add_argument("--retable", action="store_true",
+                   help="run nothing: the table again from OUT/runs.csv, with the scripts' expected ids of now")
     args = p.parse_args(argv)
     unknown = set(args.flows.split(",")) - set(known)
     if unknown:
         p.error(f"no such script(s): {', '.join(sorted(unknown))}; there are {', '.join(known)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs = pd.read_csv(out / "runs.csv") if args.retable else run_all(args, known, out)
+    table = paired(runs, known)
+    table.to_csv(out / "diagnosis.csv", index=False)
+    (out / "diagnosis.md").write_text(markdown(table, str(runs["code"].iloc[0]) if "code" in runs else "code unknown"))
+    _print(table)
+    return 0
+
+
+def run_all(args, known: dict[str, Flow], out: Path) -> pd.DataFrame:
+    """Each script planted, then its twin, per repeat; one row per run (OUT/runs.csv, rewritten after each)."""
     scratch = out / "runs" if args.keep else Path(tempfile.mkdtemp(prefix="daskprobe-diagnosis-"))
     scratch.mkdir(exist_ok=True)
     scratch.chmod(0o711)  # a root daskprobe runs the cluster as another user, who must reach the run directory
     todo = [(r, known[f], plant) for r in range(args.repeat) for f in args.flows.split(",") for plant in (True, False)]
-    rows, started, made = [], time.time(), version(out)  # the code the runs ran, not what it became meanwhile
+    # the code the runs ran, not what it became meanwhile
+    made = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {version(out)}"
+    rows = []
     try:
         with Progress(console=Console(stderr=True)) as progress:
             bar = progress.add_task("diagnosis", total=len(todo))
             for r, flow, plant in todo:
                 progress.update(bar, description=f"r{r} {flow.name} {'planted' if plant else 'twin'}")
                 run_dir = scratch / f"{flow.name}-{'planted' if plant else 'twin'}-r{r}"
-                rows.append(run_one(flow, plant, run_dir) | {"repeat": r})
+                rows.append(run_one(flow, plant, run_dir) | {"repeat": r, "code": made})
                 pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # what ran so far, if stopped
                 if not args.keep:
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -189,12 +204,7 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    made = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {made}"
-    table = paired(pd.DataFrame(rows), known)
-    table.to_csv(out / "diagnosis.csv", index=False)
-    (out / "diagnosis.md").write_text(markdown(table, made))
-    _print(table)
-    return 0
+    return pd.DataFrame(rows)
 
 
 def _print(table: pd.DataFrame) -> None:

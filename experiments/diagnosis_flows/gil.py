@@ -6,7 +6,7 @@ while Dask believes it runs four. Twin (PLANT=0): the same scoring written
 with numpy, which releases the GIL inside its loops.
 
 cause: gil
-expect: gil-contention
+expect: task-gil, gil-contention
 options: --workers 1 --threads 4
 """
 

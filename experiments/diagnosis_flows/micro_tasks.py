@@ -5,7 +5,7 @@ or so) dwarfs each task's own. Twin (PLANT=0): the same records in 5
 batches of 1,000, one delayed call per batch.
 
 cause: micro-tasks
-expect: task-overhead, scheduler-bound, graph-materialization
+expect: task-overhead, scheduler-bound, graph-materialization, client-graph
 options: --workers 2 --threads 1
 """
 

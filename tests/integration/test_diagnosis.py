@@ -1,0 +1,32 @@
+"""The diagnosis benchmark's CI subset (experiments/diagnosis.py): scripts whose planted cause the findings
+name first today, each beside its twin, which must not get that finding. Not timing-fragile: each cause
+is several times the noise of this machine, and a finding either fires or not."""
+
+import pandas as pd
+import pytest
+
+from daskprobe.experiments import diagnosis
+
+NAMED_FIRST = ["client_think", "recompute"]
+
+
+@pytest.mark.timeout(1800)  # 4 runs of 10-40 s each, with every probe, and their finalization
+def test_first_finding_names_the_planted_cause_and_the_twin_has_none(tmp_path):
+    out = tmp_path / "diagnosis"
+    assert diagnosis.main(["--flows", ",".join(NAMED_FIRST), "--out", str(out)]) == 0
+    table = pd.read_csv(out / "diagnosis.csv", keep_default_na=False).set_index("flow")
+    assert list(table.index) == NAMED_FIRST
+    for flow, r in table.iterrows():
+        assert not r.error, f"{flow}: {r.error}"
+        assert r.first_names, f"{flow}: the first finding is {r.first_id!r}, not one of {r.expected!r} " \
+                              f"(all: {r.planted_ids})"
+        assert not r.false_positive, f"{flow}: its twin got {r.twin_ids!r}, which names {r.expected!r}"
+    assert (out / "diagnosis.md").read_text().startswith(f"planted cause first in {len(NAMED_FIRST)} of "
+                                                         f"{len(NAMED_FIRST)};")
+
+
+def test_every_script_says_its_cause_expected_findings_and_options():
+    flows = diagnosis.flows()
+    assert len(flows) >= 11
+    for f in flows.values():
+        assert f.cause and all(f.expect) and f.options[:1] == ("--workers",), f
