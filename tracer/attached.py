@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +94,11 @@ class Attached:
         """The scheduler and its workers as they are now, each with its local pid if it has one."""
         workers = workers_of(self.spec.address)
         self.worker_info = [workers[a] for a in sorted(workers)]
-        self.members = [self._member("scheduler", "scheduler", self.spec.address)]
-        for i, addr in enumerate(sorted(workers)):
-            self.members.append(self._member(f"worker-{i}", "worker", addr))
+        named = [("scheduler", "scheduler", self.spec.address)]
+        named += [(f"worker-{i}", "worker", addr) for i, addr in enumerate(sorted(workers))]
+        with ThreadPoolExecutor(min(16, len(named))) as pool:  # each worker asked at once: a slow one costs ASK_S once
+            self.members = list(pool.map(lambda n: self._member(*n), named))
+        self._record_unverified()
 
     def _member(self, name: str, role: str, address: str) -> Member:
         """A member at this address; a local one profiled only once verified (tracer/members.py),
@@ -107,9 +110,12 @@ class Attached:
             m.pid, why = verify(address, role, self.spec.address)
             if why:
                 self.unverified[name] = f"{address}: {why}"
-                self.run.update_meta(unverified=self.unverified)
         m.command = _cmdline(m.pid)
         return m
+
+    def _record_unverified(self) -> None:
+        if self.unverified:
+            self.run.update_meta(unverified=self.unverified)
 
     def look(self) -> tuple[list[Member], list[Member]]:
         """(workers that joined, workers that left) since the last look: a scale-up, a nanny's
@@ -141,6 +147,7 @@ class Attached:
             self.worker_info.append(workers[now[listen]])
         if new:
             self._tap_watch(new)
+            self._record_unverified()
         if self.agents is None and self.rate and any(m.machine != "local" for m in new):
             from .session import say
             say(self.deploy_agents(self.rate))  # the first member on another host joined
