@@ -159,14 +159,48 @@ def top_functions(t: dict, samples: pd.DataFrame, top: int = 3) -> list[dict]:
              "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in rows.itertuples()]
 
 
-def hot_functions(t: dict, top: int = 3) -> list[dict]:
-    """The user's own functions most often running inside tasks' compute spans (worker samples in
-    compute), with their share of those samples."""
-    cpu = t.get("cpu_samples")
-    if cpu is None or cpu.empty:
-        return []
+def compute_profile(t: dict, attempts: pd.DataFrame, task_tids: pd.DataFrame) -> pd.DataFrame:
+    """Table compute_profile: per task prefix, the user's functions its tasks ran (the innermost frame of
+    the user's code in each on-CPU sample inside a compute span, on the task's thread)."""
+    cpu, procs = t["cpu_samples"], t["processes"]
     comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
-    return top_functions(t, comp, top) if len(comp) >= 10 else []
+    pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
+    a = attempts[["worker", "prefix", "compute_start_ns", "compute_stop_ns"]].reset_index(drop=True)
+    a = a.rename_axis("attempt").reset_index().merge(task_tids[["attempt", "tid"]], on="attempt")
+    a = a.assign(pid=a.worker.map(pids)).dropna(subset=["pid", "compute_start_ns"])
+    if comp.empty or a.empty:
+        return pd.DataFrame(columns=PROFILE_COLUMNS)
+    a = a.astype({"pid": "int64", "tid": "int64", "compute_start_ns": "int64"}).sort_values("compute_start_ns")
+    m = pd.merge_asof(comp.sort_values("t_ns"), a, left_on="t_ns", right_on="compute_start_ns", by=["pid", "tid"])
+    m = m[m.t_ns < m.compute_stop_ns]
+    per_prefix = m.groupby("prefix").size()
+    m = m.assign(frame_id=m.stack_id.map(user_frames(t))).dropna(subset=["frame_id"])
+    f = t["frames"].set_index("frame_id")
+    m = m.join(f[["function", "filename", "line"]], on=m.frame_id.astype("int64"))
+    g = m.groupby(["prefix", "function", "filename"]).agg(line=("line", lambda x: x.mode().iat[0]),
+                                                          samples=("t_ns", "size"), seconds=("weight_s", "sum"))
+    g = g.reset_index()
+    g["prefix_samples"] = g.prefix.map(per_prefix)
+    g["share"] = g.samples / g.prefix_samples
+    return g.sort_values(["prefix", "samples"], ascending=[True, False], ignore_index=True)[PROFILE_COLUMNS]
+
+
+PROFILE_COLUMNS = ["prefix", "function", "filename", "line", "samples", "seconds", "prefix_samples", "share"]
+
+
+def hot_functions(t: dict, top: int = 3) -> list[dict]:
+    """The user's own functions most often running inside tasks' compute spans (table compute_profile,
+    over all prefixes), with their share of those samples."""
+    prof = t.get("compute_profile")
+    if prof is None or prof.drop_duplicates("prefix").prefix_samples.sum() < 10:
+        return []
+    g = prof.groupby(["function", "filename"], sort=False).agg(line=("line", "first"), samples=("samples", "sum"),
+                                                               seconds=("seconds", "sum"))
+    g = g.sort_values("samples", ascending=False).head(top).reset_index()
+    n = prof.drop_duplicates("prefix").prefix_samples.sum()
+    return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.samples / n,
+             "samples": int(r.samples), "seconds": float(r.seconds),
+             "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in g.itertuples()]
 
 
 IMPORTING = "_find_and_load"  # importlib's frame under every import statement

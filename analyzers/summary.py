@@ -16,6 +16,7 @@ from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATE
                          default_rules, load_rules)
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
+from .evidence import compute_profile
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
@@ -144,10 +145,11 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         "cpu_by_category_s": cpu_by_category(cpu_in_window),
         "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], span)} | whole | {
         "thread_states": "ebpf" if len(states) else "samples"}
-    summary["findings"] = findings(summary, t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path,
-                                                 "tasks": tasks, "threads": threads,
-                                                 "stack_categories": sides["stack_categories"]}, meta)
-    out |= {"attempt_threads": task_tids, "attribution": attr}
+    seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
+                "stack_categories": sides["stack_categories"]}
+    profile = compute_profile(seen, attempts, task_tids)
+    summary["findings"] = findings(summary, seen | {"compute_profile": profile}, meta)
+    out |= {"attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
     return Analysis(out | ({} if side else sides), summary)
 
 

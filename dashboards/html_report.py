@@ -93,10 +93,11 @@ def write_html(run: RunDir, drawn: list[list] | None = None) -> None:
                 sections.append(section(*drawn_one))
     else:
         drawn = sorted(figure_sections(run) if drawn is None else drawn)  # no data: left out
-        prefixes = prefix_table(page)
-        titles = {title for _, title, _ in drawn} | ({"Task prefixes"} if prefixes else set())
+        prefixes, profile = prefix_table(page), profile_table(page)
+        titles = {title for _, title, _ in drawn} | ({"Task prefixes"} if prefixes else set()) | \
+            ({"Your code in the tasks"} if profile else set())
         sections = [headline(summary), caveats_section(summary), findings_section(summary, titles),
-                    prefixes] + [s for _, _, s in drawn]
+                    prefixes, profile] + [s for _, _, s in drawn]
     run.write_file("report.html", page_html("daskprobe report", str(run.path), sections + [metadata(run, summary)]))
 
 
@@ -193,15 +194,39 @@ def prefix_table(p: Page) -> str:
                    f"<td>{r.result_bytes / 1e6:.1f}</td><td>{r.moved_bytes / 1e6:.1f}</td>"
                    f"<td>{100 * r.critical_path_share:.1f}%</td></tr>" for r in g.itertuples())
     head = ("<tr><th>prefix</th><th>tasks</th><th>attempts</th><th>compute, s</th><th>compute per task, ms</th>"
-            "<th>overhead per task, ms (median)</th><th>of which waiting, ms (median)</th><th>result bytes, MB</th>"
+            "<th>overhead per task, ms (median)</th><th>waiting per task, ms (median)</th><th>result bytes, MB</th>"
             "<th>moved to other workers, MB</th><th>share of the session on the critical path</th></tr>")
     return (f"<section id='{anchor('Task prefixes')}'><h2>Task prefixes</h2><p class='caption'>Per key prefix (the 30 with most of the critical "
             "path): tasks (a key per job), attempts (dispatches; more than tasks when stolen or recomputed), compute "
             "seconds summed, mean compute per task, median overhead per task ((task-finished reaching the "
-            "scheduler - ready) - compute) and the part of it spent waiting (queued on the scheduler, or on the "
-            "worker for a thread: a saturated cluster, not a slow runtime), the results' sizes and what other "
+            "scheduler - ready) - compute - waiting: the runtime's own hops), median waiting per task (queued on the "
+            "scheduler, or on the worker for a thread: a saturated cluster, not a slow runtime), the results' sizes "
+            "and what other "
             "workers needed of them (each result once per other worker that ran a task depending on it), and the "
             "share of the session its segments take on the critical path (table prefixes).</p>"
+            f"<table>{head}{rows}</table></section>")
+
+
+def profile_table(p: Page) -> str:
+    """Per task prefix, the user's functions its tasks ran most (table compute_profile): the counterpart
+    of a worker profile, with Dask's and the libraries' frames folded into the user's code that called them."""
+    prof = p.run.table("compute_profile", missing_ok=True)
+    if prof.empty:
+        return ""
+    order = p.run.table("prefixes", missing_ok=True).prefix.tolist()
+    prof = prof.assign(rank=prof.prefix.map({x: i for i, x in enumerate(order)}).fillna(len(order)))
+    top = prof.sort_values(["rank", "samples"], ascending=[True, False]).groupby("prefix", sort=False).head(3).head(30)
+    rows = "".join(f"<tr><td>{html.escape(str(r.prefix))}</td><td>{html.escape(r.function)}</td>"
+                   f"<td>{html.escape(r.filename.rsplit('/', 1)[-1])}:{r.line}</td><td>{r.samples}</td>"
+                   f"<td>{100 * r.share:.0f}%</td><td>{r.seconds:.2f}</td></tr>" for r in top.itertuples())
+    head = ("<tr><th>prefix</th><th>your function</th><th>file:line</th><th>samples</th>"
+            "<th>share of the prefix's samples</th><th>CPU, s</th></tr>")
+    return (f"<section id='{anchor('Your code in the tasks')}'><h2>Your code in the tasks</h2><p class='caption'>"
+            "Per task prefix (in the order of the table above), the functions of your own code its tasks ran "
+            "most: each on-CPU sample inside a task's compute span, on its thread, counts for the innermost frame "
+            "of your code on its stack (Dask's, the libraries' and Python's own frames below it fold into it); "
+            "the share is of all the prefix's samples, so a prefix whose time went to library code alone shows "
+            "small shares (table compute_profile).</p>"
             f"<table>{head}{rows}</table></section>")
 
 

@@ -340,6 +340,19 @@ ANALYSIS = {
           "the proxy"),
         C("tasks", "int64", "count", "tasks it holds from then on; 0: idle, waiting on the scheduler"),
     )),
+    "compute_profile": Table("One row per task prefix and function of the user's code its tasks ran: on-CPU "
+                             "samples inside compute spans, on the task's thread, by the innermost frame of the "
+                             "user's code (frames of libraries and Python's own left out).", (
+        C("prefix", "str", "", "the task prefix"),
+        C("function", "str", "", "the function"),
+        C("filename", "str", "", "its file"),
+        C("line", "int64", "", "the line most of its samples were at"),
+        C("samples", "int64", "count", "on-CPU samples of the prefix's tasks with this function innermost of the "
+                                       "user's code"),
+        C("seconds", "float64", "s", "the CPU time those samples stand for"),
+        C("prefix_samples", "int64", "count", "all on-CPU samples of the prefix's tasks, in the user's code or not"),
+        C("share", "float64", "fraction", "samples / prefix_samples"),
+    )),
     "transfers": Table("One row per message that carried task data from one worker to another: a reply to "
                        "get_data (a task's inputs), or a P2P shuffle's or rechunk's shuffle_receive.", (
         C("src", "str", "", "the worker that sent the data"),
