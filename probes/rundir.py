@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # imported where tables are read and written: starting a run 
 
 
 def default_out(command: list[str]) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", " ".join(Path(c).name for c in command[:3]))[:40]
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug.strip('-') or 'demo'}"
+    """Where a default run directory goes, to check its parent before anything is made: the name
+    new_default then makes may have a suffix."""
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug(command)}"
 
 
 class RunDir:
