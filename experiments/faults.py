@@ -57,7 +57,7 @@ FAULTS = ("none", "kill-worker", "kill-proxy", "kill-sampler", "kill-ebpf", "ful
           "tap-ports")
 FLOW = """
 import os, time
-from distributed import Client, wait
+from distributed import Client, as_completed, wait
 def work(i, size):
     time.sleep(0.05)
     return i, b"x" * size
@@ -68,6 +68,8 @@ with Client() as c:
             while not os.path.exists({go!r}):
                 time.sleep(0.05)
         futures = [c.submit(work, i, {size}, key=f"work-{{half}}-{{i}}") for i in range(100)]
+        if {size}:  # each result fetched as it is done: bytes on the wire all along
+            [f.result() for f in as_completed(futures)]
         wait(futures)
         assert sorted(i for i, _ in c.gather(futures)) == list(range(100))
         del futures
@@ -102,11 +104,10 @@ def inject(fault: str, run: RunDir, disk: Path | None, go: Path) -> str | None:
         except OSError as e:
             return f"no: {e}"
     elif fault == "full-disk":
-        with open(disk / "filler", "wb") as f:
+        with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: closing it flushes nothing
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
     elif fault == "resets":
@@ -167,7 +168,8 @@ def run_fault(fault: str, out: Path) -> dict:
                     p.kill()
                     p.wait()
         return {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
-                "stderr_tail": _last_line(err), "said": _said(err)} | _holds(RunDir(run_dir), at, disk)
+                "stderr_tail": _last_line(err), "said": _said(err.read_text(errors="replace"))} | _holds(
+            RunDir(run_dir), at, disk)
 
 
 def tap_ports() -> dict:
@@ -216,9 +218,9 @@ def _last_line(err: Path) -> str:
     return (daskprobe or lines or [""])[-1][:160]
 
 
-def _said(err: Path) -> str:
+def _said(text: str) -> str:
     """What the terminal said was lost or cut: its cautions and the probes that stopped early."""
-    text = " ".join(err.read_text(errors="replace").split())  # the summary's lines are wrapped
+    text = " ".join(text.split())  # the summary's lines are wrapped
     said = [s.strip() for s in text.replace("caution:", "\ncaution:").replace("daskprobe:", "\ndaskprobe:").split("\n")
             if s.startswith("caution:") or "stopped early" in s]
     return " | ".join(said)[:400]
@@ -227,13 +229,16 @@ def _said(err: Path) -> str:
 def _holds(run: RunDir, at: int, disk: Path | None) -> dict:
     if disk:  # free the disk, then decode what was written, as a user would
         (disk / "filler").unlink(missing_ok=True)
-        subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", str(run.path)],
-                       capture_output=True, timeout=600)
+        b = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", str(run.path)],
+                           capture_output=True, text=True, timeout=600)
+        built = {"build_said": _said(b.stderr)}
+    else:
+        built = {}
     try:
         meta = run.meta()
     except (OSError, ValueError) as e:
         return {"run_json": f"unreadable: {e}"}
-    out = {"finalized": meta.get("finalized"), "partial": meta.get("partial"),
+    out = built | {"finalized": meta.get("finalized"), "partial": meta.get("partial"),
            "errors": json.dumps(meta.get("finalize_errors", {}) | meta.get("probe_errors", {}))[:160],
            "lost": json.dumps(meta.get("lost") or {})}
     with contextlib.suppress(Exception):
@@ -284,7 +289,9 @@ def main(argv=None) -> int:
     for r in df.to_dict("records"):
         t.add_row(r["fault"], r["injected"], str(r.get("exit_code")), str(r.get("finalized")),
                   *(f"{r.get(f'{n}_rows')} / {r.get(f'{n}_after')}" for n in TABLES), str(r.get("lost", "")),
-                  f"{r.get('jobs_incomplete')} of {r.get('jobs')}", str(r.get("said") or r.get("stderr_tail", "")))
+                  f"{r.get('jobs_incomplete')} of {r.get('jobs')}",
+                  " | ".join(str(r[k]) for k in ("said", "build_said") if isinstance(r.get(k), str) and r[k])
+                  or str(r.get("stderr_tail", "")))
     Console().print(t)
     return 0
 
