@@ -17,7 +17,7 @@ halves) once its first half is done:
     tap-stalled    a run recorded by the packet tap (no proxy), its tasks returning 4 MiB each:
                    the tap stopped (SIGSTOP) for 2 s while the second half runs, so its
                    64 MiB ring overflows and the kernel drops packets
-    tap-ports      no run: the tap watching a cluster's 4 ports among 1,000 (an attach to a
+    tap-ports      no run: the tap watching a cluster's 3 ports among 1,000 (an attach to a
                    large cluster), 100 tasks; its filter once failed past about 510 ports
 
 For each: what the user's command saw (its exit code, its last line of
