@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pandas as pd
 
 from .intervals import inside, intersect, overlap_ns, union
@@ -17,21 +16,26 @@ DASK_CLIENT_WORK = ("runtime_bookkeeping", "scheduler_decisions")  # rules' cate
 
 
 def client_split(t: dict) -> dict[str, float] | None:
-    """The shares of the client's time (the path's client segments) its main thread spent in Dask's
-    client-side work (building, optimizing and serializing graphs: stacks in Dask's code), in the user's
-    own code (on a CPU elsewhere), and waiting (off a CPU), from its samples there."""
+    """The shares of the client's time (the path's client segments) that went to Dask's client-side work
+    (building, optimizing and serializing graphs: the main thread's stacks in Dask's code, and the client's
+    other threads, its event loop's, on a CPU), to the user's own code (the main thread on a CPU
+    elsewhere), and to waiting (the rest), from the client's samples there: each read of the process
+    samples all its threads, so their counts compare."""
     path, cpu, cats = t.get("critical_path"), t.get("cpu_samples"), t.get("stack_categories")
     if path is None or cpu is None or cats is None:
         return None
     segs = path[path.kind == "client"].sort_values("start_ns")
-    main = cpu[(cpu.role == "client") & (cpu.tid == cpu.pid) & (cpu.source == "pyspy")]
-    main = main[inside(main.t_ns.to_numpy(), *union(segs.start_ns, segs.end_ns))]
+    client = cpu[(cpu.role == "client") & (cpu.source == "pyspy")]
+    client = client[inside(client.t_ns.to_numpy(), *union(segs.start_ns, segs.end_ns))]
+    main = client[client.tid == client.pid]
     if len(main) < 5:
         return None
-    rule = main.stack_id.map(cats.set_index("stack_id").category)
     on = main.on_cpu.fillna(False).astype(bool)
-    kinds = np.where(~on, "waiting", np.where(rule.isin(DASK_CLIENT_WORK), "dask", "yours"))
-    return (pd.Series(kinds).value_counts() / len(kinds)).to_dict() | {"samples": len(kinds)}
+    dask_main = on & main.stack_id.map(cats.set_index("stack_id").category).isin(DASK_CLIENT_WORK)
+    loops = int(((client.tid != client.pid) & client.on_cpu.fillna(False).astype(bool)).sum())
+    n, yours = len(main), int((on & ~dask_main).sum())
+    dask = min(n - yours, int(dask_main.sum()) + loops)
+    return {"dask": dask / n, "yours": yours / n, "waiting": (n - yours - dask) / n, "samples": n}
 
 
 def cpu_holders(t: dict, top: int = 3) -> str | None:

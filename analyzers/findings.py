@@ -88,7 +88,7 @@ def _client(s: dict, t: dict) -> dict | None:
     evidence = (f"time in which no computation of the client's was in the cluster, or the client had its result "
                 f"and had not yet submitted the next ({jobs} computation(s))")
     if split:
-        evidence += (f"; by its main thread's {split['samples']} samples: Dask's client-side work "
+        evidence += (f"; by the client's {split['samples']} sample reads: Dask's client-side work "
                      f"{split.get('dask', 0):.0%}, your own code {split.get('yours', 0):.0%}, waiting "
                      f"{split.get('waiting', 0):.0%}")
     if split.get("dask", 0) > max(split.get("yours", 0), split.get("waiting", 0)):

@@ -270,6 +270,12 @@ def test_the_clients_time_in_dasks_graph_building_is_told_apart_from_its_own_cod
     assert ids[0] == "client-graph" and "client" not in ids, ids
     ids = list(found(client_between("/home/me/flow.py")))
     assert ids[0] == "client" and "client-graph" not in ids, ids
+    s = client_between("/home/me/flow.py")  # the main thread waits while the client's event loop works
+    for smp in s.samples:
+        smp["active"] = False
+    for t in range(40, 1020, 20):
+        s.sample("client", t, "dumps", "/venv/lib/python3.11/site-packages/distributed/protocol/core.py", tid=401)
+    assert list(found(s))[0] == "client-graph"
 
 
 def test_data_carried_in_the_graph_is_named_and_fewer_tasks_is_not_advised():
