@@ -123,20 +123,23 @@ def stragglers(t: dict) -> pd.DataFrame:
 
 
 def why_slow(row, t: dict) -> str:
-    """What the thread that ran a task did in its compute span, from its eBPF states."""
+    """Why a task took long: the seconds it fetched its inputs first, and what the thread that ran it did
+    in its compute span (eBPF states: on a CPU, waiting for the GIL or a CPU, blocked)."""
+    fetch = (row.transfer_stop_ns - row.transfer_start_ns) / 1e9 if pd.notna(row.transfer_start_ns) else 0.0
+    said = [f"fetching its inputs {fetch:.2f} s first"] if fetch >= 0.01 else []
     states, threads, procs = t.get("thread_states"), t.get("threads"), t.get("processes")
     if states is None or threads is None or procs is None or states.empty or pd.isna(row.thread):
-        return ""
+        return ", ".join(said)
     pid = procs[procs.name == row.worker].pid
     tid = threads[threads.pid.isin(pid) & (threads.ident == row.thread)].tid
     if pid.empty or tid.empty:
-        return ""
+        return ", ".join(said)
     st, s0, s1 = of_thread(states, int(pid.iloc[0]), int(tid.iloc[0])), [row.compute_start_ns], [row.compute_stop_ns]
     span = row.compute_stop_ns - row.compute_start_ns
     waits = {w: int(overlap_ns(s0, s1, *st[state])[0]) / span
              for state, w in (("gil", "waiting for the GIL"), ("runnable", "waiting for a CPU"), ("blocked", "blocked"))}
-    return ", ".join([f"on a CPU {max(0.0, 1 - sum(waits.values())):.0%}"] + [f"{w} {v:.0%}" for w, v in waits.items()
-                                                                            if v >= 0.05])
+    said.append(f"computing: on a CPU {max(0.0, 1 - sum(waits.values())):.0%}")
+    return ", ".join(said + [f"{w} {v:.0%}" for w, v in waits.items() if v >= 0.05])
 
 
 def user_frames(t: dict) -> pd.Series:

@@ -339,3 +339,15 @@ def test_the_users_code_on_an_event_loop_is_named_with_its_function():
     f = found(worker_loop_runs([("slow_transition", "/home/me/plugin.py"), *DASK_LOOP]))["event-loop-blocked"]
     assert "slow_transition (plugin.py:1)" in f["evidence"] and "run_in_executor" in f["advice"], f
     assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP))
+
+
+def test_a_stragglers_why_names_its_threads_waits_and_its_inputs():
+    s = fan_out([2, 2, 2, 2, 2, 2, 2, 60])
+    slow = s.attempts[-1]
+    slow["thread"], slow["transfer_start_ns"], slow["transfer_stop_ns"] = 7, slow["compute_recv_ns"], \
+        slow["compute_recv_ns"] + 20_000_000  # 20 ms fetching its inputs
+    start = slow["compute_start_ns"] / 1e6
+    s.sample(slow["worker"], start + 1, "work", "/home/me/flow.py", tid=201, ident=7)
+    s.state(slow["worker"], "gil", start, start + 30, tid=201)
+    f = found(s)["straggler"]
+    assert "fetching its inputs 0.02 s first" in f["evidence"] and "waiting for the GIL 50%" in f["evidence"], f
