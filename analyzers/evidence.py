@@ -213,20 +213,39 @@ def hot_functions(t: dict, top: int = 3) -> list[dict]:
 IMPORTING = "_find_and_load"  # importlib's frame under every import statement
 
 
-def path_samples(t: dict) -> pd.DataFrame:
-    """On-CPU samples that processes took inside their own segments of a job's critical path (cpu_samples'
-    rows): what each process on the path was running while the path was in it."""
+def path_samples(t: dict, on_cpu: bool = True) -> pd.DataFrame:
+    """Samples (on a CPU only, unless `on_cpu` is false) that processes took inside their own segments of
+    a job's critical path (cpu_samples' rows, and the seconds of those segments in `path_s`): what each
+    process on the path was running, or blocked in, while the path was in it."""
     path, cpu, procs = t.get("critical_path"), t.get("cpu_samples"), t.get("processes")
     if path is None or cpu is None or procs is None or cpu.empty:
-        return pd.DataFrame(columns=["t_ns", "pid", "tid", "stack_id", "weight_s", "process"])
+        return pd.DataFrame(columns=["t_ns", "pid", "tid", "stack_id", "weight_s", "on_cpu", "process", "path_s"])
     segs = path[(path.job >= 0) & path.process.notna()]
     pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid
-    on = cpu[cpu.on_cpu.fillna(False).astype(bool)]
+    pool = cpu[cpu.on_cpu.fillna(False).astype(bool)] if on_cpu else cpu
     parts = []
     for process, mine in segs.groupby("process"):
-        smp = on[on.pid == pids.get(process)]
-        parts.append(smp[inside(smp.t_ns.to_numpy(), *union(mine.start_ns, mine.end_ns))].assign(process=process))
-    return pd.concat(parts, ignore_index=True) if parts else on.iloc[:0].assign(process="")
+        smp = pool[pool.pid == pids.get(process)]
+        s0, s1 = union(mine.start_ns, mine.end_ns)
+        parts.append(smp[inside(smp.t_ns.to_numpy(), s0, s1)].assign(process=process, path_s=(s1 - s0).sum() / 1e9))
+    return pd.concat(parts, ignore_index=True) if parts else pool.iloc[:0].assign(process="", path_s=0.0)
+
+
+def loop_in_user_code(t: dict) -> pd.DataFrame:
+    """Per scheduler or worker whose event loop was on the path: the seconds of the path its loop spent in
+    the user's own code, on a CPU or blocked (the share of its loop's samples there with a frame of the
+    user's innermost, of the path's time in it), and that frame's function."""
+    smp, procs = path_samples(t, on_cpu=False), t.get("processes")
+    if smp.empty or procs is None:
+        return pd.DataFrame(columns=["process", "seconds", "where"])
+    loop = smp[smp.pid.isin(procs[procs.role.isin(["scheduler", "worker"])].pid) & (smp.tid == smp.pid)]
+    rows = []
+    for process, mine in loop.groupby("process"):
+        top = top_functions(t, mine, top=1)
+        if top:
+            rows.append({"process": process, "seconds": top[0]["share"] * mine.path_s.iloc[0],
+                         "where": top[0]["where"], "function": top[0]["function"]})
+    return pd.DataFrame(rows, columns=["process", "seconds", "where", "function"])
 
 
 def imports_on_path(t: dict) -> pd.DataFrame:

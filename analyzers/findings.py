@@ -9,7 +9,7 @@ ordered by seconds; the terminal shows the first three, the report all.
 from __future__ import annotations
 
 from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs, hot_functions,
-                       imports_on_path, path_samples, spills_on_path, stragglers, top_functions, why_slow)
+                       imports_on_path, loop_in_user_code, spills_on_path, stragglers, why_slow)
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -314,20 +314,13 @@ def _spilling(s: dict, t: dict) -> dict | None:
 
 
 def _loop_blocked(s: dict, t: dict) -> dict | None:
-    smp = path_samples(t)
-    procs = t.get("processes")
-    if smp.empty or procs is None:
+    loops = loop_in_user_code(t).sort_values("seconds", ascending=False)
+    sec = float(loops.seconds.sum())
+    if not sec:
         return None
-    servers = procs[procs.role.isin(["scheduler", "worker"])].pid
-    loop = smp[smp.pid.isin(servers) & (smp.tid == smp.pid)]
-    top = top_functions(t, loop, top=3)
-    sec = sum(x["seconds"] for x in top)
-    if not top or not sec:
-        return None
-    h = top[0]
-    return _finding("event-loop-blocked", sec, f"your code ran on Dask's event loop: {h['function']}",
-                    "while the path was in the scheduler or a worker, its event loop ran your own code: "
-                    + ", ".join(f"{x['where']} {x['seconds']:.2f} s" for x in top),
+    return _finding("event-loop-blocked", sec, f"your code held Dask's event loop: {loops.function.iloc[0]}",
+                    "while the path was in the scheduler or a worker, its event loop ran (or was blocked in) your "
+                    "own code: " + ", ".join(f"{r.process} {r.seconds:.2f} s in {r.where}" for r in loops.itertuples()),
                     "nothing else in that process moves while its event loop runs your code (a plugin, a handler, "
-                    "client.run or run_on_scheduler): make it quick, or run it in a thread "
+                    "client.run or run_on_scheduler): make it quick and never blocking, or run it in a thread "
                     "(loop.run_in_executor) or as a task")

@@ -300,9 +300,9 @@ def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
     assert summary["aot_s"] < summary["makespan_s"] / summary["tasks"] / 10  # 1 s of client time left out
 
 
-def worker_loop_runs(frames: list[tuple[str, str]]) -> Scenario:
+def worker_loop_runs(frames: list[tuple[str, str]], active: bool = True) -> Scenario:
     """One task whose task-finished leaves worker-0 36 ms after its compute, while worker-0's loop runs
-    a stack of (function, file) frames, innermost first."""
+    (or, not active, is blocked in) a stack of (function, file) frames, innermost first."""
     s = Scenario()
     s.message("client", "scheduler", 9, 9.5, "register-client")
     s.graph(10, 11, ["a-0"])
@@ -310,7 +310,7 @@ def worker_loop_runs(frames: list[tuple[str, str]]) -> Scenario:
     s.told("a-0", 62, 63)
     s.message("client", "scheduler", 63.5, 64, "close-client")
     for t in range(25, 59, 2):
-        s.sample_stack("worker-0", t, frames)
+        s.sample_stack("worker-0", t, frames, active=active)
     return s
 
 
@@ -339,6 +339,9 @@ def test_the_users_code_on_an_event_loop_is_named_with_its_function():
     f = found(worker_loop_runs([("slow_transition", "/home/me/plugin.py"), *DASK_LOOP]))["event-loop-blocked"]
     assert "slow_transition (plugin.py:1)" in f["evidence"] and "run_in_executor" in f["advice"], f
     assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP))
+    blocked = worker_loop_runs([("sleep", "/usr/lib/python3.11/time.py"), ("slow_transition", "/home/me/plugin.py"),
+                                *DASK_LOOP], active=False)  # a blocking call in a plugin: off a CPU
+    assert "slow_transition (plugin.py:1)" in found(blocked)["event-loop-blocked"]["evidence"]
 
 
 def test_a_stragglers_why_names_its_threads_waits_and_its_inputs():
