@@ -19,6 +19,7 @@ pub const MAX_FILE_BYTES: u64 = 1 << 30;
 /// Why a mapped file was not read.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Skip {
+    Gone,
     Symlink,
     NotRegular,
     TooLarge(u64),
@@ -31,6 +32,7 @@ pub enum Skip {
 impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match self {
+            Skip::Gone => write!(f, "not there (deleted, a memfd, or a file of another host)"),
             Skip::Symlink => write!(f, "a symlink (or a file where a directory was) in its path"),
             Skip::NotRegular => write!(f, "not a regular file"),
             Skip::TooLarge(n) => write!(f, "{n} bytes, over the {MAX_FILE_BYTES}-byte cap"),
@@ -47,6 +49,7 @@ fn last_error(symlink_means: Skip) -> Skip {
     match e.raw_os_error() {
         // O_NOFOLLOW on a symlink: ELOOP; a symlink where a directory was asked for: ENOTDIR
         Some(libc::ELOOP) | Some(libc::ENOTDIR) => symlink_means,
+        Some(libc::ENOENT) => Skip::Gone,
         _ => Skip::Io(e.to_string()),
     }
 }
@@ -173,6 +176,7 @@ mod tests {
         assert_eq!(read_mapped(&mapping(&lib, None, other)), Err(Skip::NotReadable));
         assert_eq!(read_mapped(&mapping(&lib, None, None)), Err(Skip::NotReadable));
         assert!(read_mapped(&mapping(&lib, None, me)).is_ok());
+        assert_eq!(read_mapped(&mapping(&dir.join("gone.so"), None, me)), Err(Skip::Gone));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
