@@ -1,5 +1,5 @@
 """Every table of processes' or threads' rows, and every table decoded from a probe's capture, says
-which host its rows come from (README: every probe table has a host column)."""
+which host its rows come from (docs/usage.md lists which)."""
 
 import json
 
