@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,25 +124,28 @@ def work_as_owner_of(path: Path) -> User | None:
 
 def hand_over(path: Path, user: User | None) -> None:
     """Give a finished run directory to `user` (None: keep it ours), private to them: directories 0700,
-    files 0600. Nothing is followed: a symlink planted inside is itself chowned, never its target."""
+    files 0600. Walked by directory fds (os.fwalk), nothing followed: a process of the cluster's user
+    still running cannot swap a directory for a link to one of root's meanwhile."""
     uid, gid = (user.uid, user.gid) if user else (os.geteuid(), os.getegid())
-    for root, dirs, files in os.walk(path):
+    for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
         for name in dirs + files:
-            _own(os.path.join(root, name), uid, gid)
-    _own(str(path), uid, gid)
+            _own(name, uid, gid, dir_fd)
+    _own(str(path), uid, gid, None)
 
 
-def _own(p: str, uid: int, gid: int) -> None:
+def _own(name: str, uid: int, gid: int, dir_fd: int | None) -> None:
     try:
-        st = os.lstat(p)
-        if st.st_uid != uid or st.st_gid != gid:
-            os.lchown(p, uid, gid)
-        if not os.path.islink(p):
-            mode = 0o700 if os.path.isdir(p) else 0o600 | (st.st_mode & 0o100)
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if mode == 0o700 else 0))
-            try:
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-    except OSError:  # gone meanwhile, or a FIFO a member left in its scratch space
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            return  # a link changes nothing; a FIFO or socket a member left in its scratch space stays as it is
+        directory = stat.S_ISDIR(st.st_mode)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if directory else 0),
+                     dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, 0o700 if directory else 0o600 | (st.st_mode & 0o100))
+        finally:
+            os.close(fd)
+    except OSError:  # gone meanwhile
         pass

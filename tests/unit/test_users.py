@@ -41,13 +41,14 @@ def test_hand_over_makes_the_run_private_to_its_user_and_follows_no_link(tmp_pat
     outside.write_text("root's")
     outside.chmod(0o644)
     (run / "planted").symlink_to(outside)
-    os.mkfifo(run / "fifo")  # opened without blocking, or hand_over would hang here
+    os.mkfifo(run / "fifo")  # never opened: hand_over would hang on it
     u = users.User(54321, 54321, "u", "/")
     users.hand_over(run, u)
-    for p in [run, run / "tables", run / "tables" / "t.parquet", run / "fifo"]:
+    for p in [run, run / "tables", run / "tables" / "t.parquet"]:
         st = os.lstat(p)
         assert (st.st_uid, st.st_gid) == (54321, 54321), p
         assert st.st_mode & 0o077 == 0, p
+    assert os.lstat(run / "fifo").st_uid == 54321  # inside a directory only its owner may enter
     assert os.lstat(run / "planted").st_uid == 54321  # the link itself, never what it points to
     st = os.stat(outside)
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o644)
