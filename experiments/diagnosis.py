@@ -14,7 +14,9 @@ findings (one that names the cause is a false positive). Writes runs.csv (one
 row per run), diagnosis.csv and diagnosis.md in --out and prints the table.
 Run directories go to a temporary directory, deleted once summary.json is
 read (--keep: kept under OUT/runs). --retable makes the table again from
-OUT/runs.csv (after a script's expected ids changed).
+OUT/runs.csv (after a script's expected ids changed); --reanalyze analyses
+the kept runs again with the code of now (after the findings changed), in
+minutes rather than the benchmark's half hour.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from ..probes.rundir import RunDir
 
 FLOWS_DIR = Path(__file__).with_name("diagnosis_flows")
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,16 +76,39 @@ def run_one(flow: Flow, plant: bool, out: Path) -> dict:
                            timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return row | {"exit_code": None, "error": f"timed out after {TIMEOUT_S} s"}
-    row["exit_code"] = p.returncode
+    return row | {"exit_code": p.returncode} | findings(out, p.stderr if p.returncode else "")
+
+
+def reanalyzed(row: dict, out: Path) -> dict:
+    """The row of a kept run, its captures analysed again by today's code (`daskprobe report`)."""
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "report", str(out)], capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    keep = {k: row[k] for k in ("flow", "plant", "exit_code", "repeat")}
+    return keep | findings(out, p.stderr if p.returncode else "")
+
+
+def findings(out: Path, failed: str) -> dict:
+    """What a run's summary.json found; `failed`: the stderr of a command that failed, else ''."""
     try:
         s = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
-        return row | {"error": p.stderr[-500:]}
+        return {"error": failed[-500:] or f"no summary.json: {_stage_errors(out)}"}
     found = s.get("findings", [])
-    row |= {"session_s": s.get("session_s"), "ids": ",".join(f["id"] for f in found),
-            "first_title": found[0]["title"] if found else None,
-            "error": s.get("error") or (p.stderr[-500:] if p.returncode else None)}
-    return row
+    return {"session_s": s.get("session_s"), "ids": ",".join(f["id"] for f in found),
+            "first_title": found[0]["title"] if found else None, "error": s.get("error") or failed[-500:] or None}
+
+
+def _stage_errors(out: Path) -> str:
+    """Why finalizing the run failed, by stage (run.json's finalize_errors)."""
+    try:
+        errors = RunDir(out).meta().get("finalize_errors") or {}
+    except (OSError, ValueError):
+        return "no run.json"
+    return "; ".join(f"{stage}: {e}" for stage, e in errors.items()) or "no stage failed"
+
+
+def run_dir(scratch: Path, flow: str, plant: bool, repeat: int) -> Path:
+    return scratch / f"{flow}-{'planted' if plant else 'twin'}-r{repeat}"
 
 
 def paired(runs: pd.DataFrame, known: dict[str, Flow]) -> pd.DataFrame:
@@ -167,13 +194,18 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the run directories (under OUT/runs)")
     p.add_argument("--retable", action="store_true",
                    help="run nothing: the table again from OUT/runs.csv, with the scripts' expected ids of now")
+    p.add_argument("--reanalyze", action="store_true",
+                   help="run nothing: analyse the runs kept in OUT/runs again (daskprobe report), then the table")
     args = p.parse_args(argv)
     unknown = set(args.flows.split(",")) - set(known)
     if unknown:
         p.error(f"no such script(s): {', '.join(sorted(unknown))}; there are {', '.join(known)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = pd.read_csv(out / "runs.csv") if args.retable else run_all(args, known, out)
+    if args.reanalyze:
+        runs = reanalyze_all(pd.read_csv(out / "runs.csv"), out)
+    else:
+        runs = pd.read_csv(out / "runs.csv") if args.retable else run_all(args, known, out)
     table = paired(runs, known)
     table.to_csv(out / "diagnosis.csv", index=False)
     (out / "diagnosis.md").write_text(markdown(table, str(runs["code"].iloc[0]) if "code" in runs else "code unknown"))
@@ -195,16 +227,30 @@ def run_all(args, known: dict[str, Flow], out: Path) -> pd.DataFrame:
             bar = progress.add_task("diagnosis", total=len(todo))
             for r, flow, plant in todo:
                 progress.update(bar, description=f"r{r} {flow.name} {'planted' if plant else 'twin'}")
-                run_dir = scratch / f"{flow.name}-{'planted' if plant else 'twin'}-r{r}"
-                rows.append(run_one(flow, plant, run_dir) | {"repeat": r, "code": made})
+                there = run_dir(scratch, flow.name, plant, r)
+                rows.append(run_one(flow, plant, there) | {"repeat": r, "code": made})
                 pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # what ran so far, if stopped
                 if not args.keep:
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                    shutil.rmtree(there, ignore_errors=True)
                 progress.advance(bar)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return pd.DataFrame(rows)
+
+
+def reanalyze_all(runs: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """Every run of runs.csv analysed again by the code of now (the runs' findings came from the analyzers of
+    their own moment, which may have changed between the first run and the last)."""
+    made = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (analysed again), {version(out)}"
+    rows = []
+    with Progress(console=Console(stderr=True)) as progress:
+        for row in progress.track(runs.to_dict("records"), description="analysing again"):
+            there = run_dir(out / "runs", row["flow"], bool(row["plant"]), int(row["repeat"]))
+            rows.append(reanalyzed(row, there) | {"code": made})
+    runs = pd.DataFrame(rows)
+    runs.to_csv(out / "runs.csv", index=False)
+    return runs
 
 
 def _print(table: pd.DataFrame) -> None:
