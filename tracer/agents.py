@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 
 from ..probes.agent import CAPTURE_NAME, CHUNK
-from ..probes.procs import our_child
 from ..probes.rundir import RunDir, open_append, write_new
 from ..probes.schema import HOST_PID
 from .agent_replies import BadReply, clean_state
@@ -272,8 +271,11 @@ def _start_relay(user: tuple[int, int] | None, log: Path) -> subprocess.Popen:
             home = "/"
         env.update(HOME=home if os.path.isdir(home) else "/")
         env.pop("SUDO_COMMAND", None)
+    # its own session: a Ctrl-C at the terminal (attach's way to end) must leave it to read the agents
+    # at the end. Not our_child's death signal: that fires when the thread that started it ends (the
+    # agents may start in the pulls' thread); it ends when its stdin does, with us.
     relay = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.agent_relay"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=env, preexec_fn=our_child,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=env, start_new_session=True,
                              **kw)
     threading.Thread(target=_drain, args=(relay.stderr, log), name="daskprobe-relay-log", daemon=True).start()
     return relay

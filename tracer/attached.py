@@ -84,7 +84,8 @@ class Attached:
         self.unverified: dict[str, str] = {}  # local members not profiled: name -> why
         self.agents = None
         self.rate: float | None = None  # the agents' sampling rate; None: no agents
-        self.puller: threading.Thread | None = None  # the pull running, if one is
+        self.puller: threading.Thread | None = None  # the pull running (or the agents starting), if one is
+        self.agents_error: str | None = None
         self.partial_hosts: dict[str, str] = {}  # "agent@HOST" -> why its captures were not all read
         self.next_pull = 0.0
         self.stream_from: dict = {}  # where the next read of Dask's task stream starts; empty: none
@@ -148,10 +149,16 @@ class Attached:
         if new:
             self._tap_watch(new)
             self._record_unverified()
-        if self.agents is None and self.rate and any(m.machine != "local" for m in new):
-            from .session import say
-            say(self.deploy_agents(self.rate))  # the first member on another host joined
+        if self.agents is None and self.rate and not self._pulling() and any(m.machine != "local" for m in new):
+            # the first member on another host joined: the agents start in the pulls' thread (their
+            # plugins wait for the agent each starts, seconds), the looks go on meanwhile
+            self.puller = threading.Thread(target=self._deploy_later, name="daskprobe-agents", daemon=True)
+            self.puller.start()
         return new, left
+
+    def _deploy_later(self) -> None:
+        from .session import say
+        say(self.deploy_agents(self.rate, later=True))
 
     def _tap_watch(self, members: list[Member]) -> None:
         """The tap watches their ports from now on."""
@@ -214,7 +221,7 @@ class Attached:
     def client_address(self) -> str:
         return self.spec.address
 
-    def deploy_agents(self, rate: float | None) -> str | None:
+    def deploy_agents(self, rate: float | None, later: bool = False) -> str | None:
         """Agents on the other hosts (probes/agent.py), to sample the members there at `rate`
         (None: none); what the user is told of those members (None: there are none, yet: a worker
         that joins on another host later starts them then, at look)."""
@@ -229,11 +236,14 @@ class Attached:
             from ..probes.agent import STREAM_S
             from .agents import Agents, relay_user
             scheduler = next((m.pid for m in self.members if m.role == "scheduler"), None)
-            self.agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.rate,
-                                 self.run.log("agents"), relay_user(scheduler))
-            self._pull()
+            agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.rate,
+                            self.run.log("agents"), relay_user(scheduler))
+            self.agents = agents
+            self._pull_now(self.named_ports()) if later else self._pull()
         except Exception as e:  # a cluster without daskprobe, or that refuses plugins: the rest goes on
-            self.run.update_meta(agents_error=f"{type(e).__name__}: {e}"[:1000])
+            self.agents_error = f"{type(e).__name__}: {e}"[:1000]
+            if not later:  # run.json is written by the main thread only
+                self.run.update_meta(agents_error=self.agents_error)
             self.rate = None  # not tried again at each look
             return said + (f"only their messages are recorded: no agents could start there ({type(e).__name__}: "
                            f"{str(e)[:300]}; is daskprobe installed on those hosts?)")
@@ -247,7 +257,7 @@ class Attached:
         at a time; one still running skips this one."""
         from ..probes.agent import STREAM_S
         self.next_pull = time.monotonic() + STREAM_S
-        if self.puller and self.puller.is_alive():
+        if self._pulling():
             return
         self.puller = threading.Thread(target=self._pull_now, args=(self.named_ports(),), name="daskprobe-agents",
                                        daemon=True)
@@ -259,21 +269,29 @@ class Attached:
         except Exception:  # the cluster not answering now (logged): the next pull, or the last, reads on
             pass
 
+    def _pulling(self) -> bool:
+        return bool(self.puller and self.puller.is_alive())
+
     def _pulled(self) -> None:
         """The running pull over (the last one needs the relay to itself); a relay hung past its own
         deadlines is ended, and what was read stays."""
         from .agents import REQUEST_S
         if self.puller:
             self.puller.join(2 * REQUEST_S)
-            if self.puller.is_alive():
+            if self.puller.is_alive() and self.agents:
                 self.agents._end_relay()
                 self.puller.join(10)
 
-    def collect_agents(self) -> str:
+    def collect_agents(self) -> str | None:
         """The agents' last captures read into run/hosts/, their members given the run's pids (pid P
-        on host k: k·HOST_PID + P); what to tell the user. A host not read to the end keeps what was
-        read, and makes the run partial: run.json's `probe_errors` says why ("agent@HOST")."""
-        self._pulled()
+        on host k: k·HOST_PID + P); what to tell the user (None: there were no agents). A host not
+        read to the end keeps what was read, and makes the run partial: run.json's `probe_errors`
+        says why ("agent@HOST")."""
+        self._pulled()  # a pull, or agents starting, in the thread
+        if self.agents is None:
+            if self.agents_error:
+                self.run.update_meta(agents_error=self.agents_error)
+            return None
         try:
             hosts = self.agents.finish(self.run, self.named_ports())
         except Exception as e:  # what was read stays in hosts/, without its clock: said, and partial

@@ -318,8 +318,8 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)
-        if cluster.agents:
-            say(cluster.collect_agents())
+        if said := cluster.collect_agents():
+            say(said)
             record(run, processes=_processes(cluster, started, client, command))
             stopped_early = stopped_early or bool(cluster.partial_hosts)
     return _ended(run, signals, code, stopped_early)
