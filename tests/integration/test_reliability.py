@@ -73,6 +73,7 @@ def ours_in_a_traceback(err: str) -> bool:
 
 
 STARTED: list[subprocess.Popen] = []
+SHARED: list[Path] = []
 
 
 @pytest.fixture(autouse=True)
@@ -85,10 +86,22 @@ def _no_run_outlives_its_test():
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+    while SHARED:
+        shutil.rmtree(SHARED.pop(), ignore_errors=True)
+
+
+def shared_dir() -> Path:
+    """A directory the cluster's user may write to (a root run's command runs as another user): for
+    the markers a flow and its test exchange. Sticky, as a run directory's parents must be."""
+    d = Path(tempfile.mkdtemp(prefix="daskprobe-test-"))
+    d.chmod(0o1777)
+    SHARED.append(d)
+    return d
 
 
 def start(tmp_path, *opts, flow_code=None):
-    marker, go = tmp_path / "started", tmp_path / "go"
+    shared = shared_dir()
+    marker, go = shared / "started", shared / "go"
     flow = write_flow(tmp_path / "flow.py", flow_code or SLEEPER.format(marker=str(marker), go=str(go)))
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out), *opts, "--",
@@ -388,6 +401,21 @@ with Client() as c:
         subprocess.run(["umount", "-l", str(disk)])
 
 
+def test_a_build_of_a_run_still_recording_says_so(tmp_path):
+    p, run, marker, go = start(tmp_path, "--workers", "1", "--probes", "proxy")
+    try:
+        wait_for(marker.exists, what="the flow to start")
+        b = daskprobe("build", "--no-trace", str(run.path))
+        said = " ".join(b.stderr.split())
+        assert "warning: the run is still recording" in said, b.stderr[-3000:]
+        assert "caution: built while the run was still recording" in said, b.stderr[-3000:]
+    finally:
+        go.touch()
+        _, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err[-3000:]
+    assert "still recording" not in err  # its own finalizing is not a build of a live run
+
+
 def test_a_user_without_root_runs_with_what_it_can(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("run as root: the test switches to nobody")
@@ -477,4 +505,6 @@ def test_a_helper_killed_mid_run_makes_the_run_partial_and_says_so(tmp_path, vic
     assert f"probe {name} stopped early: its process ended during the run (killed by SIGKILL)" in err, err
     meta = run.meta()
     assert meta["partial"] is True and "SIGKILL" in meta["probe_errors"][name] and meta["finalized"] is True
+    caution = f"caution: the run is partial: {name} stopped early"  # at the end, and in the report
+    assert caution in " ".join(err.split()) and caution[9:] in (run / "report.html").read_text()
     assert len(run.table("messages")) > 0 and len(run.table("samples")) > 0, "what was captured before is kept"
