@@ -8,10 +8,12 @@ stretches overlap (a futures loop that submits while results come back) form
 one job. The session runs from the client's first byte to its last; time in
 it with no job in the cluster is the client's own.
 
-A job some of whose keys were never told is incomplete: its end was not
-recorded (the capture stopped or lost them, a worker died, the client left
-first). Its time runs on to the next job's start, or to the recording's last
-message: time whose owner is unknown, not the client's.
+In a run whose messages were not all recorded (its capture stopped, the tap
+lost packets), a job some of whose keys were never told is incomplete: its
+end may be among what was lost. Its time runs on to the next job's start,
+or to the client's last message: time whose owner is unknown, not the
+client's. In a run that lost nothing, a key never told was let go by the
+client (cancelled, fire_and_forget, a future dropped): its job ends as above.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def told(msgs: pd.DataFrame) -> pd.DataFrame:
     return m.assign(told_id=np.arange(len(m)))
 
 
-def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(graphs with done_ns, done_key, done_msg and job; the jobs table)."""
+def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame, lossy: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(graphs with done_ns, done_key, done_msg and job; the jobs table). `lossy`: the run's messages
+    were not all recorded, so keys never told make their jobs incomplete."""
     g = graphs.sort_values("t_first_ns", kind="stable", ignore_index=True)
     g = g.assign(t_first_ns=g.t_first_ns.astype("int64"), t_last_ns=g.t_last_ns.astype("int64"))
     g = _done(g, told(msgs))
@@ -48,7 +51,7 @@ def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame) -> tuple[pd.DataFrame, 
                          "graph_bytes": g.groupby("job").msg_bytes.sum().to_numpy(),
                          "requested": g.groupby("job")["keys"].agg(lambda k: sum(map(len, k))).to_numpy(),
                          "end_key": last.done_key.to_numpy(), "end_told": last.done_told.to_numpy(),
-                         "complete": untold == 0, "untold": untold, "last_told_ns": last.done_ns.to_numpy()},
+                         "complete": (untold == 0) | (not lossy), "untold": untold, "last_told_ns": last.done_ns.to_numpy()},
                         columns=JOB_COLUMNS)
     return g, _unknown_ends(jobs, msgs)
 

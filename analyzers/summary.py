@@ -43,8 +43,9 @@ DEFINITIONS = {
     "jobs": "the computations the client submitted: a job runs from the first byte of an update-graph until "
             "the last key it asks for is told to the client; graphs in the cluster at the same time (a futures "
             "loop) are one job. Each has its own makespan_s, tasks, critical_path_s and recomputed keys; "
-            "complete is false when some of its keys (untold) were never told: its end was not recorded, and "
-            "its time after its last told key, to the next job or the client's last message, is uncategorized",
+            "complete is false when, in a run that did not record every message, some of its keys (untold) "
+            "were never told: its end may be among what was lost, and its time after its last told key, to "
+            "the next job or the client's last message, is uncategorized",
     "tasks": "computations of a key in a job (a key computed in two jobs counts twice), over all jobs",
     "dispatches": "compute-task messages the scheduler sent (a task stolen or rescheduled is dispatched again)",
     "aot_s": "average overhead per task as in Böhm & Beránek: the jobs' makespans (summed; the client's time "
@@ -114,7 +115,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     by sampled(), and are among the tables returned."""
     base = {"schema": SCHEMA, "definitions": DEFINITIONS | {
         f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}} | command_seconds(meta)
-    graphs, jobs = graph_jobs(t["graphs"], t["messages"])
+    graphs, jobs = graph_jobs(t["graphs"], t["messages"], lossy=lossy(meta))
     window = session(t["messages"], jobs)
     if jobs.empty or t["attempts"].empty or window is None:
         return Analysis({}, base | {"error": _nothing(t, meta)}
@@ -151,6 +152,12 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     summary["findings"] = findings(summary, seen | {"compute_profile": profile}, meta)
     out |= {"attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
     return Analysis(out | ({} if side else sides), summary)
+
+
+def lossy(meta: dict) -> bool:
+    """Whether the run's messages were not all recorded: its recorder lost some (run.json `lost`, from
+    the tables stage), or stopped before the end."""
+    return bool(meta.get("lost")) or bool({"proxy", "tap"} & set(meta.get("probe_errors", {})))
 
 
 def task_stream_numbers(ts: pd.DataFrame) -> dict:

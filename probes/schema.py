@@ -305,10 +305,12 @@ ANALYSIS = {
         C("end_key", "str", "", "the key whose telling ends it; null if none was told"),
         C("end_told", "Int64", "", "that telling's number among the scheduler's key-in-memory and task-erred ops "
           "to submitters, in message order; null if none"),
-        C("complete", "bool", "", "every key its graphs ask for was told to their sender; false: its end was not "
-          "recorded (the capture stopped or lost it, a worker died, the client left first), and end_ns is the next "
-          "job's start or the client's last message: the time after last_told_ns is uncategorized, not the client's"),
-        C("untold", "int64", "count", "keys its graphs ask for that were never told to their sender"),
+        C("complete", "bool", "", "false when the run did not record every message (run.json lost, or its "
+          "recorder stopped early) and some key its graphs ask for was never told: its end may be among what was "
+          "lost, end_ns is the next job's start or the client's last message, and the time after last_told_ns is "
+          "uncategorized, not the client's"),
+        C("untold", "int64", "count", "keys its graphs ask for that were never told to their sender (in a run that "
+          "lost nothing: let go by the client, cancelled or forgotten)"),
         C("last_told_ns", "int64", MONO, "when its last told key was told (end_ns for a complete job)"),
     )),
     "tasks": Table("One row per key and job: the columns of attempts are those of the attempt that decided it "

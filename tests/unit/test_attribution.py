@@ -63,7 +63,10 @@ def test_a_job_whose_end_was_not_recorded_is_incomplete_and_its_time_not_the_cli
     s.graph(1028, 1029, ["b-0"])
     s.task("b-0", "worker-1", 1030, 1031, 1032, 1042, 1043, 1044)
     s.told("b-0", 1045, 1046)
-    out = split(s)
+    let_go = split(s)  # nothing lost: the client let c-0 go (cancelled it, dropped its future)
+    assert [(j["complete"], j["untold"]) for j in let_go["jobs"]] == [(True, 1), (True, 0)]
+    assert ms(let_go, "client") == pytest.approx(10 + 1000)
+    out = analyze(s.tables(), META | {"lost": {"proxy": {"stopped": {"t_ns": 30 * 1_000_000}}}}).summary
     assert [(j["complete"], j["untold"]) for j in out["jobs"]] == [(False, 1), (True, 0)]
     assert ms(out, "client") == pytest.approx(10), "only before the first job: the rest is not known to be the client's"
     parts = out["critical_path_parts_s"]
