@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,46 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
     finally:
         if joined:  # the joiner the script left running
             os.kill(joined["pid"], signal.SIGTERM)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the_end(tmp_path, other_host):  # noqa: F811
+    """The terminal sends SIGINT to attach's whole process group: the relay that holds the agents' Client
+    must outlive it to read them at the end."""
+    ns, ours, theirs = other_host
+    port = 20_000 + (os.getpid() + 13) % 10_000
+    address = f"tcp://{ours}:{port}"
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
+                              stdout=log, stderr=log)]
+    procs.append(subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", DASK, "worker", address, "--host", theirs,
+                                   "--nthreads", "1", "--no-nanny", "--no-dashboard"], stdout=log, stderr=log))
+    try:
+        up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
+                             "c.wait_for_workers(1, timeout=60)"], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+        out = tmp_path / "run"
+        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
+                                   "--no-trace", "--probes", "pyspy,proc"], stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True)  # a terminal's foreground group of its own
+        said = []
+        for line in attach.stderr:
+            said.append(line)
+            if line.startswith("daskprobe: recording"):
+                break
+        time.sleep(2)
+        os.killpg(attach.pid, signal.SIGINT)
+        said += attach.stderr.readlines()
+        assert attach.wait(120) == 0, "".join(said)[-3000:]
+        host = json.loads((out / "run.json").read_text())["hosts"][theirs]
+        assert host["complete"], "".join(said)[-3000:]
+    finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
