@@ -281,3 +281,49 @@ fn close(out: &Sender<Vec<u8>>, id: u32, dir: u8, d: &mut Direction, t: u64) {
     }
     let _ = out.send(record::close(id, dir, t, d.bytes));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    /// One current-framing message of one frame, a msgpack map {"op": op}.
+    fn message(op: u8) -> Vec<u8> {
+        let frame = [0x81, 0xa2, b'o', b'p', 0xa1, op];
+        [&16u64.to_le_bytes()[..], &1u64.to_le_bytes(), &(frame.len() as u64).to_le_bytes(), &frame].concat()
+    }
+
+    fn segment<'a>(seq: u32, syn: bool, payload: &'a [u8]) -> Segment<'a> {
+        Segment { src: "127.0.0.1:40000".parse().unwrap(), dst: "127.0.0.1:8786".parse().unwrap(), seq, syn,
+                  ack: !syn, fin: false, rst: false, payload }
+    }
+
+    /// A segment the kernel dropped leaves a gap: once the drop is told, the gap is lost at once (not
+    /// held until 8 MiB wait behind it), said in a gap record, and the messages after it are read.
+    #[test]
+    fn a_gap_behind_a_drop_is_lost_at_once_and_the_stream_reads_on() {
+        let (tx, rx) = channel();
+        let mut streams = Streams::new(HashMap::from([(8786, "scheduler".to_string())]), tx);
+        let msgs: Vec<Vec<u8>> = (b'a'..=b'e').map(message).collect();
+        let mut seq = 1000u32;
+        streams.segment(1, &segment(seq, true, &[]));
+        seq += 1;
+        for (i, m) in msgs.iter().enumerate() {
+            if i == 3 {
+                streams.dropped(10, 1); // told before the segment after the dropped one (msgs[2]) is read
+            }
+            if i != 2 {
+                streams.segment(20 + i as u64, &segment(seq, false, m));
+            }
+            seq += m.len() as u32;
+        }
+        let kinds: Vec<(u8, Vec<u8>)> = rx.try_iter().map(|r| (r[4], r)).collect();
+        let of = |k: u8| kinds.iter().filter(|(kind, _)| *kind == k).map(|(_, r)| r.clone()).collect::<Vec<_>>();
+        let ops: Vec<u8> = of(record::MESSAGE).iter().map(|r| r[r.len() - 1]).collect();
+        assert_eq!(ops, b"abde", "every message but the one dropped");
+        let gap = &of(record::GAP)[0];
+        let field = |at: usize| u64::from_le_bytes(gap[at..at + 8].try_into().unwrap());
+        assert_eq!((field(18), field(26)), ((2 * msgs[0].len()) as u64, msgs[2].len() as u64), "its offset and bytes");
+        assert_eq!(of(record::DROPS).len(), 1);
+    }
+}
