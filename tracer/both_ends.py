@@ -25,7 +25,7 @@ CONN_BASE = 1 << 24  # host k's connections: k·CONN_BASE + its tap's number
 MATCH_WINDOW_NS = 1_000_000_000  # where two views of a stream may start apart, once on one clock
 ALIGN_CHECK = 64  # messages compared to tell where two views of a stream line up
 TIMES = {"messages": ("t_first_ns", "t_last_ns"), "connections": ("opened_ns", "closed_ns"),
-         "malformed": ("t_ns",), "lost": ("t_ns",), "skipped": ("t_ns",)}
+         "malformed": ("t_ns",), "lost": ("t_ns",), "skipped": ("t_ns",), "gaps": ("t_ns",), "drops": ("t_ns",)}
 
 
 @dataclasses.dataclass
@@ -263,5 +263,6 @@ def _concat(views: list[View], dropped: dict[int, set[int]]) -> Capture:
     m = tables["messages"].drop(columns="msg_id").sort_values("t_first_ns", kind="stable", ignore_index=True)
     m.insert(0, "msg_id", np.arange(len(m)))
     return Capture(messages=m, connections=tables["connections"], malformed=tables["malformed"],
-                   lost=tables["lost"], skipped=tables["skipped"], data=b"".join(data),
+                   lost=tables["lost"], skipped=tables["skipped"], gaps=tables["gaps"], drops=tables["drops"],
+                   data=b"".join(data),
                    torn_bytes=sum(v.cap.torn_bytes for v in views))

@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from daskprobe.probes.proxy_capture import OPEN, PEER, CaptureWriter, read_capture
+from daskprobe.probes.proxy_capture import DROPS, GAP, OPEN, PEER, CaptureWriter, losses, read_capture
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import HOST_PID
 from daskprobe.tracer.both_ends import align, clocks, consistent, merged
@@ -97,3 +97,22 @@ def test_a_stamp_that_cannot_be_is_set_aside_not_believed():
     assert abs(c["correction"] + error) <= c["uncertainty"] < 60_000, c
     assert c["set_aside"] == 1
     assert consistent(np.array([-900, -800]), np.array([100, 200])) is None, "more than 1% wrong: no estimate"
+
+
+def test_what_an_agents_tap_lost_is_in_the_merged_capture(tmp_path):
+    run = RunDir(tmp_path / "run")
+    (run / "captures").mkdir(parents=True)
+    theirs = run / "hosts" / "10.0.0.2" / "captures" / "tap.bin"
+    theirs.parent.mkdir(parents=True)
+    messages = [(0, T0 + 1_000_000 * i, 20_000, f"op{i}") for i in range(5)]
+    _capture(run.tap_capture, messages, -1)
+    _capture(theirs, messages, 77)
+    with open(theirs, "ab") as f:  # the worker's host's tap lost 3 packets, 4,000 bytes of the connection
+        w = CaptureWriter(f)
+        w.record(DROPS, t_ns=T0 + 6_000_000, packets=3)
+        w.record(GAP, conn=1, direction=1, t_ns=T0 + 6_000_000, offset=100, bytes=4000)
+    procs = pd.DataFrame({"name": ["scheduler", "worker-0"], "host": ["local", "10.0.0.2"], "listen": [SCHED, WORKER]})
+    hosts = {"10.0.0.2": {"number": 1, "offset_ns": 0, "uncertainty_ns": 10_000_000}}
+    cap = merged(run, read_capture(run.tap_capture), procs, hosts)
+    lost = losses(cap, None)
+    assert lost["packets_dropped"] == 3 and lost["gaps"] == 0  # the connection's gap is the other view's: this one saw its bytes
