@@ -20,6 +20,9 @@ from helpers import probe_session
 from daskprobe.experiments.unwind_cost import CHAIN_C, build_chain
 from daskprobe.probes.base import capture_lines, native_binary
 from daskprobe.probes.ebpf import SYSTEM_PYTHON, Ebpf
+from daskprobe.probes.pyspy import read_samples
+from daskprobe.probes.rundir import RunDir
+from daskprobe.probes.sampler import Sampler
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("gcc"),
@@ -197,3 +200,76 @@ def _let_go(fifo: Path) -> None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     except OSError:  # ENXIO: no reader waits
         pass
+
+
+SPIN = """
+import sys, time
+def planted_spin(end):
+    while time.monotonic() < end:
+        pass
+print("up", flush=True)
+sys.stdin.readline()  # planted
+planted_spin(time.monotonic() + 120)
+"""
+
+
+def test_the_sampler_reads_the_libpython_a_process_maps_not_what_its_path_names_now(tmp_path):
+    """py-spy (inside daskprobe-sampler) found libpython by its path in /proc/PID/maps. A Python of
+    nobody's runs its own copy of libpython, deletes it and plants, under the name maps then gives
+    ("... (deleted)"), a FIFO (an open that never returns: the sampler hung, no process sampled) or
+    a symlink to /dev/zero. The sampler must read the file mapped, and name the frames."""
+    python = os.path.realpath(sys.executable)
+    lib = Path(python).parent.parent / "lib" / "libpython3.11.so.1.0"
+    if not lib.exists():
+        pytest.skip(f"no {lib}: this Python has no libpython to plant over")
+    probe = Sampler(["pyspy"])
+    if why := probe.available():
+        pytest.skip(why)
+    home = nobodys_dir()
+    plants = {"fifo": "mkfifo", "zero": "ln -s /dev/zero"}
+    procs, fifos = {}, []
+    run = RunDir(tmp_path / "run")
+    for sub in ("captures", "logs"):
+        (run / sub).mkdir(parents=True)
+    try:
+        for case in plants:
+            (home / case).mkdir()
+            shutil.copy(lib, home / case / lib.name)
+            for p in (home / case, home / case / lib.name):
+                os.chown(p, NOBODY, NOBODY)
+            p = subprocess.Popen(as_nobody(["env", f"LD_PRELOAD={home / case / lib.name}", python, "-c", SPIN]),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            procs[case] = p
+            assert p.stdout.readline().strip() == "up"
+        for case, plant in plants.items():
+            planted = f"{home / case / lib.name} (deleted)"
+            subprocess.run(as_nobody(["sh", "-c", f"rm {lib.name} && {plant} '{planted}'"]), cwd=home / case,
+                           check=True)
+            fifos.append(Path(planted))
+            assert planted in Path(f"/proc/{procs[case].pid}/maps").read_text(), "not the libpython it maps"
+            procs[case].stdin.write("planted\n")
+            procs[case].stdin.flush()
+        probe.start(run)
+        for case, p in procs.items():
+            probe.watch({"pid": p.pid, "name": case, "role": "worker"})
+        said, deadline = {}, time.monotonic() + 60
+        while len(said) < len(procs) and time.monotonic() < deadline:
+            said = {int(line.split("\t")[2]): line for line in capture_lines(run / "captures" / "pyspy.tsv")
+                    if line.split("\t")[0] in ("A", "E")}
+            time.sleep(0.2)
+        time.sleep(1.0)  # samples of both
+    finally:
+        if fifos:
+            _let_go(fifos[0])  # a sampler stuck in the FIFO's open returns
+        probe.stop()
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        shutil.rmtree(home, ignore_errors=True)
+    assert len(said) == len(procs), f"the sampler said nothing of some of {sorted(procs)} in 60 s (hung?): {said}"
+    samples, stacks, frames = read_samples(run / "captures" / "pyspy.tsv")
+    spinning = frames.frame_id[frames.function == "planted_spin"]
+    with_it = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(set(ids) & set(spinning)))]
+    for case, p in procs.items():
+        assert said[p.pid].startswith("A\t"), (case, said[p.pid])
+        assert (samples[samples.pid == p.pid].stack_id.isin(with_it)).sum() > 0, f"{case}: planted_spin not named"

@@ -44,6 +44,7 @@ mod frames;
 mod layout;
 mod lines;
 mod linetable;
+mod mapped;
 mod names;
 mod procstat;
 mod procs;
@@ -441,6 +442,8 @@ fn main() {
         log!("{e}");
         std::process::exit(2);
     });
+    // py-spy opens the binaries a process maps as the mapping itself, checked: never by the path
+    let _ = py_spy::binary_parser::OPEN_MAPPED.set(mapped::open_mapped);
     let mut config = Config::default();
     config.native = args.native;
     // Pausing the target costs it time; read its memory while it runs unless
