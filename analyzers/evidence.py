@@ -182,12 +182,14 @@ def compute_profile(t: dict, attempts: pd.DataFrame, task_tids: pd.DataFrame) ->
     m = m[m.t_ns < m.compute_stop_ns]
     per_prefix = m.groupby("prefix").size()
     m = m.assign(frame_id=m.stack_id.map(user_frames(t))).dropna(subset=["frame_id"])
+    if m.empty:  # no sample inside a span ran code of the user's
+        return pd.DataFrame(columns=PROFILE_COLUMNS)
     f = t["frames"].set_index("frame_id")
     m = m.join(f[["function", "filename", "line"]], on=m.frame_id.astype("int64"))
     g = m.groupby(["prefix", "function", "filename"]).agg(line=("line", lambda x: x.mode().iat[0]),
                                                           samples=("t_ns", "size"), seconds=("weight_s", "sum"))
     g = g.reset_index()
-    g["prefix_samples"] = g.prefix.map(per_prefix)
+    g["prefix_samples"] = g.prefix.map(per_prefix).astype("int64")
     g["share"] = g.samples / g.prefix_samples
     return g.sort_values(["prefix", "samples"], ascending=[True, False], ignore_index=True)[PROFILE_COLUMNS]
 

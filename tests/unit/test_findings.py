@@ -354,3 +354,14 @@ def test_a_stragglers_why_names_its_threads_waits_and_its_inputs():
     s.state(slow["worker"], "gil", start, start + 30, tid=201)
     f = found(s)["straggler"]
     assert "fetching its inputs 0.02 s first" in f["evidence"] and "waiting for the GIL 50%" in f["evidence"], f
+
+
+def test_tasks_whose_samples_show_no_code_of_the_users_give_an_empty_profile():
+    """Compute samples in library code only: the profile is empty, not a failed analysis."""
+    s = gil_bound_tasks(False)
+    s.samples = [smp for smp in s.samples if smp["tid"] != 201]
+    for t in (16, 17, 31, 32):
+        s.sample("worker-0", t, "dot", "/venv/lib/python3.11/site-packages/numpy/core/numeric.py", tid=201,
+                 name="Dask-Default-Threads-0", ident=7)
+    result = analyze(s.tables(), META)
+    assert result.tables["compute_profile"].empty and "hot-function" not in found(s)
