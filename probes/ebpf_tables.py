@@ -16,16 +16,21 @@ from .base import native_binary, tsv_rows
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS, USTACKS, MAPS = "ebpf_events.bin", "ebpf_ustacks.bin", "ebpf_maps.tsv"
 RECORD = ebpf_format.numpy_record_dtype()
+NOT_READ = "not read, its frames unnamed: "  # daskprobe-unwind's line for a file it refused (open.rs)
 
 
-def _unwinder(args: list[str], stdin: str | None = None) -> tuple[dict[str, str], str | None]:
-    """daskprobe-unwind's answer, {N: frames}, and why it failed (None if it did not)."""
+def _unwinder(args: list[str], stdin: str | None = None,
+              unread: list[str] | None = None) -> tuple[dict[str, str], str | None]:
+    """daskprobe-unwind's answer, {N: frames}, and why it failed (None if it did not). The mapped files
+    it did not read ("PATH: why") go into `unread`, else on our stderr."""
     binary = native_binary("daskprobe-unwind")
     if binary is None:
         return {}, "daskprobe-unwind is not built (run ./setup.sh)"
     done = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, errors="replace")
     frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
-    if not done.returncode:
+    if not done.returncode and unread is not None:
+        unread += [line.split(NOT_READ, 1)[1] for line in done.stderr.splitlines() if NOT_READ in line]
+    elif not done.returncode:
         _tell_not_read(done.stderr)
     # the reason goes into a frame's name: no frame separators in it
     why = re.sub(r"\s*[;\t\n]+\s*", " ", done.stderr.strip()[-200:]) or f"exit code {done.returncode}"
@@ -35,44 +40,46 @@ def _unwinder(args: list[str], stdin: str | None = None) -> tuple[dict[str, str]
 def _tell_not_read(said: str, most: int = 10) -> None:
     """The mapped files daskprobe-unwind did not read (its checks: open.rs), and why, on our stderr:
     their frames are unnamed. The count, then the first few."""
-    files = [line for line in said.splitlines() if "not read, its frames unnamed" in line]
+    files = [line for line in said.splitlines() if NOT_READ in line]
     total = [line for line in said.splitlines() if "mapped files not read" in line]
     for line in total + files[:most] + [f"daskprobe-unwind: ... and {len(files) - most} more"] * (len(files) > most):
         print(line, file=sys.stderr)
 
 
-def unwind(captures: Path) -> dict[str, str]:
+def unwind(captures: Path, unread: list[str] | None = None) -> dict[str, str]:
     """Each "@N" -> the frames of the Nth copied user stack, unwound and symbolized by daskprobe-unwind.
     A stack it could not unwind stays a "[not unwound: why]" frame rather than failing the run."""
     if not (captures / USTACKS).exists():
         return {}
     offsets = ",".join(f"{k}={v}" for k, v in ebpf_format.ustack_offsets().items())
     frames, why = _unwinder(["--stacks", str(captures / USTACKS), "--maps", str(captures / MAPS),
-                             "--record", str(ebpf_format.USTACK_SIZE), "--offsets", offsets])
+                             "--record", str(ebpf_format.USTACK_SIZE), "--offsets", offsets], unread=unread)
     count = (captures / USTACKS).stat().st_size // ebpf_format.USTACK_SIZE
     return {f"@{n}": f"[not unwound: {why}]" if why else frames.get(str(n), "[lost]") for n in range(count)}
 
 
-def symbolize(captures: Path, rows: pd.DataFrame) -> dict[tuple[int, str], str]:
+def symbolize(captures: Path, rows: pd.DataFrame, unread: list[str] | None = None) -> dict[tuple[int, str], str]:
     """(pid, "#ADDR,...") -> the frames of that stack, symbolized by daskprobe-unwind from the process's
     mappings (those of its first sample's time)."""
     first = rows[rows.user.str.startswith("#")].groupby(["pid", "user"], sort=False).t.min()
     lines = "".join(f"{pid}\t{t}\t{user[1:]}\n" for (pid, user), t in first.items())
-    frames, why = _unwinder(["--maps", str(captures / MAPS), "--addresses"], lines)
+    frames, why = _unwinder(["--maps", str(captures / MAPS), "--addresses"], lines, unread)
     return {k: frames.get(str(n), f"[not symbolized: {why or 'no answer for it'}]") for n, k in enumerate(first.index)}
 
 
-def read_cpu(path: Path, frame_base: int, stack_base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(samples, stacks, frames) like pyspy.read_samples, ids starting at the bases.
+def read_cpu(path: Path, frame_base: int, stack_base: int,
+             unread: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(samples, stacks, frames) like pyspy.read_samples, ids starting at the bases; the mapped files
+    daskprobe-unwind did not read ("PATH: why", its frames in them unnamed) into `unread`, else on stderr.
     A stack is the kernel frames then the user frames, leaf first."""
     frames, stacks, samples = {}, {}, []
     rows = tsv_rows(path, {"t": "int64", "pid": "int64", "tid": "int64", "cpu": "int64", "user": "str",
                            "kernel": "str"})
     if rows.user.str.startswith("@").any():
-        unwound = unwind(path.parent)
+        unwound = unwind(path.parent, unread)
         rows["user"] = rows.user.map(lambda u: unwound.get(u, "[lost]") if u.startswith("@") else u)
     if rows.user.str.startswith("#").any():
-        named = symbolize(path.parent, rows)
+        named = symbolize(path.parent, rows, unread)
         rows["user"] = [named.get((pid, u), u) for pid, u in zip(rows.pid, rows.user)]
     for t, pid, tid, cpu, user, kernel in rows.itertuples(index=False):
         ids = []

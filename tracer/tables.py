@@ -45,6 +45,11 @@ def build(run: RunDir) -> dict:
     probed = probes_done()
     if probed["failed"]:
         run.update_meta(skipped_per_process=probed["failed"])
+    if probed["unread_files"]:
+        run.update_meta(unread_files=probed["unread_files"])
+        from .session import say
+        say(f"{len(probed['unread_files'])} mapped files were not read (root reads no file a cluster's user may "
+            "have planted): their native frames are unnamed; which and why in run.json unread_files")
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost),
@@ -99,31 +104,33 @@ def _tell(stats: dict) -> None:
 def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     """Tables of the sampling probes, this host's and those its agents read back from others;
     rows carry the name and host of their process. Returns (for run.json) what an eBPF agent
-    could not probe, per process ("failed"), and the malformed lines left out of each capture
-    ("malformed_lines": its path in the run directory: how many)."""
-    tables, failed, malformed = _captured(run / "captures", "local", conns)
+    could not probe, per process ("failed"), the malformed lines left out of each capture
+    ("malformed_lines": its path in the run directory: how many), and the mapped files
+    daskprobe-unwind did not read ("unread_files": "PATH: why", another host's prefixed by it)."""
+    tables, failed, malformed, unread = _captured(run / "captures", "local", conns)
     for number, host, offset, timens in _agent_hosts(run):
-        theirs, their_failed, their_malformed = _captured(run / "hosts" / host / "captures", host, conns.iloc[:0],
-                                                          _after(tables["frames"].frame_id),
-                                                          _after(tables["stacks"].stack_id))
+        theirs, their_failed, their_malformed, their_unread = _captured(
+            run / "hosts" / host / "captures", host, conns.iloc[:0], _after(tables["frames"].frame_id),
+            _after(tables["stacks"].stack_id))
         for name, df in theirs.items():
             moved = _moved(name, df, number * HOST_PID, offset, timens)
             tables[name] = pd.concat([tables[name], moved], ignore_index=True)
         failed += [f"{host} {f}" for f in their_failed]
+        unread += [f"{host} {f}" for f in their_unread]
         malformed |= {f"hosts/{host}/{k}": n for k, n in their_malformed.items()}
     named = procs.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid")
     for name, df in tables.items():
         if "pid" in df:
             df["process"] = df.pid.map(named.name)
         run.write_table(name, df)
-    return {"failed": failed, "malformed_lines": malformed}
+    return {"failed": failed, "malformed_lines": malformed, "unread_files": unread}
 
 
 def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
-              stack_base: int = 0) -> tuple[dict, list[str], dict]:
+              stack_base: int = 0) -> tuple[dict, list[str], dict, list[str]]:
     """The tables of one host's captures directory, each row with its host, frame and stack ids from
     the bases on; what its eBPF agent could not probe, per process; the malformed lines left out of
-    its captures (captures/NAME: how many, where any)."""
+    its captures (captures/NAME: how many, where any); the mapped files not read ("PATH: why")."""
     bad = Counter()
     samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE, bad)
     samples["source"], frames["kind"] = "pyspy", "python"
@@ -131,8 +138,9 @@ def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
     stacks["frame_ids"] = [[i + frame_base for i in ids] for ids in stacks.frame_ids]
     stacks["stack_id"] += stack_base
     samples["stack_id"] += stack_base
+    unread = []
     native = ebpf_tables.read_cpu(cap / "ebpf_cpu.tsv", frame_base=_after(frames.frame_id, frame_base),
-                                  stack_base=_after(stacks.stack_id, stack_base))
+                                  stack_base=_after(stacks.stack_id, stack_base), unread=unread)
     samples, stacks, frames = (pd.concat([a, b], ignore_index=True) for a, b in zip((samples, stacks, frames), native))
     events = ebpf_tables.read_events(cap / ebpf_tables.EVENTS)
     tables = {"samples": samples, "stacks": stacks, "frames": frames,
@@ -146,7 +154,7 @@ def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
         df["host"] = host  # the capture's: a pid none of the run's processes has ran there too
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
     return (tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()],
-            {f"captures/{name}": n for name, n in bad.items() if n})
+            {f"captures/{name}": n for name, n in bad.items() if n}, sorted(set(unread)))
 
 
 def with_host(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
