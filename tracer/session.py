@@ -264,10 +264,11 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
 
 
 def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
-           probes: list[Probe], signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99) -> int:
-    """Record a cluster that is already running (an Attached) while a command runs against it, for
-    `duration` seconds, or until interrupted; the command's exit code (0 without one). Nothing of
-    the cluster is started or stopped."""
+           probes: list[Probe], signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99,
+           user: User | None = None) -> int:
+    """Record a cluster that is already running (an Attached) while a command runs against it (as `user`,
+    None: as daskprobe), for `duration` seconds, or until interrupted; the command's exit code (0 without
+    one). Nothing of the cluster is started or stopped."""
     address = cluster.client_address()
     run.update_meta(partial=True, command=command, attached=address, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config={}, probes=probe_names, skipped={},
@@ -299,7 +300,8 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         follow = lambda: _follow(cluster, started, run, client, command)  # noqa: E731
         if command:
             env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=address)
-            client = signals.client = subprocess.Popen(command, env=env, preexec_fn=our_child)
+            client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env,
+                                                       preexec_fn=our_child, **(user.popen() if user else {}))
             _watch(started, [_client_row(client, command)])
             run.update_meta(processes=_processes(cluster, started, client, command))
             code = _wait(client, signals, follow)

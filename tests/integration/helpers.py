@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections import Counter, defaultdict
 import time
@@ -40,13 +41,16 @@ def drawn(tmp: Path, page: Path) -> str:
     return browser.body(page, tmp / "profile")
 
 
-def searchable(d: Path) -> Path:
-    """A root daskprobe runs the cluster and the command as an unprivileged user, who must reach the
-    flows the tests write under pytest's temporary directories (root's, 0700): searchable, not readable."""
-    if os.geteuid() == 0:
-        for p in [d, *d.parents][:4]:
-            if p.stat().st_uid == 0 and not p.stat().st_mode & 0o001:
-                p.chmod(p.stat().st_mode | 0o011)
+MADE: list[Path] = []  # searchable directories made this session (conftest removes them if it passed)
+
+
+def searchable_dir(name: str) -> Path:
+    """A new directory that the cluster's user can reach: a root daskprobe runs the cluster and the command
+    as an unprivileged user, and pytest's own temporary directories are root's, made 0700 again by every
+    pytest session that starts (another's beside this one too)."""
+    d = Path(tempfile.mkdtemp(prefix=f"daskprobe-test-{re.sub(r'[^A-Za-z0-9_]+', '-', name)[:40]}-"))
+    d.chmod(0o711)
+    MADE.append(d)
     return d
 
 

@@ -3,6 +3,7 @@ the keys the scripts computed, and the pids the cluster's own processes report."
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -193,6 +194,8 @@ def test_attach_to_a_tls_cluster_says_its_messages_cannot_be_read_and_records_it
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
+    if os.geteuid() == 0:  # the command (a client of the cluster) runs as the system user 'daskprobe', never root
+        os.chown(key, pwd.getpwnam("daskprobe").pw_uid, -1)
     tls = {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(cert), "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
     for role in ("SCHEDULER", "WORKER", "CLIENT"):
         tls |= {f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT": str(cert),

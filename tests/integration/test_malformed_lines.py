@@ -11,7 +11,7 @@ import pytest
 
 from daskprobe.probes.rundir import RunDir
 from daskprobe.tracer.build import finalize
-from helpers import daskprobe, searchable
+from helpers import daskprobe, searchable_dir
 
 CAPTURES = ["pyspy.tsv", "proc.tsv", "threads.tsv"]
 FLOW = ("from distributed import Client\n"
@@ -20,8 +20,8 @@ FLOW = ("from distributed import Client\n"
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    out = searchable(tmp_path_factory.mktemp("malformed")) / "run"
+def captured():
+    out = searchable_dir("malformed") / "run"
     p = daskprobe("run", "--workers", "1", "--out", str(out), "--", sys.executable, "-c", FLOW)
     assert p.returncode == 0, p.stderr[-3000:]
     for name in CAPTURES:

@@ -12,15 +12,15 @@ import pytest
 from daskprobe.probes.procfs import CAPTURE, read_proc, read_thread_names
 from daskprobe.probes.sampler import Sampler
 from daskprobe.probes.rundir import RunDir
-from helpers import PINNED_FLOW, run_flow, searchable, write_flow
+from helpers import PINNED_FLOW, run_flow, searchable_dir, write_flow
 from helpers import check_trace, load
 
 
 @pytest.fixture(scope="module")
-def all_probes(tmp_path_factory):
+def all_probes():
     # 1,000 tasks: the scheduler is on a CPU for tenths of a second, reads enough to find it in its own code;
     # the proxy for about 30 ms, which eBPF at its default 99 Hz missed in one run (3 samples expected)
-    run, p = run_flow(searchable(tmp_path_factory.mktemp("all")), PINNED_FLOW.format(n=1000), "--probes", "all", "--cpu-hz", "499")
+    run, p = run_flow(searchable_dir("all"), PINNED_FLOW.format(n=1000), "--probes", "all", "--cpu-hz", "499")
     return run
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
             (home / "go").touch()
             stdout, stderr = run.communicate(timeout=240)
         assert run.returncode == 0, stderr[-3000:]
-        expected = sudo if sudo else __import__("pwd").getpwnam("daskprobe").pw_uid
+        expected = sudo if sudo else pwd.getpwnam("daskprobe").pw_uid
         assert command_uid == expected and member_uids == {expected}, (command_uid, member_uids)
         assert len(addresses) == 4  # scheduler and worker, each listening behind its proxy
         reached = next(line for line in attack_run.stdout.splitlines() if line.startswith("REACHED")).split()[1:]
@@ -147,3 +148,33 @@ def test_root_rebuilding_another_users_run_writes_nothing_through_the_links_they
                        capture_output=True, text=True, timeout=300)
     assert list(victim.iterdir()) == [], p.stderr[-2000:]
     assert "working as nobody" in p.stderr
+
+
+STANDING = """
+import json, sys
+from distributed import LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster:
+        print(json.dumps({"address": cluster.scheduler_address}), flush=True)
+        sys.stdin.readline()
+"""
+
+
+def test_attachs_command_runs_unprivileged(tmp_path):
+    """A client unpickles what the cluster sends: attach runs its command as the user who ran sudo, or
+    the system user 'daskprobe', never as root."""
+    flow = write_flow(tmp_path / "flow.py", "import os\nfrom distributed import Client\n"
+                      "with Client() as c:\n    print('uid', os.getuid(), c.submit(sum, [1, 2]).result())\n")
+    standing = subprocess.Popen([sys.executable, "-c", STANDING], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=tmp_path)
+    try:
+        address = json.loads(standing.stdout.readline())["address"]
+        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--no-trace", "--probes",
+                            "proc", "--out", str(tmp_path / "run"), "--", sys.executable, str(flow)],
+                           capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("SUDO_")})
+    finally:
+        standing.communicate("\n", timeout=60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"uid {pwd.getpwnam('daskprobe').pw_uid} 3" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert (tmp_path / "run").stat().st_mode & 0o077 == 0

@@ -24,7 +24,7 @@ from distributed.comm import CommClosedError, connect, listen
 from distributed.comm.tcp import _add_frames_header
 from distributed.protocol import dumps, to_serialize
 
-from helpers import PINNED_FLOW, run_flow, searchable, write_flow
+from helpers import PINNED_FLOW, run_flow, write_flow
 from daskprobe.probes.proxy import start_tap, stop_proxy
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.proxy_capture import read_capture, read_status
@@ -260,8 +260,8 @@ def test_a_run_whose_tap_lost_packets_says_so_and_reads_on(tmp_path):
     shared = Path(tempfile.mkdtemp(prefix="daskprobe-tap-"))  # where the cluster's user may write the markers
     shared.chmod(0o777)
     marker, go, moved, resumed = (shared / name for name in ("started", "go", "moved", "resumed"))
-    flow = searchable(write_flow(tmp_path / "flow.py", STALLED_FLOW.format(marker=str(marker), go=str(go),
-                                                                            moved=str(moved), resumed=str(resumed))))
+    flow = write_flow(tmp_path / "flow.py", STALLED_FLOW.format(marker=str(marker), go=str(go), moved=str(moved),
+                                                                resumed=str(resumed)))
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--probes", "tap,proc",
                           "--out", str(out), "--", sys.executable, str(flow)], stderr=subprocess.PIPE, text=True)

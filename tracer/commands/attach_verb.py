@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
                    help="do not deploy agents (Dask plugins) to sample the members on other hosts: only their "
                         "messages are recorded")
     p.add_argument("--out", help="run directory (default runs/<time>-attach)")
+    options.user(p, "the command")
     p.add_argument("--no-trace", action="store_true", help="leave trace.pftrace out ('daskprobe build' writes it later)")
 
 
@@ -48,17 +49,31 @@ def main(args, command: list[str]) -> int:
     if not re.fullmatch(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
         raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT or "
                          "tls://HOST:PORT (its messages cannot be read: samples and Dask's task stream only)")
+    user = None
     if command:
         options.check_command(command)
+        user = options.runs_as(args.user, command, _tls_files(args.address), [], "your command")
+    made = options.missing_parents(args.out, command or ["attach"])
     run_dir = options.new_run(RunDir, args.out, command or ["attach"])
     with Signals() as signals:
         cluster = Attached(AttachSpec(args.address, tap=is_root(), agents=not args.no_agents), run_dir)
         code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.unread else []), *probes],
                       registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
-                      sample_rate=args.sample_rate, cpu_hz=args.cpu_hz)
+                      sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, user=user)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
             shutil.rmtree(run_dir.path, ignore_errors=True)
             return code
-        finalize(run_dir, trace=not args.no_trace)
+        try:
+            finalize(run_dir, trace=not args.no_trace)
+        finally:
+            options.hand_over(run_dir.path, made)
     say(f"run directory: {run_dir.path}")
     return code
+
+
+def _tls_files(address: str) -> list[str]:
+    """The TLS files a client of a tls:// cluster reads (Dask's config): the command's user must read them."""
+    import dask
+    keys = ("ca-file", "client.cert", "client.key")
+    return [f for k in keys if (f := dask.config.get(f"distributed.comm.tls.{k}", None))] \
+        if address.startswith("tls://") else []

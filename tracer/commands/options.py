@@ -132,6 +132,36 @@ def new_run(RunDir, out: str | None, command: list[str]):
         raise SystemExit(f"daskprobe: --out: {e}")
 
 
+def user(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--user", help=f"run {what} as this user (default: the user who ran sudo, else yourself; as "
+                                  "root with no sudo, the system user 'daskprobe'); never root")
+
+
+def runs_as(name: str | None, command: list[str], programs: list[str], dirs: list[str], what: str):
+    """Who runs `what` (the user's command, and with run the cluster), once they can use the command, its
+    files, `programs` and `dirs`: said before anything starts, or a clear refusal."""
+    from ...probes import users
+    from ..session import say
+    try:
+        user = users.cluster_user(name)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"daskprobe: {e}")
+    if user.is_us:
+        return user
+    needed = [shutil.which(command[0]) or command[0], *command[1:], *(shutil.which(x) or x for x in programs)]
+    if cannot := users.unreadable(user, [os.getcwd(), *dirs], needed):
+        raise SystemExit(f"daskprobe: {what} {_verb(what)} as user {user.name} (a Dask cluster runs code for whoever "
+                         f"reaches it, and a client unpickles what it sends: never as root), who cannot use "
+                         f"{', '.join(cannot)}. Run daskprobe through sudo from your own account, give --user NAME, "
+                         "or make these readable (and directories searchable) by that user.")
+    say(f"{what} {_verb(what)} as user {user.name} (uid {user.uid})")
+    return user
+
+
+def _verb(subject: str) -> str:
+    return "run" if " and " in subject else "runs"
+
+
 def missing_parents(out: str | None, command: list[str]) -> list[Path]:
     """The directories on the way to the run directory that do not exist yet (RunDir.create makes them)."""
     from ...probes.rundir import default_out

@@ -39,9 +39,7 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
                    help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
-    p.add_argument("--user", help="run the cluster and the command as this user (default: the user who ran "
-                                  "sudo, else yourself; as root with no sudo, the system user 'daskprobe'); "
-                                  "never root")
+    options.user(p, "the cluster and the command")
     p.add_argument("--no-trace", action="store_true",
                    help="leave trace.pftrace out (it takes longest to write; 'daskprobe build' writes it later)")
     p.add_argument("--start-timeout", type=options.bounded(*options.START_TIMEOUT_S), default=60.0,
@@ -49,15 +47,18 @@ def add_arguments(p) -> None:
 
 
 def main(args, command: list[str]) -> int:
+    import os
+
     from ...probes import registry
-    from ...probes.rundir import RunDir
+    from ...probes.rundir import RunDir, default_out
     from ..build import finalize, warm_up
     from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
-    user = _user(args.user, command, spec.python, args.out)
+    run_parent = os.path.dirname(os.path.abspath(args.out or default_out(command)))  # the cluster's scratch is there
+    user = options.runs_as(args.user, command, [spec.python], [run_parent], "the cluster and your command")
     if spec.server_cmd:
         say("warning: the --server-cmd server's own port serves whoever connects: only its proxy checks who")
     made = options.missing_parents(args.out, command)
@@ -81,31 +82,6 @@ def _reap(run_dir, grace: float) -> None:
     from ...probes.procs import reap_exiting
     from ..session import note_killed
     note_killed(run_dir, reap_exiting(grace), f"still running {grace:g} s after SIGTERM (a thread that is not a daemon?)")
-
-
-def _user(name: str | None, command: list[str], python: str, out: str | None):
-    """Who runs the cluster and the command, once they can: said before anything starts."""
-    import os
-    import shutil
-
-    from ...probes import users
-    from ..session import say
-    try:
-        user = users.cluster_user(name)
-    except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"daskprobe: {e}")
-    if user.is_us:
-        return user
-    needed = [shutil.which(command[0]) or command[0], *command[1:], shutil.which(python) or python]
-    from ...probes.rundir import default_out
-    run_parent = os.path.dirname(os.path.abspath(out or default_out(command)))  # the cluster's scratch space is in it
-    if cannot := users.unreadable(user, [os.getcwd(), run_parent], needed):
-        raise SystemExit(f"daskprobe: the cluster and your command run as user {user.name} (a Dask cluster runs "
-                         f"code for whoever reaches it: never as root), who cannot use {', '.join(cannot)}. Run "
-                         "daskprobe through sudo from your own account, give --user NAME, or make these "
-                         "readable (and directories searchable) by that user.")
-    say(f"the cluster and your command run as user {user.name} (uid {user.uid})")
-    return user
 
 
 def _spec(args, probes: list[str]):
