@@ -7,7 +7,7 @@ import pytest
 
 from daskprobe.experiments import diagnosis
 
-NAMED_FIRST = ["client_think", "recompute"]
+NAMED_FIRST = ["client_think", "data_in_graph"]
 
 
 @pytest.mark.timeout(1800)  # 4 runs of 10-40 s each, with every probe, and their finalization
