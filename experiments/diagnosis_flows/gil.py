@@ -5,7 +5,7 @@ GIL: the four task threads take turns, so the worker runs them one at a time
 while Dask believes it runs four. Twin (PLANT=0): the same scoring written
 with numpy, which releases the GIL inside its loops.
 
-cause: gil
+cause: GIL among task threads
 expect: task-gil, gil-contention
 options: --workers 1 --threads 4
 """

@@ -5,7 +5,7 @@ walks each group's rows in Python.
 so nearly all the compute is in it. Twin (PLANT=0): the same answer from
 pandas' built-in groupby aggregations.
 
-cause: slow UDF
+cause: a slow pure-Python UDF
 expect: hot-function
 options: --workers 2 --threads 1
 """
