@@ -35,6 +35,7 @@ LINES = {
           "it; or, read_ns 0, a stack BPF copied at that tick that could not be named (its thread state held "
           "another thread by then, or a frame could not be read)"),
 }
+EXITED = "process exited"  # an E line's message for a process that ended (sampler-core/src/main.rs)
 _F, _S = (1 + len(LINES[kind][0].split()) for kind in "FS")  # fields of the line, its letter included
 LOST = "<a frame whose line was malformed>"  # the function of a frame a stack names and no line defined
 
@@ -80,6 +81,14 @@ def read_samples(path: Path, malformed: Counter | None = None) -> tuple[pd.DataF
     st = pd.DataFrame({"stack_id": list(stacks.values()), "frame_ids": [list(k) for k in stacks]})
     fr = pd.DataFrame(sorted(frames.values()), columns=["frame_id", "function", "filename", "line"])
     return s, st, fr
+
+
+def not_sampled(path: Path) -> list[str]:
+    """Why processes were not sampled ("pid P: why"), from the E lines that say more than an exit: a
+    process the sampler could not attach to, or whose interpreter or libpython it would not read."""
+    errors = (text.split("\t") for text in capture_lines(path))
+    return [f"pid {f[2]}: Python stacks not sampled: {f[3]}" for f in errors if f[0] == "E" and len(f) == 4
+            and f[3] != EXITED]
 
 
 def _sample(f: list[str], stacks: dict) -> tuple:

@@ -103,8 +103,8 @@ def _tell(stats: dict) -> None:
 
 def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     """Tables of the sampling probes, this host's and those its agents read back from others;
-    rows carry the name and host of their process. Returns (for run.json) what an eBPF agent
-    could not probe, per process ("failed"), the malformed lines left out of each capture
+    rows carry the name and host of their process. Returns (for run.json) what the eBPF agent
+    or the Python sampler could not probe, per process ("failed"), the malformed lines left out of each capture
     ("malformed_lines": its path in the run directory: how many), and the mapped files
     daskprobe-unwind did not read ("unread_files": "PATH: why", another host's prefixed by it)."""
     tables, failed, malformed, unread = _captured(run / "captures", "local", conns)
@@ -129,7 +129,7 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
 def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
               stack_base: int = 0) -> tuple[dict, list[str], dict, list[str]]:
     """The tables of one host's captures directory, each row with its host, frame and stack ids from
-    the bases on; what its eBPF agent could not probe, per process; the malformed lines left out of
+    the bases on; what its eBPF agent or Python sampler could not probe, per process; the malformed lines left out of
     its captures (captures/NAME: how many, where any); the mapped files not read ("PATH: why")."""
     bad = Counter()
     samples, stacks, frames = pyspy.read_samples(cap / pyspy.CAPTURE, bad)
@@ -153,7 +153,8 @@ def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
     for df in tables.values():
         df["host"] = host  # the capture's: a pid none of the run's processes has ran there too
     status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
-    return (tables, [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()],
+    failed = [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
+    return (tables, failed + pyspy.not_sampled(cap / pyspy.CAPTURE),
             {f"captures/{name}": n for name, n in bad.items() if n}, sorted(set(unread)))
 
 

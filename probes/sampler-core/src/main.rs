@@ -429,7 +429,7 @@ impl<W: Write> Sampler<W> {
                 // a failed read of a live process is a lost sample, not the end
                 let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
                 if !alive {
-                    lines::failed(&mut self.out, at, pid, "process exited");
+                    lines::failed(&mut self.out, at, pid, "process exited"); // EXITED in probes/pyspy.py
                 }
                 alive
             }
