@@ -6,6 +6,7 @@ was imported or spilled on the path, how much data the graphs carried."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -103,6 +104,11 @@ def heaviest_graphs(s: dict) -> dict | None:
 STRAGGLER_FACTOR = 5.0   # a task this many times its prefix's median compute, and
 STRAGGLER_MIN_S = 0.01   # this many seconds over it, is a straggler
 LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
+# daskprobe's own files: its preloads run in the cluster (tracer/peer_guard.py, experiments' schedulers and
+# workers), and are not the user's code; scripts in experiments' folders (the diagnosis flows) are a user's
+_OURS = Path(__file__).resolve().parent.parent
+OURS = re.compile("^(?:" + "|".join(re.escape(f"{_OURS / d}/") for d in ("probes", "tracer", "analyzers", "dashboards"))
+                  + "|" + re.escape(f"{_OURS / 'experiments'}/") + "[^/]+$)")
 
 
 def stragglers(t: dict) -> pd.DataFrame:
@@ -147,7 +153,9 @@ def user_frames(t: dict) -> pd.Series:
     stacks, frames = t.get("stacks"), t.get("frames")
     if stacks is None or frames is None:
         return pd.Series(dtype="float64")
-    mine = set(frames.frame_id[~frames.filename.fillna("").str.contains("|".join(map(re.escape, LIBRARY)))])
+    names = frames.filename.fillna("")
+    theirs = names.str.contains("|".join(map(re.escape, LIBRARY))) | names.str.contains(OURS)
+    mine = set(frames.frame_id[~theirs])
     return stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in mine), None))
 
 
@@ -233,21 +241,21 @@ def path_samples(t: dict, on_cpu: bool = True) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pool.iloc[:0].assign(process="", path_s=0.0)
 
 
-def loop_in_user_code(t: dict) -> pd.DataFrame:
-    """Per scheduler or worker whose event loop was on the path: the seconds of the path its loop spent in
-    the user's own code, on a CPU or blocked (the share of its loop's samples there with a frame of the
-    user's innermost, of the path's time in it), and that frame's function."""
-    smp, procs = path_samples(t, on_cpu=False), t.get("processes")
-    if smp.empty or procs is None:
-        return pd.DataFrame(columns=["process", "seconds", "where"])
-    loop = smp[smp.pid.isin(procs[procs.role.isin(["scheduler", "worker"])].pid) & (smp.tid == smp.pid)]
-    rows = []
-    for process, mine in loop.groupby("process"):
-        top = top_functions(t, mine, top=1)
-        if top:
-            rows.append({"process": process, "seconds": top[0]["share"] * mine.path_s.iloc[0],
-                         "where": top[0]["where"], "function": top[0]["function"]})
-    return pd.DataFrame(rows, columns=["process", "seconds", "where", "function"])
+def loops_in_user_code(t: dict) -> tuple[float, list[dict]]:
+    """The schedulers' and workers' event loops in the user's own code: the CPU seconds of their on-CPU
+    samples on the path with a frame of the user's innermost, and the user's functions their samples,
+    on a CPU or blocked, anywhere in the run, most often show (a blocked thread is read every 200 ms
+    only, too rarely to place on the path)."""
+    procs = t.get("processes")
+    if procs is None or t.get("cpu_samples") is None:
+        return 0.0, []
+    servers = procs[procs.role.isin(["scheduler", "worker"])].pid
+    on_path = path_samples(t)
+    on_path = on_path[on_path.pid.isin(servers) & (on_path.tid == on_path.pid)]
+    mine = on_path.stack_id.map(user_frames(t)).notna()
+    cpu = t["cpu_samples"]
+    loops = cpu[cpu.pid.isin(servers) & (cpu.tid == cpu.pid) & (cpu.source == "pyspy")]
+    return float(on_path.weight_s[mine].sum()), top_functions(t, loops, top=3)
 
 
 def imports_on_path(t: dict) -> pd.DataFrame:

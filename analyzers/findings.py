@@ -9,7 +9,7 @@ ordered by seconds; the terminal shows the first three, the report all.
 from __future__ import annotations
 
 from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs, hot_functions,
-                       imports_on_path, loop_in_user_code, spills_on_path, stragglers, why_slow)
+                       imports_on_path, loops_in_user_code, spills_on_path, stragglers, why_slow)
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -314,13 +314,20 @@ def _spilling(s: dict, t: dict) -> dict | None:
 
 
 def _loop_blocked(s: dict, t: dict) -> dict | None:
-    loops = loop_in_user_code(t).sort_values("seconds", ascending=False)
-    sec = float(loops.seconds.sum())
+    blocked = {kind: v for kind in ("scheduler", "worker") if (v := sum(
+        x for k, x in s["critical_path_parts_s"].items() if k.startswith(f"{kind}: ") and k.endswith("[idle]")))}
+    running, where = loops_in_user_code(t)
+    sec = sum(blocked.values()) + running
     if not sec:
         return None
-    return _finding("event-loop-blocked", sec, f"your code held Dask's event loop: {loops.function.iloc[0]}",
-                    "while the path was in the scheduler or a worker, its event loop ran (or was blocked in) your "
-                    "own code: " + ", ".join(f"{r.process} {r.seconds:.2f} s in {r.where}" for r in loops.itertuples()),
-                    "nothing else in that process moves while its event loop runs your code (a plugin, a handler, "
-                    "client.run or run_on_scheduler): make it quick and never blocking, or run it in a thread "
-                    "(loop.run_in_executor) or as a task")
+    named = [w for w in where if w["samples"] >= 2]
+    return _finding("event-loop-blocked", sec, "Dask's event loops were held up while the path waited"
+                    + (f": in your {named[0]['function']}" if named else ""),
+                    "event-loop time on the path "
+                    + ", ".join([f"blocked with nothing of Dask's to do in the {k} {v:.2f} s" for k, v in blocked.items()]
+                                + ([f"running your code {running:.2f} s"] if running else []))
+                    + ("; the loops' samples show your code in " + ", ".join(
+                        f"{w['where']} ({w['samples']} samples)" for w in named) if named else ""),
+                    "something blocked the event loop: a blocking call (I/O, sleep, a lock) or long work in a "
+                    "plugin, a handler, client.run or run_on_scheduler; nothing else in that process moves "
+                    "meanwhile: make it quick and never blocking, or run it in a thread (loop.run_in_executor)")

@@ -95,8 +95,8 @@ def unreadable(user: User, dirs: list[str], paths: list[str]) -> list[str]:
     `user` cannot enter or read."""
     if user.is_us:
         return []
-    dirs = [next(str(d) for d in [Path(p), *Path(p).parents] if d.exists()) for p in dirs]
-    files = [p for p in paths if os.path.isfile(p)]
+    dirs = [next(str(d) for d in [Path(p).absolute(), *Path(p).absolute().parents] if d.exists()) for p in dirs]
+    files = [os.path.abspath(p) for p in paths if os.path.isfile(p)]  # checked from /, not from here
     script = 'n=$1; shift; while [ $n -gt 0 ]; do cd "$1" 2>/dev/null || echo "$1"; shift; n=$((n-1)); done; ' \
              'for p; do [ -r "$p" ] || echo "$p"; done'
     out = subprocess.run(["/bin/sh", "-c", script, "sh", str(len(dirs)), *dirs, *files], capture_output=True,

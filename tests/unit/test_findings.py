@@ -1,7 +1,10 @@
 """Findings fire on the evidence that calls for them, and stay quiet without it."""
 
+from pathlib import Path
+
 import pytest
 
+from daskprobe.analyzers import evidence
 from daskprobe.analyzers.summary import analyze
 from scenario import META, Scenario, two_task_chain
 
@@ -339,6 +342,8 @@ def test_the_users_code_on_an_event_loop_is_named_with_its_function():
     f = found(worker_loop_runs([("slow_transition", "/home/me/plugin.py"), *DASK_LOOP]))["event-loop-blocked"]
     assert "slow_transition (plugin.py:1)" in f["evidence"] and "run_in_executor" in f["advice"], f
     assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP))
+    ours = str(Path(evidence.__file__).parent.parent / "tracer" / "peer_guard.py")  # daskprobe's preload: not yours
+    assert "event-loop-blocked" not in found(worker_loop_runs([("_handle_stream", ours), *DASK_LOOP]))
     blocked = worker_loop_runs([("sleep", "/usr/lib/python3.11/time.py"), ("slow_transition", "/home/me/plugin.py"),
                                 *DASK_LOOP], active=False)  # a blocking call in a plugin: off a CPU
     assert "slow_transition (plugin.py:1)" in found(blocked)["event-loop-blocked"]["evidence"]
