@@ -63,7 +63,9 @@ def _recomputed(s: dict) -> dict | None:
 
 
 def _saturation(s: dict, meta: dict) -> dict | None:
-    sec = _parts(s, "worker saturation")
+    # the holding tasks' waits for the GIL or a CPU are those findings' (task-gil, cpu-starvation), not this one's
+    sec = sum(v for k, v in s["critical_path_parts_s"].items()
+              if "worker saturation" in k and not k.endswith(("[gil_contention]", "[cpu_starvation]")))
     if not sec:
         return None
     c = meta.get("cluster", {})

@@ -370,3 +370,20 @@ def test_tasks_whose_samples_show_no_code_of_the_users_give_an_empty_profile():
                  name="Dask-Default-Threads-0", ident=7)
     result = analyze(s.tables(), META)
     assert result.tables["compute_profile"].empty and "hot-function" not in found(s)
+
+
+def test_a_busy_threads_gil_waits_are_the_gil_findings_not_saturations_too():
+    """b-0 waits for the thread a-0 holds, and a-0's thread waits for the GIL most of that time: those
+    seconds are task-gil's, and worker-saturation counts only the rest."""
+    s = Scenario()
+    s.graph(0, 1, ["a-0", "b-0"])
+    s.task("a-0", "worker-0", 2, 3, 4, 54, 55, 56, thread=7)
+    s.task("b-0", "worker-0", 2, 3, 54, 64, 65, 66, thread=7)
+    s.told("a-0", 57, 58)
+    s.told("b-0", 67, 68)
+    s.sample("worker-0", 10, "crunch", "/home/me/flow.py", tid=201, ident=7)
+    s.state("worker-0", "gil", 5, 50, tid=201)
+    f = found(s)
+    assert "task-gil" in f
+    assert f.get("worker-saturation", {"seconds": 0})["seconds"] + f["task-gil"]["seconds"] <= \
+        analyze(s.tables(), META).summary["session_s"] + 1e-9
