@@ -44,11 +44,12 @@ def ask_scheduler(address: str, op: str, timeout: float = 10.0, **kwargs):
     return rpc.ask(address, op, timeout, **kwargs)
 
 
-def workers_of(address: str, timeout: float = 10.0) -> dict[str, dict]:
-    """The scheduler's workers (address -> its identity entry), from its `identity` RPC. Entries
-    that are not a worker's address and a mapping are left out: the scheduler is not trusted."""
+def workers_of(address: str, timeout: float = 10.0, conn: rpc.Connection | None = None) -> dict[str, dict]:
+    """The scheduler's workers (address -> its identity entry), from its `identity` RPC (on `conn`, if
+    given). Entries that are not a worker's address and a mapping are left out: the scheduler is not
+    trusted."""
     try:
-        info = ask_scheduler(address, "identity", timeout)
+        info = conn.ask("identity", timeout) if conn else ask_scheduler(address, "identity", timeout)
     except rpc.NotDask as e:  # another protocol's bytes read as Dask's frames (an SSH banner: a 2.8 EiB frame)
         raise RuntimeError(f"it does not speak Dask's protocol, or refused us ({e})") from None
     except ssl.SSLError as e:
@@ -80,6 +81,7 @@ class Attached:
         self.recorder: subprocess.Popen | None = None
         self.env = dict(os.environ)
         self.next_look = time.monotonic() + FOLLOW_S
+        self.poll: rpc.Connection | None = None  # the comm the scheduler is asked on every FOLLOW_S
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
         self.unverified: dict[str, str] = {}  # local members not profiled: name -> why
         self.agents = None
@@ -129,8 +131,10 @@ class Attached:
         if self.unread and self.stream_from:
             self._task_stream()
         try:
-            workers = workers_of(self.spec.address, timeout=5.0)
+            self.poll = self.poll or rpc.Connection(self.spec.address, timeout=5.0)
+            workers = workers_of(self.spec.address, timeout=5.0, conn=self.poll)
         except (OSError, RuntimeError):
+            self._drop_poll()
             return [], []
         finally:
             self.next_look = time.monotonic() + FOLLOW_S
@@ -358,6 +362,7 @@ class Attached:
             if self.stream_error:
                 from .session import say
                 say(f"Dask's task stream could not be read at the end: {self.stream_error}")
+        self._drop_poll()
         return stop_proxy(self.recorder, grace) if self.recorder else []
 
     def _task_stream(self) -> None:
@@ -389,5 +394,15 @@ class Attached:
                 "distributed.scheduler.dashboard.status.task-stream-length or ...tasks.task-stream-length, "
                 "whichever is larger)")
 
+    def _drop_poll(self) -> None:
+        if self.poll:
+            self.poll.close()
+            self.poll = None
+
     def describe(self) -> list[dict]:
-        return describe(self.members, self.recorder, tap=True)
+        """The members, the tap, and the agents' relay: a Dask client of the scheduler that is daskprobe's,
+        not the user's (its connections are a probe's)."""
+        relay = self.agents and self.agents.relay
+        return describe(self.members, self.recorder, tap=True) + (
+            [{"name": "agent-relay", "role": "probe", "pid": relay.pid, "listen": None, "contact": None,
+              "command": relay.args}] if relay else [])

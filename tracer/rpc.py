@@ -34,18 +34,44 @@ def ask(address: str, op: str, timeout: float = 10.0, **kwargs):
     """The reply to one op (a msgpack object: dicts, tuples, str, bytes, numbers), within
     `timeout` s in all. OSError if it cannot be reached or does not answer in time; NotDask if what
     it says is not Dask's; RuntimeError if it answered with an error."""
-    deadline = time.monotonic() + timeout
-    with _connect(address, timeout) as s:
-        _write(s, {"compression": None, "python": tuple(sys.version_info)[:3], "pickle-protocol": 5})
-        _write(s, {"op": op, "reply": True, **kwargs})
-        hello = _read(s, deadline, timeout)
-        if not isinstance(hello, dict) or "compression" not in hello:
-            raise NotDask("its handshake is not Dask's")
-        reply = _read(s, deadline, timeout)
-    if isinstance(reply, dict) and reply.get("status") == "uncaught-error":
-        said = reply.get("text")
-        raise RuntimeError(f"it answered {op} with an error: {said[:300] if isinstance(said, str) else '(unreadable)'}")
-    return reply
+    with Connection(address, timeout) as c:
+        return c.ask(op, timeout, **kwargs)
+
+
+class Connection:
+    """A comm to a Dask server kept for several requests, answered in order as on Dask's own pooled
+    comms. A recorder that asks every few seconds asks on one: the tap then finds the process behind it,
+    daskprobe, while it lives (a connection per question closed before the tap could look, and its
+    questions were taken for a client's)."""
+
+    def __init__(self, address: str, timeout: float = 10.0):
+        deadline = time.monotonic() + timeout
+        self.socket = _connect(address, timeout)
+        try:
+            _write(self.socket, {"compression": None, "python": tuple(sys.version_info)[:3], "pickle-protocol": 5})
+            hello = _read(self.socket, deadline, timeout)
+            if not isinstance(hello, dict) or "compression" not in hello:
+                raise NotDask("its handshake is not Dask's")
+        except BaseException:
+            self.socket.close()
+            raise
+
+    def ask(self, op: str, timeout: float = 10.0, **kwargs):
+        _write(self.socket, {"op": op, "reply": True, **kwargs})
+        reply = _read(self.socket, time.monotonic() + timeout, timeout)
+        if isinstance(reply, dict) and reply.get("status") == "uncaught-error":
+            said = reply.get("text")
+            raise RuntimeError(f"it answered {op} with an error: {said[:300] if isinstance(said, str) else '(unreadable)'}")
+        return reply
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _connect(address: str, timeout: float) -> socket.socket:

@@ -280,3 +280,25 @@ def test_attach_without_root_records_samples_and_the_task_stream(tmp_path):
         assert workers.stack_id.isin(in_spin).sum() >= 50, "40 x 50 ms at 100 Hz: about 200"
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+LATE = """
+import operator, time
+from distributed import Client
+time.sleep(5)  # the script's own start: before it connects, no client of the cluster's
+with Client() as c:
+    print(c.submit(operator.add, 1, 2, key="late").result())
+"""
+
+
+def test_attachs_own_questions_to_the_scheduler_are_not_a_clients(tmp_path, standing):
+    """daskprobe asks the scheduler for its workers every 2 s; the session starts at the first byte of
+    the user's client, not at daskprobe's first question, and none of it is the client's time."""
+    _, truth = standing
+    out, p = attach_while(tmp_path, truth["address"], LATE)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["session_s"] < 4 and summary["critical_path_s"]["client"] < 2, \
+        (summary["session_s"], summary["critical_path_s"])
+    conns = RunDir(out).table("connections")
+    assert (conns.peer == "daskprobe").any(), conns[["peer", "peer_role", "peer_pid"]]
