@@ -46,6 +46,7 @@ CHUNK = 4 << 20  # bytes per read: the recorder holds one at a time
 CAPTURE_NAME = r"captures/[A-Za-z0-9_][A-Za-z0-9_.-]*"  # all the recorder accepts to write
 PROBES = ["pyspy", "proc", "cpu", "gil", "offcpu"]  # those that need no ports; eBPF where root and not in a container
 PR_SET_PTRACER = 0x59616D61
+OPEN_TIMEOUT = 5.0  # s for the probes to write what is open at a read; missed, the next read has it
 
 
 def _name(run_id: str) -> bytes:
@@ -190,6 +191,9 @@ class Agent:
     def state(self) -> bytes:
         """What it measures and skipped, its captures' names and sizes so far, and the local address
         of each TCP socket its members hold now."""
+        if not self.stopped:  # this read may be the host's last: no thread asleep is left to seem running
+            for probe in self.probes:
+                probe.write_open(OPEN_TIMEOUT)
         info = {"members": self.members, "skipped": self.skipped, "host": socket.gethostname(),
                 "timens_ns": timens_ns(), "agent_pid": os.getpid(), "dir": str(self.dir)}
         files = {f"captures/{p.name}": p.stat().st_size for p in (self.dir / "captures").iterdir()}

@@ -63,6 +63,11 @@ class Probe:
         """Read what it reads on a timer once more, now, within `timeout` seconds: the command has
         ended, the cluster not yet (attached: the recording ends, the cluster goes on)."""
 
+    def write_open(self, timeout: float) -> None:
+        """Write what it holds unfinished as if it ended now, within `timeout` seconds: an agent's
+        captures are read while it runs, and any read may be its host's last (its last member gone,
+        nothing left to ask the agent through)."""
+
     def stop(self, grace: float = 5.0) -> None:
         """Stop capturing; a helper process gets `grace` seconds to exit on its own."""
 

@@ -64,6 +64,7 @@ def _runs_python(pid: int) -> bool:
 class Ebpf(Probe):
     def __init__(self, kinds: list[str], cpu_hz: int = 99, gil_traps: bool = False):
         self.kinds, self.cpu_hz, self.gil_traps = list(kinds), cpu_hz, gil_traps
+        self.unanswered = 0  # write_open requests the agent has not answered yet
         self.name = ",".join(self.kinds)
 
     def available(self) -> str | None:
@@ -102,6 +103,29 @@ class Ebpf(Probe):
         self.proc.stdin.write(f"{pid} {kind} {name}\n".encode())
         self.proc.stdin.flush()
 
+    def write_open(self, timeout: float) -> None:
+        """The intervals off a CPU not ended yet, written up to now (BPF emits one only when its thread
+        comes back; a reader that saw none would count a sleeping thread as running). Its reader keeps
+        the longest of an interval's records."""
+        if "offcpu" not in self.kinds or not self.proc or self.proc.poll() is not None:
+            return
+        self.proc.stdin.write(b"open\n")
+        self.proc.stdin.flush()
+        self.unanswered += 1
+        deadline = time.monotonic() + timeout
+        while self.unanswered and (line := self._line(deadline)) == b"open\n":
+            self.unanswered -= 1
+
+    def _line(self, deadline: float) -> bytes:
+        """The agent's next line by the deadline (b"" if none), read a byte at a time: nothing past it
+        is buffered where a select would not see it."""
+        line, fd = b"", self.proc.stdout.fileno()
+        while not line.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            if not (byte := os.read(fd, 1)):
+                break
+            line += byte
+        return line
+
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM: the agent drains its buffers, writes the sums and says "done"; its exit goes on
         in the background (the kernel detaching its probes takes about 0.5 s) until reap_exiting."""
@@ -110,7 +134,9 @@ class Ebpf(Probe):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         told = time.monotonic()
-        if select.select([self.proc.stdout], [], [], 3 * grace)[0] and self.proc.stdout.readline() == b"done\n":
+        while (line := self._line(told + 3 * grace)) == b"open\n":  # a write_open's answer after its timeout
+            pass
+        if line == b"done\n":
             EXITING[self.proc] = told
         else:
             stop([self.proc], grace=grace)

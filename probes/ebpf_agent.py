@@ -749,10 +749,19 @@ class Agent:
                 f"A\t-1\t{outs} switches of watched threads off a CPU were not in sched_switch: each seemed to "
                 "run until its next switch back\n")
 
+    def write_open(self) -> None:
+        """What the captures hold up to now, the intervals still open too (see still_off)."""
+        self.drain()
+        if self.args.offcpu:
+            self.still_off()
+        self.drain()
+
     def still_off(self) -> None:
-        """Threads off a CPU as recording ends: BPF emits an interval only when a thread comes
-        back, so theirs end now (a thread parked all along would otherwise count as running), or
-        where their CPU time says they came back (a switch back that sched_switch did not show)."""
+        """Threads off a CPU as recording ends, or as the captures are read while it goes on: BPF
+        emits an interval only when a thread comes back, so theirs end now (a thread parked all
+        along would otherwise count as running), or where their CPU time says they came back (a
+        switch back that sched_switch did not show). Written again at a later read, and when the
+        thread comes back: the reader keeps the longest record of each interval."""
         now, kind = kernel_now(), ebpf_format.KINDS["offcpu"][0]
         ended = []
         for k, o in self.b["off_start"].items():
@@ -858,6 +867,10 @@ def main() -> int:
             stdin_open = bool(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
             for line in filter(None, (ln.decode().strip() for ln in lines)):
+                if line == "open":  # the captures are about to be read (an agent's host): nothing left open
+                    agent.write_open()
+                    print("open", flush=True)
+                    continue
                 pid, python, name = line.split(" ", 2)
                 agent.watch(int(pid), name, python == "python")
         if time.monotonic() >= next_drain:

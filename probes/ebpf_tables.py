@@ -119,8 +119,12 @@ def read_gil(events: pd.DataFrame) -> pd.DataFrame:
 
 def read_offcpu(events: pd.DataFrame) -> pd.DataFrame:
     """Off-CPU intervals. prev_state 0: preempted, runnable the whole time;
-    else blocked until the wakeup, then runnable until back on a CPU."""
+    else blocked until the wakeup, then runnable until back on a CPU. An interval still open when
+    the captures were read (an agent's) was written then up to that moment, and again later: its
+    longest record (the latest in_ns) stands."""
     df = _of_kind(events, "offcpu")
+    df = df.sort_values("in_ns", kind="stable").drop_duplicates(["pid", "tid", "out_ns"], keep="last").sort_index()
+    df = df.reset_index(drop=True)
     woken = (df.prev_state != 0) & (df.wakeup_ns > 0)
     ready = df.wakeup_ns.where(woken, df.out_ns)
     df["blocked_ns"] = (ready - df.out_ns).where(df.prev_state != 0, 0)

@@ -1,9 +1,12 @@
 """`daskprobe attach` to a cluster all on this host, joined while recording by a worker on another
-host (a network namespace): that host's agent is started then and read back. Ground truth: the
-joiner's pid and the function it spins in."""
+host (a network namespace): that host's agent is started then and read back; or left by its only
+worker on another host, whose agent is then read no more. Ground truth: the joiner's pid and the
+function it spins in; the leaver's CPU as its host's /proc counted it."""
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +126,79 @@ def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the
         host = json.loads((out / "run.json").read_text())["hosts"][theirs]
         assert host["complete"], "".join(said)[-3000:]
     finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+LEAVE_ELSEWHERE = """
+import json, time
+from distributed import Client
+
+def crunch(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+host = __import__("sys").argv[1]
+with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
+    there = next(w for w in c.scheduler_info()["workers"] if host in w)
+    def agent_there():
+        return "@daskprobe-agent-" in open("/proc/net/unix").read()
+    deadline = time.monotonic() + 120  # daskprobe starts the agents there first
+    while not c.run(agent_there, workers=[there])[there] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(12)  # a read of that host's agent or two (every 10 s), its threads asleep meanwhile
+    c.submit(crunch, 1.0, key="crunch-elsewhere", workers=[there]).result()
+    time.sleep(12)  # read again: its threads asleep since their last switch, their intervals still open
+    c.retire_workers([there], close_workers=True)  # that host's last member: its agent is not read again
+    time.sleep(15)  # the recording goes on without it
+    print(json.dumps({"address": there}), flush=True)
+"""
+
+
+def test_a_hosts_last_worker_leaving_gets_no_cpu_after_its_last_read(tmp_path, other_host):  # noqa: F811
+    """Its agent's final `stop` never runs (nothing left to ask it through): the threads asleep at its
+    last read must not count as on a CPU from their last switch on. Ground truth: the host's /proc."""
+    ns, ours, theirs = other_host
+    port = 20_000 + (os.getpid() + 19) % 10_000
+    address = f"tcp://{ours}:{port}"
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
+                              stdout=log, stderr=log)]
+    procs += [subprocess.Popen([*cmd, DASK, "worker", address, "--host", host, "--nthreads", "1", "--no-nanny",
+                                "--no-dashboard"], stdout=log, stderr=log)
+              for cmd, host in (([], ours), (["nsenter", f"--net=/run/netns/{ns}"], theirs))]
+    try:
+        up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
+                             "c.wait_for_workers(2, timeout=60)"], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+        out = tmp_path / "run"
+        p = daskprobe("attach", address, "--out", str(out), "--no-trace", "--probes", "pyspy,proc", "--",
+                      sys.executable, str(write_flow(tmp_path / "leave.py", LEAVE_ELSEWHERE)), theirs, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        left = json.loads(p.stdout.strip().splitlines()[-1])["address"]
+        host = json.loads((out / "run.json").read_text())["hosts"][theirs]
+        assert not host["complete"] and not host["skipped"], host  # read as it went, its eBPF probes on
+        name = RunDir(out).table("processes").set_index("listen").name[left.split("://")[1]]
+        check = json.loads((out / "summary.json").read_text())["cpu_check"][name]
+        # the CPU its thread states and samples say against what its host's /proc counted (test_hosts' bound)
+        assert check["proc_s"] and 0.8 < check["ratio"] < 1.25, check
+    finally:
+        if (out / "run.json").exists():  # the agent left waits out its lease, then keeps its captures
+            kept = json.loads((out / "run.json").read_text()).get("hosts", {}).get(theirs, {})
+            if kept.get("agent_pid"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(kept["agent_pid"], signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while Path(f"/proc/{kept['agent_pid']}").exists() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                if str(kept.get("dir")).startswith("/tmp/daskprobe-agent-"):
+                    shutil.rmtree(kept["dir"], ignore_errors=True)
         for proc in procs:
             proc.terminate()
         for proc in procs:

@@ -156,3 +156,17 @@ def test_another_hosts_capture_that_cannot_be_merged_costs_only_itself(tmp_path)
     cap = tables._with_agents(run, tables.processes_table(meta), meta["hosts"])
     assert len(cap.messages) == 2, "this host's messages, all of them"
     assert "KeyError" in run.meta()["both_ends_error"]
+
+
+def test_an_offcpu_interval_written_open_at_a_read_and_again_later_is_one_interval(tmp_path):
+    """An agent writes each interval still open when its captures are read (up to then), and again
+    at the next read or when its thread comes back: the longest record stands, once."""
+    from daskprobe.probes import ebpf_format
+    kind = ebpf_format.KINDS["offcpu"][0]
+    events = [ebpf_format.Event(kind=kind, pid=5, tid=6, t0=100, t1=0, t2=200, v1=1),  # open at a read
+              ebpf_format.Event(kind=kind, pid=5, tid=7, t0=150, t1=0, t2=180, v1=1),  # another thread's
+              ebpf_format.Event(kind=kind, pid=5, tid=6, t0=100, t1=250, t2=300, v1=1),  # it woke and ran
+              ebpf_format.Event(kind=kind, pid=5, tid=6, t0=100, t1=0, t2=240, v1=1)]  # a read before, written late
+    (tmp_path / "ebpf_events.bin").write_bytes(b"".join(map(ebpf_format.record, events)))
+    off = ebpf_tables.read_offcpu(ebpf_tables.read_events(tmp_path / "ebpf_events.bin"))
+    assert sorted(zip(off.tid, off.out_ns, off.in_ns, off.blocked_ns)) == [(6, 100, 300, 150), (7, 150, 180, 0)]
