@@ -37,6 +37,14 @@ EXIT_AFTER_MAIN = (
     "    del sys.argv[1]\n"
     "    importlib.import_module(sys.argv[1].partition('.')[0])\n"
     "    sys.stdin.readline()\n"
+    # A --preload on Dask's command line replaces the config's preloads: ours (the peer guard) must add to
+    # them instead, as the config this process reads has them.
+    "import dask.config\n"
+    "for opt, kind in (('--preload', 'scheduler' if 'scheduler' in sys.argv[1] else 'worker'),\n"
+    "                  ('--preload-nanny', 'nanny')):\n"
+    "    mine = dask.config.get(f'distributed.{kind}.preload', None) or []\n"
+    "    if opt in sys.argv:\n"
+    "        sys.argv += [a for p in ([mine] if isinstance(mine, str) else mine) for a in (opt, p)]\n"
     "try:\n"
     "    runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
     "    code = 0\n"
