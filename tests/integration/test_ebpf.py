@@ -367,10 +367,13 @@ use std::time::{Duration, Instant};
 #[inline(never)] fn chain_leaf(mut x: f64) -> f64 { for _ in 0..2_000_000 { x = black_box(x * 1.0000001 + 1e-9); } x }
 #[inline(never)] fn chain_middle(x: f64) -> f64 { let pad = black_box([1u8; 200]); chain_leaf(x) * 0.5 + pad[7] as f64 }
 #[inline(never)] fn chain_outer(x: f64) -> f64 { black_box(chain_middle(x) + 2.0) * 0.5 }
+fn cpu_ns() -> u64 {  // its own time on a CPU (schedstat's first field), however busy the machine
+    std::fs::read_to_string("/proc/self/schedstat").unwrap().split(' ').next().unwrap().parse().unwrap()
+}
 fn main() {
     std::io::stdin().read_line(&mut String::new()).unwrap();
-    let (mut x, end) = (1.0, Instant::now() + Duration::from_millis(1500));
-    while Instant::now() < end { x = chain_outer(x); }
+    let (mut x, end) = (1.0, Instant::now() + Duration::from_secs(60));
+    while cpu_ns() < 1_500_000_000 && Instant::now() < end { x = chain_outer(x); }
     println!("{x}");
 }
 """
