@@ -107,13 +107,22 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
     sec = _cat(s, "cpu_starvation")
     if not sec:
         return None
-    c = meta.get("cluster", {})
+    c, cpus = meta.get("cluster", {}), meta.get("cpus")
     held = cpu_holders(t)
-    return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
-                    f"runnable without a CPU; the cluster ran {c.get('workers', '?')} worker(s) x "
-                    f"{c.get('threads', '?')} thread(s) plus the scheduler and client"
-                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else "")
-                    + (f"; meanwhile the CPUs ran {held}" if held else ""),
+    counted = [p["proc_s"] for p in s.get("cpu_check", {}).values() if p.get("proc_s") is not None]  # /proc's
+    share = sum(counted) / (cpus * s["makespan_s"]) if counted and cpus and s["makespan_s"] else None
+    elsewhere = share is not None and share < 0.5  # runnable threads, yet the cluster had not half the CPUs
+    evidence = (f"runnable without a CPU; the cluster ran {c.get('workers', '?')} worker(s) x "
+                f"{c.get('threads', '?')} thread(s) plus the scheduler and client"
+                + (f" on {cpus} CPU(s)" if cpus else "")
+                + (f", and its processes used {share:.0%} of those CPUs over the makespan (their /proc CPU time)"
+                   if share is not None else "")
+                + (f"; meanwhile the cluster's own samples on a CPU were {held}" if held else ""))
+    if elsewhere:
+        return _finding("cpu-starvation", sec, "threads on the critical path waited for CPUs taken by other work",
+                        evidence, "most of the machine's CPU went to work outside this cluster (other programs, "
+                        "or daskprobe's own probes): measure on a quiet machine, or give the cluster cores of its own")
+    return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU", evidence,
                     "the machine has more busy threads than cores: fewer workers or threads, or more cores; "
                     "or less of the work that held the CPUs")
 

@@ -387,3 +387,17 @@ def test_a_busy_threads_gil_waits_are_the_gil_findings_not_saturations_too():
     assert "task-gil" in f
     assert f.get("worker-saturation", {"seconds": 0})["seconds"] + f["task-gil"]["seconds"] <= \
         analyze(s.tables(), META).summary["session_s"] + 1e-9
+
+
+def test_cpu_starvation_says_when_the_cpus_went_to_work_outside_the_cluster():
+    s = short_session(Scenario())
+    s.state("scheduler", "runnable", 36, 44)
+    summary = analyze(s.tables(), META | {"cpus": 2}).summary
+    starved = next(f for f in summary["findings"] if f["id"] == "cpu-starvation")
+    assert "other work" not in starved["title"], "no /proc figures: nothing said of other work"
+    from daskprobe.analyzers.findings import findings
+    tables = s.tables() | {"cpu_samples": None}
+    for used, outside in ((0.01, True), (0.2, False)):  # the cluster's CPU over the makespan, of 2 CPUs
+        summary["cpu_check"] = {"scheduler": {"proc_s": used}}
+        starved = next(f for f in findings(summary, tables, META | {"cpus": 2}) if f["id"] == "cpu-starvation")
+        assert ("other work" in starved["title"]) == outside, (used, starved)
