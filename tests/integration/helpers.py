@@ -45,11 +45,12 @@ MADE: list[Path] = []  # searchable directories made this session (conftest remo
 
 
 def searchable_dir(name: str) -> Path:
-    """A new directory that the cluster's user can reach: a root daskprobe runs the cluster and the command
-    as an unprivileged user, and pytest's own temporary directories are root's, made 0700 again by every
-    pytest session that starts (another's beside this one too)."""
+    """A new directory that the cluster's user can reach, and write in (flows leave markers there): a root
+    daskprobe runs the cluster and the command as an unprivileged user, and pytest's own temporary
+    directories are root's, made 0700 again by every pytest session that starts (another's beside this one
+    too). Sticky, as /tmp: nobody renames what another made in it, so root may make run directories there."""
     d = Path(tempfile.mkdtemp(prefix=f"daskprobe-test-{re.sub(r'[^A-Za-z0-9_]+', '-', name)[:40]}-"))
-    d.chmod(0o711)
+    d.chmod(0o1777)
     MADE.append(d)
     return d
 

@@ -61,10 +61,7 @@ def test_wire_delay_goes_to_network_and_an_unperturbed_loopback_has_none(tmp_pat
 
 def test_slow_worker_choice_goes_to_scheduler_decisions(tmp_path):
     base = summary(tmp_path, "base", "chain", "--probes", "proxy,pyspy,offcpu,gil")
-    shared = tmp_path / "shared"  # the scheduler, run as the cluster's user, writes its log here
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o777)
-    spins = shared / "spins"
+    spins = tmp_path / "spins"
     pert = summary(tmp_path, "slow", "chain", "--probes", "proxy,pyspy,offcpu,gil", *preload(),
                    env={"DASKPROBE_INJECT": "decisions:0.02", "DASKPROBE_INJECT_LOG": str(spins)})
     decisions, more = added(base, pert, "scheduler_decisions")
