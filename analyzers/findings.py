@@ -324,6 +324,9 @@ def _spilling(s: dict, t: dict) -> dict | None:
                     "(persist less, release what is no longer needed)")
 
 
+UNNAMED_BLOCKED_SHARE = 0.25  # blocked loops with none of the user's code in their samples: a finding from this share
+
+
 def _loop_blocked(s: dict, t: dict) -> dict | None:
     blocked = {kind: v for kind in ("scheduler", "worker") if (v := sum(
         x for k, x in s["critical_path_parts_s"].items() if k.startswith(f"{kind}: ") and k.endswith("[idle]")))}
@@ -332,6 +335,8 @@ def _loop_blocked(s: dict, t: dict) -> dict | None:
     if not sec:
         return None
     named = [w for w in where if w["samples"] >= 2]
+    if not named and sec < UNNAMED_BLOCKED_SHARE * s["session_s"]:  # a little idle is any loop's lot
+        return None
     return _finding("event-loop-blocked", sec, "Dask's event loops were held up while the path waited"
                     + (f": in your {named[0]['function']}" if named else ""),
                     "event-loop time on the path "

@@ -401,3 +401,16 @@ def test_cpu_starvation_says_when_the_cpus_went_to_work_outside_the_cluster():
         summary["cpu_check"] = {"scheduler": {"proc_s": used}}
         starved = next(f for f in findings(summary, tables, META | {"cpus": 2}) if f["id"] == "cpu-starvation")
         assert ("other work" in starved["title"]) == outside, (used, starved)
+
+
+def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():
+    """Idle 12 of the 65 ms (18%): blocked loops without the user's code in their samples need a quarter."""
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["a-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, 50, 62, 63)
+    s.told("a-0", 64, 65)
+    s.message("client", "scheduler", 65.5, 66, "close-client")
+    for t in range(51, 61, 2):
+        s.sample_stack("worker-0", t, DASK_LOOP, active=False)
+    assert "event-loop-blocked" not in found(s)
