@@ -25,8 +25,9 @@ KINDS = {
     "offcpu": (3, {"pid": "pid", "tid": "tid", "t0": "out_ns", "t1": "wakeup_ns", "t2": "in_ns", "v1": "prev_state"},
                "off-CPU for at least OFFCPU_MIN_NS (shorter: ebpf_small.tsv); wakeup_ns 0: none seen; "
                "prev_state 0: preempted; a thread asleep when watched is off from then, one still off at the "
-               "end until the end (written by the agent); one whose return the kernel did not trace until "
-               "the thread's CPU time says it returned"),
+               "end until the end, and (an agent's on another host) at each read until then, written again "
+               "later: the reader keeps each interval's longest record (written by the agent); one whose "
+               "return the kernel did not trace until the thread's CPU time says it returned"),
     "tcp": (4, {"t0": "t_ns", "v1": "ports", "v2": "data_len", "t1": "seqs", "t2": "next"},
             "a segment received (tcp:tcp_probe); ports: (local << 16) + remote; data_len: 16 bits; "
             "seqs: (seq << 32) + end_seq, from the skb; next: (the socket's rcv_nxt << 32) + 0x100 + "
