@@ -20,6 +20,16 @@ halves) once its first half is done:
     tap-ports      no run: the tap watching a cluster's 3 ports among 1,000 (an attach to a
                    large cluster), 100 tasks; its filter once failed past about 510 ports
 
+The agents' faults hit a `daskprobe attach` (as root) to a cluster whose scheduler and one worker
+are on this host and one worker on another (a network namespace, its agent sampling it), while a
+command runs rounds of 10 tasks of 50 ms on a CPU per worker for about 10 s, then until 12 s after
+the fault:
+
+    agent-none     nothing (their baseline)
+    agent-stalled  the other host's agent stopped (SIGSTOP) for 45 s (a read times out at 30 s), then continued
+    host-cut       the other host's link down for 5 s, then up
+    host-joined    a worker joins on a third host (a namespace of its own) during the recording
+
 For each: what the user's command saw (its exit code, its last line of
 stderr), what the run directory holds (finalized, errors, rows of the main
 tables), what was lost (rows after the fault, against the same rows of
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -50,11 +61,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from ..probes import agent
 from ..probes.rundir import RunDir
 from ..probes.sockets import split_address
+from .netns import in_host, other_hosts
 
+AGENT_FAULTS = ("agent-none", "agent-stalled", "host-cut", "host-joined")
 FAULTS = ("none", "kill-worker", "kill-proxy", "kill-sampler", "kill-ebpf", "full-disk", "resets", "tap-stalled",
-          "tap-ports")
+          "tap-ports", *AGENT_FAULTS)
 FLOW = """
 import os, time
 from distributed import Client, as_completed, wait
@@ -75,6 +89,35 @@ with Client() as c:
         del futures
 """
 STALL_S = 2.0
+ATTACH_FLOW = """
+import os, time
+from distributed import Client, wait
+def work(i):
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:  # on a CPU: each worker's samples show it busy
+        pass
+    return i
+n = 0
+def rounds(until):
+    global n
+    while not until():
+        workers = list(c.scheduler_info()["workers"])
+        wait([c.submit(work, i, key=f"work-{{n}}-{{w}}-{{i}}", workers=[w]) for w in workers for i in range(10)])
+        n += len(workers) * 10
+with Client() as c:
+    start = time.monotonic()
+    rounds(lambda: time.monotonic() > start + 10)  # a read of the agents (every 10 s) before the fault
+    open({marker!r}, "w").close()
+    while not os.path.exists({go!r}):
+        time.sleep(0.05)
+    c.wait_for_workers({workers}, timeout=120)
+    rounds(lambda: os.path.exists({end!r}))
+    print(n)
+"""
+READ_TIMEOUT_S = inspect.signature(agent.ask).parameters["timeout"].default  # a read of an agent fails past it
+AGENT_STALL_S = READ_TIMEOUT_S + agent.STREAM_S + 5  # a read starts within STREAM_S, and times out before the end
+CUT_S = 5.0
+AFTER_S = 12.0  # the command goes on this long after a fault: a read of the agents at least
 TABLES = ("messages", "attempts", "samples", "gil_waits", "offcpu", "proc")
 
 
@@ -125,6 +168,14 @@ def inject(fault: str, run: RunDir, disk: Path | None, go: Path) -> str | None:
 def run_fault(fault: str, out: Path) -> dict:
     if fault == "tap-ports":
         return tap_ports()
+    if fault in AGENT_FAULTS:
+        if os.geteuid():
+            return {"fault": fault, "injected": "no: network namespaces and attach's agents need root"}
+        try:
+            with other_hosts(2 if fault == "host-joined" else 1) as hosts:
+                return attach_fault(fault, out, hosts)
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            return {"fault": fault, "injected": f"no: no network namespaces here ({getattr(e, 'stderr', '') or e})"}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
         tmp = Path(tmp)
         os.chmod(tmp, 0o1777)  # a root run's command runs as another user, who writes the markers here (sticky: see RunDir.create)
@@ -170,6 +221,145 @@ def run_fault(fault: str, out: Path) -> dict:
         return {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
                 "stderr_tail": _last_line(err), "said": _said(err.read_text(errors="replace"))} | _holds(
             RunDir(run_dir), at, disk)
+
+
+def attach_fault(fault: str, out: Path, hosts: list) -> dict:
+    """An attach to a cluster with a worker on another host (hosts[0]), the fault injected once the
+    command's first 10 s are done; the recording's end, and what it kept of that host."""
+    from distributed import Client
+    (ns, ours, theirs, link), joiner_host = hosts[0], hosts[1] if len(hosts) > 1 else None
+    dask = str(Path(sys.executable).with_name("dask"))
+    with socket.socket() as s:
+        s.bind((ours, 0))
+        address = f"tcp://{ours}:{s.getsockname()[1]}"
+    worker = [dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host"]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
+        tmp = Path(tmp)
+        os.chmod(tmp, 0o1777)  # the command runs as another user: its markers go here
+        log = open(tmp / "cluster.log", "w")
+        cluster = [subprocess.Popen([dask, "scheduler", "--host", ours, "--port", address.rsplit(":", 1)[1],
+                                     "--no-dashboard"], stdout=log, stderr=log)]
+        cleanup.callback(_end, cluster)
+        cluster += [subprocess.Popen([*worker, ours], stdout=log, stderr=log),
+                    subprocess.Popen(in_host(ns, *worker, theirs), stdout=log, stderr=log)]
+        with Client(address, timeout=60) as c:
+            c.wait_for_workers(2, timeout=120)
+        run_dir = out / f"run-{fault}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        marker, go, end = tmp / "marker", tmp / "go", tmp / "end"
+        flow = tmp / "flow.py"
+        flow.write_text(ATTACH_FLOW.format(marker=str(marker), go=str(go), end=str(end), workers=2 + bool(joiner_host)))
+        os.chmod(flow, 0o644)
+        err, said = tmp / "stderr", tmp / "stdout"
+        with open(err, "w") as e, open(said, "w") as o:
+            p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--no-trace",
+                                  "--out", str(run_dir), "--", sys.executable, str(flow)], stdout=o, stderr=e)
+            deadline = time.monotonic() + 300
+            while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            at = time.monotonic_ns()
+            why = "no: the command ended or hung before its first 10 s were done" if not marker.exists() else None
+            try:
+                if why is None:
+                    why = inject_agent(fault, ns, link, go, joiner_host and (joiner_host[0], worker + [joiner_host[2]]),
+                                       cluster)
+            finally:
+                go.touch()
+                time.sleep(AFTER_S)
+                end.touch()
+            try:
+                p.wait(600)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGINT)
+                p.wait(120)
+        cleanup.callback(_end_agents, run_dir)
+        tasks = said.read_text().strip().splitlines()
+        return {"fault": fault, "injected": "yes" if why is None else why, "exit_code": p.returncode,
+                "stderr_tail": _last_line(err), "said": _said(err.read_text(errors="replace"))} | _holds(
+            RunDir(run_dir), at, None) | _host_holds(RunDir(run_dir), at, int(tasks[-1]) if tasks else None)
+
+
+def inject_agent(fault: str, ns: str, link: str, go: Path, joiner, cluster: list) -> str | None:
+    """Do the agent's fault now (the command's second part starts with it); None if done."""
+    if fault == "agent-stalled":
+        pid = _agent_in(ns)
+        if pid is None:
+            return "no: that host's agent is not running"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            go.touch()
+            time.sleep(AGENT_STALL_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    elif fault == "host-cut":
+        subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        try:
+            go.touch()
+            time.sleep(CUT_S)
+        finally:
+            subprocess.run(["ip", "link", "set", link, "up"], check=True)
+    elif fault == "host-joined":
+        joiner_ns, cmd = joiner
+        cluster.append(subprocess.Popen(in_host(joiner_ns, *cmd), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL))
+    return None
+
+
+def _agent_in(ns: str) -> int | None:
+    """The pid of the daskprobe agent in that network namespace."""
+    inode = os.stat(f"/run/netns/{ns}").st_ino
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if (b"daskprobe.probes.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    and os.stat(f"/proc/{pid}/ns/net").st_ino == inode):
+                return int(pid)
+    return None
+
+
+def _end(procs: list) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _end_agents(run_dir: Path) -> None:
+    """An agent not read to the end waits out its lease, then keeps its captures: this benchmark's go now."""
+    with contextlib.suppress(OSError, ValueError):
+        for host in json.loads((run_dir / "run.json").read_text()).get("hosts", {}).values():
+            if not host.get("complete") and host.get("agent_pid"):
+                with contextlib.suppress(OSError):
+                    os.kill(host["agent_pid"], signal.SIGTERM)
+                time.sleep(2)
+                if str(host.get("dir")).startswith(tempfile.gettempdir() + "/daskprobe-agent-"):
+                    shutil.rmtree(host["dir"], ignore_errors=True)
+
+
+def _host_holds(run: RunDir, at: int, submitted: int | None) -> dict:
+    """What the run kept of the other hosts: each one's entry (read to the end, failed reads, why
+    not), its rows, and the longest stretch without a sample of its workers' main threads (a hole)."""
+    out = {"tasks": submitted}
+    with contextlib.suppress(Exception):
+        out["tasks_seen"] = int(run.table("attempts").key.str.startswith("work-").sum())
+    try:
+        hosts = run.meta().get("hosts", {})
+    except (OSError, ValueError):
+        return out
+    out["hosts"] = "; ".join(f"{h}: complete {e.get('complete')}, failed_reads {e.get('failed_reads', 0)}"
+                             + (f", {e['error'][:80]}" if e.get("error") else "") for h, e in sorted(hosts.items()))
+    with contextlib.suppress(Exception):
+        procs, samples = run.table("processes"), run.table("samples")
+        remote = procs[(procs.role == "worker") & procs.host.isin(list(hosts))]
+        main = samples[samples.pid.isin(remote.pid) & (samples.pid == samples.tid)]
+        gaps = main.sort_values("t_ns").groupby("pid").t_ns.diff()
+        out |= {"remote_workers": len(remote), "remote_samples": len(main),
+                "remote_samples_after": int((main.t_ns > at).sum()),
+                "remote_max_gap_s": round(float(gaps.max()) / 1e9, 3) if gaps.notna().any() else None}
+    return out
 
 
 def tap_ports() -> dict:
@@ -257,12 +447,12 @@ def _holds(run: RunDir, at: int, disk: Path | None) -> dict:
 
 def lost(df: pd.DataFrame) -> pd.DataFrame:
     """Per fault and table, the rows after the fault as a share of the `none` run's rows after its own
-    (its second half): 1.0 is nothing lost."""
-    base = df[df.fault == "none"]
+    (its second half; agent-none's for the agents' faults): 1.0 is nothing lost."""
+    baseline = df.fault.map(lambda f: "agent-none" if f in AGENT_FAULTS else "none")
     for name in TABLES:
         after = pd.to_numeric(df.get(f"{name}_after"), errors="coerce")
-        ref = after[df.fault == "none"].iloc[0] if len(base) else None
-        df[f"{name}_kept"] = after / ref if ref else None
+        ref = baseline.map(dict(zip(df.fault, after)))
+        df[f"{name}_kept"] = after / ref.where(ref > 0)
     return df
 
 
@@ -277,7 +467,9 @@ def main(argv=None) -> int:
     if unknown := set(faults) - set(FAULTS):
         p.error(f"unknown fault(s) {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
     rows = []
-    for f in (["none"] if "none" not in faults else []) + faults:
+    baselines = [b for b, family in (("none", set(FAULTS) - set(AGENT_FAULTS)), ("agent-none", set(AGENT_FAULTS)))
+                 if b not in faults and set(faults) & family]
+    for f in baselines + faults:
         rows.append(run_fault(f, out))
         pd.DataFrame(rows).to_csv(out / "faults.csv", index=False)  # a later fault's crash keeps these
     df = lost(pd.DataFrame(rows))
@@ -293,6 +485,14 @@ def main(argv=None) -> int:
                   " | ".join(str(r[k]) for k in ("said", "build_said") if isinstance(r.get(k), str) and r[k])
                   or str(r.get("stderr_tail", "")))
     Console().print(t)
+    if "hosts" in df:
+        h = Table(title="the agents' faults: the other hosts (tasks: seen / run; gap: longest without a sample)")
+        for col in ("fault", "hosts", "tasks", "remote samples / after", "gap s"):
+            h.add_column(col, overflow="fold")
+        for r in df[df.fault.isin(AGENT_FAULTS)].to_dict("records"):
+            h.add_row(r["fault"], str(r.get("hosts")), f"{r.get('tasks_seen')} / {r.get('tasks')}",
+                      f"{r.get('remote_samples')} / {r.get('remote_samples_after')}", str(r.get("remote_max_gap_s")))
+        Console().print(h)
     return 0
 
 

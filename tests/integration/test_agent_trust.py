@@ -3,6 +3,7 @@ hostile: run by nobody, its `client.run` results are a pickle that creates a fil
 whose pid is a string. Ground truth: the owner of that file, and the exit code and run directory of
 the recording."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import daskprobe, write_flow
+from daskprobe.experiments.netns import other_hosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(),
                                 reason="network namespaces and a root attach: needs root and setpriv")
@@ -47,30 +49,15 @@ agent.ask = ask
 """
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
 def other_host():
     """(netns name, our address on the link, its address): a second host joined to this one by a veth."""
-    ns, subnet = f"dpt{os.getpid() % 100_000}", f"10.78.{os.getpid() % 250}"
-    try:
-        ip("netns", "add", ns)
-        ip("link", "add", f"{ns}v", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        ip("addr", "add", f"{subnet}.1/24", "dev", f"{ns}v")
-        ip("link", "set", f"{ns}v", "up")
-        ip("-n", ns, "addr", "add", f"{subnet}.2/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, FileNotFoundError) as e:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        pytest.skip(f"no network namespaces here: {getattr(e, 'stderr', '') or e}")
-    try:
-        yield ns, f"{subnet}.1", f"{subnet}.2"
-    finally:
-        subprocess.run(["ip", "link", "del", f"{ns}v"], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            [(ns, ours, theirs, _)] = stack.enter_context(other_hosts(1, "dpt", 78))
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            pytest.skip(f"no network namespaces here: {getattr(e, 'stderr', '') or e}")
+        yield ns, ours, theirs
 
 
 def test_a_hostile_remote_worker_runs_nothing_as_root_and_costs_the_recording_only_its_host(tmp_path, other_host):
