@@ -33,12 +33,10 @@ def crunch(seconds):
     while time.perf_counter() < end:
         pass
 
-ns, host = sys.argv[1:3]
+host, connected = sys.argv[1:3]
 with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
-    worker = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.argv[3], "worker",
-                               os.environ["DASK_SCHEDULER_ADDRESS"], "--host", host, "--nthreads", "1", "--no-nanny",
-                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c.wait_for_workers(2, timeout=60)
+    open(connected, "w").close()  # the test (root) starts a worker on the other host now
+    c.wait_for_workers(2, timeout=120)
     new = next(w for w in c.scheduler_info()["workers"] if host in w)
     def agent_there():
         return "@daskprobe-agent-" in open("/proc/net/unix").read()
@@ -47,7 +45,7 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
         time.sleep(0.5)
     time.sleep(2)  # the worker joins the agent once it is up
     c.submit(crunch, 1.5, key="crunch-elsewhere", workers=[new]).result()
-    print(json.dumps({"pid": worker.pid, "address": new}), flush=True)
+    print(json.dumps({"address": new}), flush=True)
 """
 
 
@@ -60,23 +58,32 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
                               stdout=log, stderr=log)]
     procs.append(subprocess.Popen([DASK, "worker", address, "--host", ours, "--nthreads", "1", "--no-nanny",
                                    "--no-dashboard"], stdout=log, stderr=log))
-    joined = {}
+    joiner = None
     try:
         up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
                              "c.wait_for_workers(1, timeout=60)"], capture_output=True, text=True, timeout=120)
         assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
-        out = tmp_path / "run"
-        p = daskprobe("attach", address, "--out", str(out), "--no-trace", "--probes", "pyspy,proc", "--",
-                      sys.executable, str(write_flow(tmp_path / "join.py", JOIN_ELSEWHERE)), ns, theirs, DASK,
-                      timeout=300)
-        joined = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
+        out, connected = tmp_path / "run", tmp_path / "connected"
+        # the command runs unprivileged (never as root): entering the other host's namespace is the test's
+        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
+                                   "--no-trace", "--probes", "pyspy,proc", "--", sys.executable,
+                                   str(write_flow(tmp_path / "join.py", JOIN_ELSEWHERE)), theirs, str(connected)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not connected.exists() and attach.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        joiner = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", DASK, "worker", address, "--host", theirs,
+                                   "--nthreads", "1", "--no-nanny", "--no-dashboard"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout, stderr = attach.communicate(timeout=300)
+        p = subprocess.CompletedProcess(attach.args, attach.returncode, stdout, stderr)
         assert p.returncode == 0, p.stderr[-3000:]
         meta = json.loads((out / "run.json").read_text())
         assert theirs in meta.get("hosts", {}), p.stderr[-3000:]
         host = meta["hosts"][theirs]
         assert host["complete"], host
         run = RunDir(out)
-        pid = host["number"] * HOST_PID + joined["pid"]
+        pid = host["number"] * HOST_PID + joiner.pid
         procs_table = run.table("processes").set_index("name")
         assert pid in set(procs_table.pid), procs_table[["pid", "listen", "host"]].to_string()
         samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
@@ -84,8 +91,7 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
         in_crunch = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))]
         assert samples[samples.pid == pid].stack_id.isin(in_crunch).sum() >= 50, "1.5 s at 100 Hz: about 150"
     finally:
-        if joined:  # the joiner the script left running
-            os.kill(joined["pid"], signal.SIGTERM)
+        procs += [joiner] if joiner else []
         for proc in procs:
             proc.terminate()
         for proc in procs:
