@@ -29,6 +29,7 @@ the fault:
     agent-stalled  the other host's agent stopped (SIGSTOP) for 45 s (a read times out at 30 s), then continued
     host-cut       the other host's link down for 5 s, then up
     host-joined    a worker joins on a third host (a namespace of its own) during the recording
+    host-left      the other host's worker retired (closed): its agent can no longer be asked
 
 For each: what the user's command saw (its exit code, its last line of
 stderr), what the run directory holds (finalized, errors, rows of the main
@@ -66,7 +67,7 @@ from ..probes.rundir import RunDir
 from ..probes.sockets import split_address
 from .netns import in_host, other_hosts
 
-AGENT_FAULTS = ("agent-none", "agent-stalled", "host-cut", "host-joined")
+AGENT_FAULTS = ("agent-none", "agent-stalled", "host-cut", "host-joined", "host-left")
 FAULTS = ("none", "kill-worker", "kill-proxy", "kill-sampler", "kill-ebpf", "full-disk", "resets", "tap-stalled",
           "tap-ports", *AGENT_FAULTS)
 FLOW = """
@@ -102,7 +103,8 @@ def rounds(until):
     global n
     while not until():
         workers = list(c.scheduler_info()["workers"])
-        wait([c.submit(work, i, key=f"work-{{n}}-{{w}}-{{i}}", workers=[w]) for w in workers for i in range(10)])
+        wait([c.submit(work, i, key=f"work-{{n}}-{{w}}-{{i}}", workers=[w], allow_other_workers=True)  # one may leave
+              for w in workers for i in range(10)])
         n += len(workers) * 10
 with Client() as c:
     start = time.monotonic()
@@ -248,7 +250,8 @@ def attach_fault(fault: str, out: Path, hosts: list) -> dict:
         shutil.rmtree(run_dir, ignore_errors=True)
         marker, go, end = tmp / "marker", tmp / "go", tmp / "end"
         flow = tmp / "flow.py"
-        flow.write_text(ATTACH_FLOW.format(marker=str(marker), go=str(go), end=str(end), workers=2 + bool(joiner_host)))
+        workers = 2 + bool(joiner_host) - (fault == "host-left")  # the command waits for them after the fault
+        flow.write_text(ATTACH_FLOW.format(marker=str(marker), go=str(go), end=str(end), workers=workers))
         os.chmod(flow, 0o644)
         err, said = tmp / "stderr", tmp / "stdout"
         with open(err, "w") as e, open(said, "w") as o:
@@ -261,8 +264,8 @@ def attach_fault(fault: str, out: Path, hosts: list) -> dict:
             why = "no: the command ended or hung before its first 10 s were done" if not marker.exists() else None
             try:
                 if why is None:
-                    why = inject_agent(fault, ns, link, go, joiner_host and (joiner_host[0], worker + [joiner_host[2]]),
-                                       cluster)
+                    joiner = joiner_host and (joiner_host[0], worker + [joiner_host[2]])
+                    why = inject_agent(fault, ns, link, go, joiner, cluster, address, theirs)
             finally:
                 go.touch()
                 time.sleep(AFTER_S)
@@ -279,7 +282,8 @@ def attach_fault(fault: str, out: Path, hosts: list) -> dict:
             RunDir(run_dir), at, None) | _host_holds(RunDir(run_dir), at, int(tasks[-1]) if tasks else None)
 
 
-def inject_agent(fault: str, ns: str, link: str, go: Path, joiner, cluster: list) -> str | None:
+def inject_agent(fault: str, ns: str, link: str, go: Path, joiner, cluster: list, address: str,
+                 theirs: str) -> str | None:
     """Do the agent's fault now (the command's second part starts with it); None if done."""
     if fault == "agent-stalled":
         pid = _agent_in(ns)
@@ -302,6 +306,10 @@ def inject_agent(fault: str, ns: str, link: str, go: Path, joiner, cluster: list
         joiner_ns, cmd = joiner
         cluster.append(subprocess.Popen(in_host(joiner_ns, *cmd), stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL))
+    elif fault == "host-left":
+        from distributed import Client
+        with Client(address, timeout=60) as c:
+            c.retire_workers([w for w in c.scheduler_info()["workers"] if f"//{theirs}:" in w], close_workers=True)
     return None
 
 
@@ -341,7 +349,8 @@ def _end_agents(run_dir: Path) -> None:
 
 def _host_holds(run: RunDir, at: int, submitted: int | None) -> dict:
     """What the run kept of the other hosts: each one's entry (read to the end, failed reads, why
-    not), its rows, and the longest stretch without a sample of its workers' main threads (a hole)."""
+    not), its rows, the longest stretch without a sample of its workers' main threads (a hole), and
+    their CPU by thread states against their host's /proc (cpu_check: 1.00 is what the kernel counted)."""
     out = {"tasks": submitted}
     with contextlib.suppress(Exception):
         out["tasks_seen"] = int(run.table("attempts").key.str.startswith("work-").sum())
@@ -356,6 +365,9 @@ def _host_holds(run: RunDir, at: int, submitted: int | None) -> dict:
         remote = procs[(procs.role == "worker") & procs.host.isin(list(hosts))]
         main = samples[samples.pid.isin(remote.pid) & (samples.pid == samples.tid)]
         gaps = main.sort_values("t_ns").groupby("pid").t_ns.diff()
+        cpu = json.loads((run.path / "summary.json").read_text())["cpu_check"]
+        ratios = [cpu.get(n, {}).get("ratio") for n in remote.name]
+        out |= {"remote_cpu_ratio": " ".join(f"{r:.2f}" if r else "-" for r in ratios)}
         out |= {"remote_workers": len(remote), "remote_samples": len(main),
                 "remote_samples_after": int((main.t_ns > at).sum()),
                 "remote_max_gap_s": round(float(gaps.max()) / 1e9, 3) if gaps.notna().any() else None}
@@ -487,11 +499,12 @@ def main(argv=None) -> int:
     Console().print(t)
     if "hosts" in df:
         h = Table(title="the agents' faults: the other hosts (tasks: seen / run; gap: longest without a sample)")
-        for col in ("fault", "hosts", "tasks", "remote samples / after", "gap s"):
+        for col in ("fault", "hosts", "tasks", "remote samples / after", "gap s", "CPU / /proc's"):
             h.add_column(col, overflow="fold")
         for r in df[df.fault.isin(AGENT_FAULTS)].to_dict("records"):
             h.add_row(r["fault"], str(r.get("hosts")), f"{r.get('tasks_seen')} / {r.get('tasks')}",
-                      f"{r.get('remote_samples')} / {r.get('remote_samples_after')}", str(r.get("remote_max_gap_s")))
+                      f"{r.get('remote_samples')} / {r.get('remote_samples_after')}", str(r.get("remote_max_gap_s")),
+                      str(r.get("remote_cpu_ratio")))
         Console().print(h)
     return 0
 
