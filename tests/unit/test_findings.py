@@ -303,16 +303,16 @@ def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
     assert summary["aot_s"] < summary["makespan_s"] / summary["tasks"] / 10  # 1 s of client time left out
 
 
-def worker_loop_runs(frames: list[tuple[str, str]], active: bool = True) -> Scenario:
-    """One task whose task-finished leaves worker-0 36 ms after its compute, while worker-0's loop runs
-    (or, not active, is blocked in) a stack of (function, file) frames, innermost first."""
+def worker_loop_runs(frames: list[tuple[str, str]], active: bool = True, stop: float = 24) -> Scenario:
+    """One task computing until `stop` ms whose task-finished leaves worker-0 at 60 ms, while worker-0's
+    loop runs (or, not active, is blocked in) a stack of (function, file) frames, innermost first."""
     s = Scenario()
     s.message("client", "scheduler", 9, 9.5, "register-client")
     s.graph(10, 11, ["a-0"])
-    s.task("a-0", "worker-0", 12, 13, 14, 24, 60, 61)
+    s.task("a-0", "worker-0", 12, 13, 14, stop, 60, 61)
     s.told("a-0", 62, 63)
     s.message("client", "scheduler", 63.5, 64, "close-client")
-    for t in range(25, 59, 2):
+    for t in range(int(stop) + 1, 59, 2):
         s.sample_stack("worker-0", t, frames, active=active)
     return s
 
@@ -404,13 +404,6 @@ def test_cpu_starvation_says_when_the_cpus_went_to_work_outside_the_cluster():
 
 
 def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():
-    """Idle 12 of the 65 ms (18%): blocked loops without the user's code in their samples need a quarter."""
-    s = Scenario()
-    s.message("client", "scheduler", 9, 9.5, "register-client")
-    s.graph(10, 11, ["a-0"])
-    s.task("a-0", "worker-0", 12, 13, 14, 50, 62, 63)
-    s.told("a-0", 64, 65)
-    s.message("client", "scheduler", 65.5, 66, "close-client")
-    for t in range(51, 61, 2):
-        s.sample_stack("worker-0", t, DASK_LOOP, active=False)
-    assert "event-loop-blocked" not in found(s)
+    """Idle 10 of the 55 ms (18%): blocked loops without the user's code in their samples need a quarter."""
+    assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP, active=False, stop=50))
+    assert "event-loop-blocked" in found(worker_loop_runs(DASK_LOOP, active=False))  # 36 of 55 ms
