@@ -49,20 +49,36 @@ with Client() as c:  # DASK_SCHEDULER_ADDRESS: the attached cluster's
 """
 
 
-def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_path, other_host):  # noqa: F811
-    ns, ours, theirs = other_host
-    port = 20_000 + (os.getpid() + 7) % 10_000
+@contextlib.contextmanager
+def cluster(tmp_path: Path, ours: str, port: int, workers: list[tuple[list[str], str]], ready: int):
+    """A scheduler on this host and workers (a command prefix, such as nsenter's, and the host they
+    listen on), up once `ready` of them joined: (its address, its processes, which the caller may add
+    to; all are ended at the end)."""
     address = f"tcp://{ours}:{port}"
     log = open(tmp_path / "cluster.log", "w")
     procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
                               stdout=log, stderr=log)]
-    procs.append(subprocess.Popen([DASK, "worker", address, "--host", ours, "--nthreads", "1", "--no-nanny",
-                                   "--no-dashboard"], stdout=log, stderr=log))
-    joiner = None
+    procs += [subprocess.Popen([*cmd, DASK, "worker", address, "--host", host, "--nthreads", "1", "--no-nanny",
+                                "--no-dashboard"], stdout=log, stderr=log) for cmd, host in workers]
     try:
         up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
-                             "c.wait_for_workers(1, timeout=60)"], capture_output=True, text=True, timeout=120)
+                             f"c.wait_for_workers({ready}, timeout=60)"], capture_output=True, text=True, timeout=120)
         assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+        yield address, procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_path, other_host):  # noqa: F811
+    ns, ours, theirs = other_host
+    port = 20_000 + (os.getpid() + 7) % 10_000
+    with cluster(tmp_path, ours, port, [([], ours)], ready=1) as (address, procs):
         out, connected = tmp_path / "run", tmp_path / "connected"
         # the command runs unprivileged (never as root): entering the other host's namespace is the test's
         attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
@@ -75,6 +91,7 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
         joiner = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", DASK, "worker", address, "--host", theirs,
                                    "--nthreads", "1", "--no-nanny", "--no-dashboard"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(joiner)
         stdout, stderr = attach.communicate(timeout=300)
         p = subprocess.CompletedProcess(attach.args, attach.returncode, stdout, stderr)
         assert p.returncode == 0, p.stderr[-3000:]
@@ -90,15 +107,6 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
         spun = set(frames.frame_id[frames.function == "crunch"])
         in_crunch = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))]
         assert samples[samples.pid == pid].stack_id.isin(in_crunch).sum() >= 50, "1.5 s at 100 Hz: about 150"
-    finally:
-        procs += [joiner] if joiner else []
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the_end(tmp_path, other_host):  # noqa: F811
@@ -106,16 +114,7 @@ def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the
     must outlive it to read them at the end."""
     ns, ours, theirs = other_host
     port = 20_000 + (os.getpid() + 13) % 10_000
-    address = f"tcp://{ours}:{port}"
-    log = open(tmp_path / "cluster.log", "w")
-    procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
-                              stdout=log, stderr=log)]
-    procs.append(subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", DASK, "worker", address, "--host", theirs,
-                                   "--nthreads", "1", "--no-nanny", "--no-dashboard"], stdout=log, stderr=log))
-    try:
-        up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
-                             "c.wait_for_workers(1, timeout=60)"], capture_output=True, text=True, timeout=120)
-        assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
+    with cluster(tmp_path, ours, port, [(["nsenter", f"--net=/run/netns/{ns}"], theirs)], ready=1) as (address, _):
         out = tmp_path / "run"
         attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
                                    "--no-trace", "--probes", "pyspy,proc"], stderr=subprocess.PIPE, text=True,
@@ -131,14 +130,6 @@ def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the
         assert attach.wait(120) == 0, "".join(said)[-3000:]
         host = json.loads((out / "run.json").read_text())["hosts"][theirs]
         assert host["complete"], "".join(said)[-3000:]
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 LEAVE_ELSEWHERE = """
@@ -172,18 +163,10 @@ def test_a_hosts_last_worker_leaving_gets_no_cpu_after_its_last_read(tmp_path, o
     last read must not count as on a CPU from their last switch on. Ground truth: the host's /proc."""
     ns, ours, theirs = other_host
     port = 20_000 + (os.getpid() + 19) % 10_000
-    address = f"tcp://{ours}:{port}"
-    log = open(tmp_path / "cluster.log", "w")
-    procs = [subprocess.Popen([DASK, "scheduler", "--host", ours, "--port", str(port), "--no-dashboard"],
-                              stdout=log, stderr=log)]
-    procs += [subprocess.Popen([*cmd, DASK, "worker", address, "--host", host, "--nthreads", "1", "--no-nanny",
-                                "--no-dashboard"], stdout=log, stderr=log)
-              for cmd, host in (([], ours), (["nsenter", f"--net=/run/netns/{ns}"], theirs))]
-    try:
-        up = subprocess.run([sys.executable, "-c", f"from distributed import Client\nwith Client('{address}') as c: "
-                             "c.wait_for_workers(2, timeout=60)"], capture_output=True, text=True, timeout=120)
-        assert up.returncode == 0, up.stderr[-2000:] + (tmp_path / "cluster.log").read_text()[-3000:]
-        out = tmp_path / "run"
+    out = tmp_path / "run"
+    with cluster(tmp_path, ours, port, [([], ours), (["nsenter", f"--net=/run/netns/{ns}"], theirs)], ready=2) as \
+            (address, _), contextlib.ExitStack() as cleanup:
+        cleanup.callback(_end_agent_left, out, theirs)
         p = daskprobe("attach", address, "--out", str(out), "--no-trace", "--probes", "pyspy,proc", "--",
                       sys.executable, str(write_flow(tmp_path / "leave.py", LEAVE_ELSEWHERE)), theirs, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
@@ -194,21 +177,18 @@ def test_a_hosts_last_worker_leaving_gets_no_cpu_after_its_last_read(tmp_path, o
         check = json.loads((out / "summary.json").read_text())["cpu_check"][name]
         # the CPU its thread states and samples say against what its host's /proc counted (test_hosts' bound)
         assert check["proc_s"] and 0.8 < check["ratio"] < 1.25, check
-    finally:
-        if (out / "run.json").exists():  # the agent left waits out its lease, then keeps its captures
-            kept = json.loads((out / "run.json").read_text()).get("hosts", {}).get(theirs, {})
-            if kept.get("agent_pid"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(kept["agent_pid"], signal.SIGTERM)
-                deadline = time.monotonic() + 30
-                while Path(f"/proc/{kept['agent_pid']}").exists() and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                if str(kept.get("dir")).startswith("/tmp/daskprobe-agent-"):
-                    shutil.rmtree(kept["dir"], ignore_errors=True)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+
+
+def _end_agent_left(out: Path, host: str) -> None:
+    """The agent a host's last worker left waits out its lease, then keeps its captures: ended here."""
+    if not (out / "run.json").exists():
+        return
+    kept = json.loads((out / "run.json").read_text()).get("hosts", {}).get(host, {})
+    if kept.get("agent_pid"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(kept["agent_pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{kept['agent_pid']}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if str(kept.get("dir")).startswith("/tmp/daskprobe-agent-"):
+            shutil.rmtree(kept["dir"], ignore_errors=True)
