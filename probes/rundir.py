@@ -46,9 +46,6 @@ class RunDir:
             run.path.mkdir(mode=0o700)
         except FileExistsError:
             _refuse_unless_ours_and_empty(run.path)
-        # Searchable, not readable, by others while it runs: the cluster's user (not root) reaches its own
-        # scratch space through it; everything else in it is private (users.hand_over makes it 0700 at the end).
-        os.chmod(run.path, 0o711)
         for sub in ("captures", "logs", "tables"):
             (run.path / sub).mkdir(mode=0o700, exist_ok=True)
         (run.path / "scratch").mkdir(mode=0o700, exist_ok=True)  # Dask's local directory: private to the run

@@ -7,8 +7,10 @@ import json
 import os
 import random
 import shlex
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,12 +176,15 @@ class Cluster:
         # Only the cluster's user and the proxy (ours) may connect to it (peer_guard.py); Dask's HTTP
         # servers serve nothing: on loopback, any local user can reach them.
         self.allow_uids = tuple(sorted({user.uid if user else os.geteuid(), os.geteuid()}))
-        # Dask's scratch space (the nanny copies preloads there) private to the run, not /tmp
-        self.env = dask_env(spec.config) | {
-            "DASK_TEMPORARY_DIRECTORY": str(run.scratch), "DASKPROBE_ALLOW_UIDS": ",".join(map(str, self.allow_uids)),
-            "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]", "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]"}
+        # Dask's scratch space (the nanny copies preloads there) private to the run; another user's in a
+        # directory of its own (the run directory may sit where only we may go), removed at the end
+        self.scratch = run.scratch
         if user and not user.is_us:
-            os.chown(run.scratch, user.uid, user.gid)
+            self.scratch = Path(tempfile.mkdtemp(prefix="daskprobe-scratch-"))
+            os.chown(self.scratch, user.uid, user.gid)
+        self.env = dask_env(spec.config) | {
+            "DASK_TEMPORARY_DIRECTORY": str(self.scratch), "DASKPROBE_ALLOW_UIDS": ",".join(map(str, self.allow_uids)),
+            "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]", "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]"}
         self.members: list[Member] = []
         self.recorder: subprocess.Popen | None = None  # the proxy or the tap: what records the messages
 
@@ -252,7 +257,7 @@ class Cluster:
                      "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
                      "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
                      "--no-dashboard", "--dashboard-address", f"{HOST}:0",
-                     "--local-directory", str(self.run.scratch),
+                     "--local-directory", str(self.scratch),
                      *_preloads([PEER_GUARD, *experiments().WORKERS[self.spec.worker].preload_files()])]
         env = self.env
         if self.spec.nanny:
@@ -294,7 +299,10 @@ class Cluster:
         killed = stop([m.proc for m in self.workers if m.proc], grace, done=self._logged("End worker"))
         killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
                        done=self._logged("End scheduler"))
-        return killed + (stop_proxy(self.recorder, grace) if self.recorder else [])
+        killed += stop_proxy(self.recorder, grace) if self.recorder else []
+        if self.scratch != self.run.scratch:  # rmtree follows no link the cluster's user left there
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return killed
 
     def _logged(self, end: str):
         """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is

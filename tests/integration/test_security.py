@@ -83,8 +83,8 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
     try:
         home.chmod(0o777)  # the command's user writes its ready file here; the attacker reads its script
         flow, attack = write_flow(home / "flow.py", COMMAND), write_flow(home / "attack.py", ATTACK)
+        # the run directory where only root may go: the cluster's user needs nothing of it
         mark, out = home / "pwned", Path(tempfile.mkdtemp(prefix="daskprobe-sec-out-")) / "run"
-        out.parent.chmod(0o711)  # the cluster's user reaches its scratch space in the run directory
         env = dict(os.environ, SUDO_UID=str(sudo), SUDO_GID=str(sudo), SUDO_USER="nobody") if sudo else \
             {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
         run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--no-trace",

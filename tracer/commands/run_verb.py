@@ -47,18 +47,15 @@ def add_arguments(p) -> None:
 
 
 def main(args, command: list[str]) -> int:
-    import os
-
     from ...probes import registry
-    from ...probes.rundir import RunDir, default_out
+    from ...probes.rundir import RunDir
     from ..build import finalize, warm_up
     from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
-    run_parent = os.path.dirname(os.path.abspath(args.out or default_out(command)))  # the cluster's scratch is there
-    user = options.runs_as(args.user, command, [spec.python], [run_parent], "the cluster and your command")
+    user = options.runs_as(args.user, command, [spec.python], [], "the cluster and your command")
     if spec.server_cmd:
         say("warning: the --server-cmd server's own port serves whoever connects: only its proxy checks who")
     made = options.missing_parents(args.out, command)
