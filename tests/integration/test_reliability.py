@@ -312,14 +312,20 @@ def test_sigterm_while_finalizing_says_how_to_finish_and_leaves_no_orphan(tmp_pa
     assert daskprobe("build", str(run.path)).returncode == 0 and run.meta()["finalized"] is True
 
 
-@pytest.mark.parametrize("messages", ["proxy", "tap"])
-def test_a_full_disk_keeps_the_users_exit_code_and_what_was_written(tmp_path, messages):
+def small_disk(tmp_path: Path) -> Path:
+    """A 20 MB tmpfs at tmp_path/disk (unmounted by the caller), or the test skipped."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("needs root to mount a small tmpfs")
     disk = tmp_path / "disk"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)]).returncode:
         pytest.skip("cannot mount tmpfs here")
+    return disk
+
+
+@pytest.mark.parametrize("messages", ["proxy", "tap"])
+def test_a_full_disk_keeps_the_users_exit_code_and_what_was_written(tmp_path, messages):
+    disk = small_disk(tmp_path)
     try:
         filler = disk / "filler"
         fill = f"""
@@ -359,12 +365,7 @@ with Client() as c:
 
 
 def test_a_capture_stopped_by_a_full_disk_is_said_and_its_cut_job_is_incomplete(tmp_path):
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a small tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount tmpfs here")
+    disk = small_disk(tmp_path)
     try:
         filler = disk / "filler"
         fill = f"""
