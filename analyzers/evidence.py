@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .intervals import inside, intersect, overlap_ns, union
@@ -128,6 +129,34 @@ def stragglers(t: dict) -> pd.DataFrame:
     return slow.merge(on, on=["job", "key"]).sort_values("path_s", ascending=False)
 
 
+# P2P stages (dask's shuffle and rechunk): the tasks that split, send and unpack the data moved all-to-all
+P2P_STAGE = re.compile(r"(?:shuffle|rechunk).*(?:transfer|barrier|unpack|p2p)|^p2p|^shuffle-barrier")
+
+
+def p2p_on_path(t: dict) -> float:
+    """Seconds of the critical path in P2P shuffle and rechunk tasks (their compute, hand-overs and waits)."""
+    tasks, path = t.get("tasks"), t.get("critical_path")
+    if tasks is None or path is None or tasks.empty or path.empty:
+        return 0.0
+    stage = tasks.drop_duplicates(["job", "key"]).set_index(["job", "key"]).prefix.str.contains(P2P_STAGE)
+    p = path.dropna(subset=["key"])
+    hit = p[pd.MultiIndex.from_frame(p[["job", "key"]]).map(stage.to_dict().get).fillna(False).astype(bool)]
+    return float((hit.end_ns - hit.start_ns).sum() / 1e9)
+
+
+def oversubscribed_s(t: dict, cpus: int) -> float:
+    """Seconds during which more tasks computed at once than the machine has CPUs (table tasks)."""
+    tasks = t.get("tasks")
+    if tasks is None or tasks.empty or not cpus:
+        return 0.0
+    done = tasks.dropna(subset=["compute_start_ns", "compute_stop_ns"])
+    edges = pd.concat([pd.DataFrame({"t": done.compute_start_ns, "d": 1}),
+                       pd.DataFrame({"t": done.compute_stop_ns, "d": -1})]).sort_values(["t", "d"])
+    running = edges.d.cumsum().to_numpy()
+    gaps = np.diff(edges.t.to_numpy().astype("int64"), append=edges.t.iat[-1])
+    return float(gaps[running > cpus].sum() / 1e9)
+
+
 def why_slow(row, t: dict) -> str:
     """Why a task took long: the seconds it fetched its inputs first, and what the thread that ran it did
     in its compute span (eBPF states: on a CPU, waiting for the GIL or a CPU, blocked)."""
@@ -155,6 +184,11 @@ def user_frames(t: dict) -> pd.Series:
         return pd.Series(dtype="float64")
     names = frames.filename.fillna("")
     theirs = names.str.contains("|".join(map(re.escape, LIBRARY))) | names.str.contains(OURS)
+    # a frame read while the interpreter changed it has names in the wrong fields ("dtype" as a file, a line of
+    # -2110975246): source files are paths, *.py or <dynamic-code>
+    torn = ~(names.str.endswith(".py") | names.str.startswith("<") | names.str.contains("/")) \
+        | ~frames.line.between(0, 10_000_000)
+    theirs |= torn
     mine = set(frames.frame_id[~theirs])
     return stacks.set_index("stack_id").frame_ids.map(lambda ids: next((i for i in ids if i in mine), None))
 
@@ -194,15 +228,18 @@ def compute_profile(t: dict, attempts: pd.DataFrame, task_tids: pd.DataFrame) ->
         return pd.DataFrame(columns=PROFILE_COLUMNS)
     f = t["frames"].set_index("frame_id")
     m = m.join(f[["function", "filename", "line"]], on=m.frame_id.astype("int64"))
+    m = m.assign(gil=m.owns_gil.fillna(False).astype("int64"))
     g = m.groupby(["prefix", "function", "filename"]).agg(line=("line", lambda x: x.mode().iat[0]),
-                                                          samples=("t_ns", "size"), seconds=("weight_s", "sum"))
+                                                          samples=("t_ns", "size"), seconds=("weight_s", "sum"),
+                                                          gil_samples=("gil", "sum"))
     g = g.reset_index()
     g["prefix_samples"] = g.prefix.map(per_prefix).astype("int64")
     g["share"] = g.samples / g.prefix_samples
     return g.sort_values(["prefix", "samples"], ascending=[True, False], ignore_index=True)[PROFILE_COLUMNS]
 
 
-PROFILE_COLUMNS = ["prefix", "function", "filename", "line", "samples", "seconds", "prefix_samples", "share"]
+PROFILE_COLUMNS = ["prefix", "function", "filename", "line", "samples", "seconds", "prefix_samples", "share",
+                   "gil_samples"]
 
 
 def hot_functions(t: dict, top: int = 3) -> list[dict]:
@@ -211,12 +248,15 @@ def hot_functions(t: dict, top: int = 3) -> list[dict]:
     prof = t.get("compute_profile")
     if prof is None or prof.drop_duplicates("prefix").prefix_samples.sum() < 10:
         return []
+    prof = prof if "gil_samples" in prof else prof.assign(gil_samples=pd.NA)  # a run analysed before the column
     g = prof.groupby(["function", "filename"], sort=False).agg(line=("line", "first"), samples=("samples", "sum"),
-                                                               seconds=("seconds", "sum"))
+                                                               seconds=("seconds", "sum"),
+                                                               gil=("gil_samples", lambda x: x.sum(min_count=1)))
     g = g.sort_values("samples", ascending=False).head(top).reset_index()
     n = prof.drop_duplicates("prefix").prefix_samples.sum()
     return [{"function": r.function, "file": r.filename, "line": int(r.line), "share": r.samples / n,
              "samples": int(r.samples), "seconds": float(r.seconds),
+             "python": None if pd.isna(r.gil) else float(r.gil) / r.samples,
              "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in g.itertuples()]
 
 

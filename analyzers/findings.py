@@ -9,7 +9,8 @@ ordered by seconds; the terminal shows the first three, the report all.
 from __future__ import annotations
 
 from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs, hot_functions,
-                       imports_on_path, loops_in_user_code, spills_on_path, stragglers, why_slow)
+                       imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path,
+                       spills_on_path, stragglers, why_slow)
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -19,11 +20,23 @@ def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     """`s`: the summary so far; `t`: the decoded tables and the analysis' (tasks, critical_path,
     cpu_samples, thread_states, stack_categories); `meta`: run.json."""
     session = s["session_s"] or 1.0
-    found = [f for f in (_recomputed(s), _saturation(s, meta), _client(s, t), _starvation(s, t, meta),
+    found = [f for f in (_recomputed(s), _saturation(s, t, meta), _client(s, t), _starvation(s, t, meta),
                          _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
-                         _cold_start(s, t), _spilling(s, t), _loop_blocked(s, t), _decisions(s), _overhead(s),
-                         _network(s), _graph_data(s, t), _materialization(s, t), _transfers(s), _workers_wait(s))
+                         _cold_start(s, t), _spilling(s, t), _loop_blocked(s, t), _decisions(s), _overhead(s, meta),
+                         _network(s), _graph_data(s, t), _materialization(s, t), _transfers(s, t), _workers_wait(s))
              if f]
+    return _ranked(found, session)
+
+
+def local_findings(s: dict, t: dict, meta: dict) -> list[dict]:
+    """The findings of a run of Dask's local schedulers (threads, processes, sync; analyzers/local.py):
+    `s`, `t` and `meta` as findings'."""
+    found = [f for f in (_recomputed(s), _local_gil(s, t), _local_overhead(s), _local_starvation(s, meta),
+                         _pool_start(s), _hot_function(s, t)) if f]
+    return _ranked(found, s["session_s"] or 1.0)
+
+
+def _ranked(found: list[dict], session: float) -> list[dict]:
     for f in found:
         f["share"] = f["seconds"] / session
     return sorted((f for f in found if f["share"] >= MIN_SHARE or f["id"] == "recomputed"),
@@ -62,10 +75,13 @@ def _recomputed(s: dict) -> dict | None:
                     + ", ".join(f"'{p}' ({r['keys']} keys, {r['times']} extra)" for p, r in top), advice)
 
 
-def _saturation(s: dict, meta: dict) -> dict | None:
+def _saturation(s: dict, t: dict, meta: dict) -> dict | None:
     # the holding tasks' waits for the GIL or a CPU are those findings' (task-gil, cpu-starvation), not this one's
     sec = sum(v for k, v in s["critical_path_parts_s"].items()
               if "worker saturation" in k and not k.endswith(("[gil_contention]", "[cpu_starvation]")))
+    # threads held by stragglers, or busy reading and writing spilled data: those findings' seconds
+    spilled = float(spills_on_path(t).sum())
+    sec = max(0.0, sec - spilled - _straggling_s(t))
     if not sec:
         return None
     c = meta.get("cluster", {})
@@ -76,6 +92,9 @@ def _saturation(s: dict, meta: dict) -> dict | None:
               "waited for a CPU): more cores or machines, or cheaper tasks, shorten the path; more threads "
               "here would not") if full else \
         "the workers were saturated and the machine has cores to spare: more workers or threads shorten the path"
+    if spilled >= MIN_SHARE * s["session_s"]:  # more threads per worker would hold more data in the same memory
+        advice = ("the workers were saturated while they spilled: more workers (each with its own memory) or "
+                  "smaller chunks; more threads per worker would hold more data in the same memory")
     return _finding("worker-saturation", sec, "tasks on the critical path waited for a worker thread",
                     f"the path ran through tasks that held the thread the next one waited for (their compute and "
                     f"the hand-over), with {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
@@ -122,7 +141,15 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
         return _finding("cpu-starvation", sec, "threads on the critical path waited for CPUs taken by other work",
                         evidence, "most of the machine's CPU went to work outside this cluster (other programs, "
                         "or daskprobe's own probes): measure on a quiet machine, or give the cluster cores of its own")
-    return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU", evidence,
+    over = oversubscribed_s(t, cpus or 0)
+    if cpus and over < sec:  # the tasks never outnumbered the cores for long enough: fewer threads would not help
+        return _finding("cpu-contention", sec, "threads on the critical path waited for CPUs busy with Dask's own "
+                        "work", evidence + f"; more tasks than CPUs computed at once for only {over:.2f} s",
+                        "the tasks alone did not outnumber the cores: the CPUs went to Dask's own threads (each "
+                        "worker process's event loop, the scheduler) and the client; fewer worker processes with "
+                        "more threads each, or fewer probes, leave the tasks more of the machine")
+    return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
+                    evidence + f"; more tasks than CPUs computed at once for {over:.2f} s",
                     "the machine has more busy threads than cores: fewer workers or threads, or more cores; "
                     "or less of the work that held the CPUs")
 
@@ -188,12 +215,19 @@ def _decisions(s: dict) -> dict | None:
                     "scheduler_decisions") if sec else None
 
 
-def _overhead(s: dict) -> dict | None:
+TASKS_PER_THREAD = 10  # fewer tasks than this per worker thread: merging them would leave threads idle
+
+
+def _overhead(s: dict, meta: dict) -> dict | None:
     sec, n = _cat(s, "runtime_bookkeeping"), s["tasks"]
     compute_per_task = s["compute_s"] / n if n else 0.0
     aot, per_task = s["aot_s"] or 0.0, bookkeeping_per_task(s)
-    # the premise: Dask's own work per task exceeds the task's, and tasks are short for the makespan
-    if not sec or aot <= 2 * compute_per_task or per_task is None or per_task <= compute_per_task:
+    c = meta.get("cluster", {})
+    threads = (c.get("workers") or 0) * (c.get("threads") or 0)
+    # the premise: Dask's own work per task exceeds the task's, tasks are short for the makespan, and there
+    # are enough of them that fewer would still keep every thread busy
+    if not sec or aot <= 2 * compute_per_task or per_task is None or per_task <= compute_per_task \
+            or n < TASKS_PER_THREAD * threads:
         return None
     return _finding("task-overhead", sec, "Dask's work per task outweighs the tasks' own",
                     f"runtime bookkeeping on the path; {n} tasks, each computing "
@@ -235,13 +269,20 @@ def _materialization(s: dict, t: dict) -> dict | None:
                     ) if sec else None
 
 
-def _transfers(s: dict) -> dict | None:
-    sec = _parts(s, "get_data", "inputs")  # "serving inputs (get_data)" is one part, not two
-    return _finding("transfers", sec, "moving task inputs between workers held up the path",
-                    "time on the path fetching inputs from other workers (requests, replies and the work on "
-                    "both sides)", "place dependent tasks together (fewer, larger partitions; avoid shuffles "
-                    "where a map_partitions would do), or give workers more memory so inputs stay put"
-                    ) if sec else None
+def _transfers(s: dict, t: dict) -> dict | None:
+    fetched = _parts(s, "get_data", "inputs")  # "serving inputs (get_data)" is one part, not two
+    p2p = p2p_on_path(t)
+    sec, by = fetched + p2p, s.get("moved", {}).get("by_kind", {})
+    if not sec:
+        return None
+    moved = ", ".join(f"{k} {v['bytes'] / 1e6:,.0f} MB in {v['messages']} messages" for k, v in by.items())
+    return _finding("transfers", sec, "moving data between workers held up the path",
+                    f"time on the path fetching inputs from other workers {fetched:.2f} s (requests, replies and "
+                    f"the work on both sides) and in P2P shuffle or rechunk tasks {p2p:.2f} s"
+                    + (f"; moved between workers: {moved}" if moved else ""),
+                    "move less data between workers: rechunk or shuffle less (choose chunks that suit every "
+                    "step, filter and select columns before a shuffle, avoid shuffles where a map_partitions "
+                    "would do), or place dependent tasks together (fewer, larger partitions)")
 
 
 def _workers_wait(s: dict) -> dict | None:
@@ -271,7 +312,7 @@ def _stragglers(s: dict, t: dict) -> dict | None:
     slow = stragglers(t)
     if slow.empty:
         return None
-    sec = float((slow.path_s - slow.median_s).clip(lower=0).sum())
+    sec = _straggling_s(t, slow)
     top = [f"{r.key} ({r.prefix}) {r.compute_s:.2f} s on {r.worker} against a median of {r.median_s:.3f} s"
            + (f" ({why})" if (why := why_slow(r, t)) else "") for r in slow.head(3).itertuples()]
     return _finding("straggler", sec, f"{len(slow)} straggling task(s) held the critical path",
@@ -281,16 +322,34 @@ def _stragglers(s: dict, t: dict) -> dict | None:
                     "worker: one that is busier or slower): repartition evenly, or split the slow inputs")
 
 
+def _straggling_s(t: dict, slow=None) -> float:
+    """Seconds of the path in stragglers beyond their prefix's median."""
+    slow = stragglers(t) if slow is None else slow
+    return float((slow.path_s - slow.median_s).clip(lower=0).sum()) if not slow.empty else 0.0
+
+
 def _hot_function(s: dict, t: dict) -> dict | None:
     hot = hot_functions(t, top=3)
-    comp = _cat(s, "compute")
-    if not hot or hot[0]["share"] < 0.3 or comp < MIN_SHARE * s["session_s"]:
+    if not hot:
         return None
     h = hot[0]
+    compiled = h["python"] is not None and h["python"] < 0.5  # most samples ran with the GIL released
+    # a straggler running compiled code is slow for its data, not for the function: its excess is that finding's
+    comp = _cat(s, "compute") - (_straggling_s(t) if compiled else 0.0)
+    if h["share"] < 0.3 or comp < MIN_SHARE * s["session_s"]:
+        return None
+    evidence = (f"{h['share']:.0%} of the tasks' on-CPU samples ({h['samples']}) were in your function {h['where']}"
+                f"; compute was {_cat(s, 'compute'):.2f} s of the critical path"
+                + ("; then " + ", ".join(f"{x['where']} {x['share']:.0%}" for x in hot[1:]) if hot[1:] else ""))
+    if compiled:
+        return _finding("hot-function", comp * h["share"], f"the tasks spent their time in compiled code called "
+                        f"from {h['function']}", evidence + f"; the thread held the GIL in {h['python']:.0%} of "
+                        "them: the time is in the compiled code it calls (numpy, pandas, I/O), not its Python",
+                        f"{h['function']} is vectorized already: a cheaper algorithm in the calls it makes, less "
+                        "data per task, or more cores shorten it; rewriting its Python will not")
+    held = f"; the thread held the GIL in {h['python']:.0%} of them (its own Python)" if h["python"] else ""
     return _finding("hot-function", comp * h["share"], f"the tasks spent their time in {h['function']}",
-                    f"{h['share']:.0%} of the tasks' on-CPU samples ({h['samples']}) were in your function "
-                    f"{h['where']}; compute was {comp:.2f} s of the critical path"
-                    + ("; then " + ", ".join(f"{x['where']} {x['share']:.0%}" for x in hot[1:]) if hot[1:] else ""),
+                    evidence + held,
                     f"speed up {h['function']}: vectorize it (numpy or pandas operations instead of Python loops "
                     "and row-wise apply), or compile it (numba); it is where the compute went")
 
@@ -347,3 +406,74 @@ def _loop_blocked(s: dict, t: dict) -> dict | None:
                     "something blocked the event loop: a blocking call (I/O, sleep, a lock) or long work in a "
                     "plugin, a handler, client.run or run_on_scheduler; nothing else in that process moves "
                     "meanwhile: make it quick and never blocking, or run it in a thread (loop.run_in_executor)")
+
+
+def _local(s: dict) -> dict:
+    return s.get("local_scheduler") or {}
+
+
+def _local_gil(s: dict, t: dict) -> dict | None:
+    """Threads of a local pool that waited on the path for the GIL (their compute, or Dask's work around it)."""
+    loc = _local(s)
+    if "threads" not in loc.get("schedulers", []) or loc.get("pool", 0) < 2:
+        return None
+    sec = sum(v for k, v in s["critical_path_parts_s"].items()
+              if k.startswith(("compute:", "pool:")) and k.endswith("[gil_contention]"))
+    if not sec:
+        return None
+    hot = hot_functions(t, top=1)
+    return _finding("local-gil", sec, "the pool's threads were serialised on the GIL",
+                    f"tasks on the critical path waited {sec:.2f} s to take the GIL from the pool's other "
+                    f"{loc['pool'] - 1} thread(s): time Dask's callbacks (and dask.diagnostics.Profiler) count as "
+                    "the tasks' own" + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
+                    "pure-Python tasks run one at a time however many threads the pool has: "
+                    "dask.compute(..., scheduler='processes'), or distributed with one thread per worker process "
+                    "(Client(n_workers=N, threads_per_worker=1)); or code that releases the GIL (numpy, pandas "
+                    "built-ins, numba)")
+
+
+def _local_overhead(s: dict) -> dict | None:
+    """Dask's own work per task (the hand-overs, packing, the loop) outweighing the tasks' compute."""
+    loc, sec = _local(s), _cat(s, "runtime_bookkeeping")
+    mean = loc.get("per_task_mean_s") or {}
+    dask, compute = loc.get("overhead_per_task_s"), mean.get("compute_s")
+    if not sec or dask is None or compute is None or dask <= compute:
+        return None
+    procs = "processes" in loc.get("schedulers", [])
+    return _finding("local-overhead", sec, "Dask's local scheduler spent more per task than the tasks did",
+                    f"{s['tasks']} tasks, each computing {compute * 1e6:.0f} µs on average against "
+                    f"{dask * 1e6:.0f} µs of Dask's own from its dispatch to its result taken in (hand-over to the "
+                    f"pool {mean['hand_over_s'] * 1e6:.0f} µs, unpacking {mean['unpack_s'] * 1e6:.0f} µs, packing "
+                    f"{mean['pack_s'] * 1e6:.0f} µs, taking the result in {mean['take_in_s'] * 1e6:.0f} µs), "
+                    "besides the loop's work between results",
+                    "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls"
+                    + ("; the processes scheduler pickles each task and result through a pipe: "
+                       "scheduler='threads' where the tasks release the GIL" if procs else ""), s, "runtime_bookkeeping")
+
+
+def _local_starvation(s: dict, meta: dict) -> dict | None:
+    sec = _cat(s, "cpu_starvation")
+    if not sec:
+        return None
+    loc, cpus = _local(s), meta.get("cpus")
+    pool, kind = loc.get("pool", 0), "processes" if "processes" in loc.get("schedulers", []) else "threads"
+    more = bool(cpus) and pool > cpus
+    return _finding("local-cpu-starvation", sec, "threads on the critical path waited for a CPU",
+                    f"the scheduler's loop or the pool's threads were runnable without a CPU; the pool ran {pool} "
+                    f"{kind}" + (f" on {cpus} CPU(s)" if cpus else ""),
+                    f"a pool larger than the machine: num_workers={cpus} or fewer (dask.config.set(num_workers=N))"
+                    if more else "other work took the CPUs: measure on a quiet machine, or give the command cores "
+                    "of its own")
+
+
+def _pool_start(s: dict) -> dict | None:
+    from .local import NEW_PROCESS
+    sec = _parts(s, NEW_PROCESS)
+    if not sec:
+        return None
+    return _finding("pool-start", sec, "new pool processes started while the path waited",
+                    "the hand-over of each new pool process's first task, on the critical path: the process's "
+                    "start, its imports and its first unpickling",
+                    "the processes scheduler starts a pool for each compute: compute the outputs together "
+                    "(dask.compute(a, b)), give it one pool for all (dask.config.set(pool=concurrent.futures."
+                    "ProcessPoolExecutor(N))), or keep a distributed cluster across computes")

@@ -48,7 +48,8 @@ def graph_jobs(graphs: pd.DataFrame, msgs: pd.DataFrame, lossy: bool = False) ->
     untold = g.groupby("job").untold.sum().to_numpy("int64")
     jobs = pd.DataFrame({"job": last.index, "start_ns": g.groupby("job").t_first_ns.min().to_numpy(),
                          "end_ns": last.done_ns.to_numpy(), "graphs": g.groupby("job").size().to_numpy(),
-                         "graph_bytes": g.groupby("job").msg_bytes.sum().to_numpy(),
+                         # one batched message can carry many update-graphs: its bytes count once
+                         "graph_bytes": g.drop_duplicates(["job", "msg_id"]).groupby("job").msg_bytes.sum().to_numpy(),
                          "requested": g.groupby("job")["keys"].agg(lambda k: sum(map(len, k))).to_numpy(),
                          "end_key": last.done_key.to_numpy(), "end_told": last.done_told.to_numpy(),
                          "complete": (untold == 0) | (not lossy), "untold": untold, "last_told_ns": last.done_ns.to_numpy()},

@@ -354,6 +354,9 @@ ANALYSIS = {
         C("seconds", "float64", "s", "the CPU time those samples stand for"),
         C("prefix_samples", "int64", "count", "all on-CPU samples of the prefix's tasks, in the user's code or not"),
         C("share", "float64", "fraction", "samples / prefix_samples"),
+        C("gil_samples", "int64", "count", "of `samples`, those whose thread held the GIL: the function's own "
+                                           "Python (or C code that keeps the GIL); the rest ran compiled code "
+                                           "that released it (numpy, I/O)"),
     )),
     "transfers": Table("One row per message that carried task data from one worker to another: a reply to "
                        "get_data (a task's inputs), or a P2P shuffle's or rechunk's shuffle_receive.", (

@@ -26,7 +26,7 @@ def parse(part):
 
 if __name__ == "__main__":
     with Client() as client:
-        raw = dask.datasets.timeseries(start="2000-01-01", end="2000-01-11", freq="1s", partition_freq="1D",
+        raw = dask.datasets.timeseries(start="2000-01-01", end="2000-01-31", freq="1s", partition_freq="1D",
                                        seed=3)
         clean = raw.map_partitions(parse)
         outputs = (clean.score.mean(), clean.label.nunique(), clean.groupby("name").x.sum())

@@ -9,8 +9,8 @@ from daskprobe.analyzers.summary import analyze
 from scenario import META, Scenario, two_task_chain
 
 
-def found(s: Scenario) -> dict:
-    return {f["id"]: f for f in analyze(s.tables(), META).summary["findings"]}
+def found(s: Scenario, meta: dict = META) -> dict:
+    return {f["id"]: f for f in analyze(s.tables(), meta).summary["findings"]}
 
 
 def short_session(s: Scenario) -> Scenario:
@@ -296,6 +296,23 @@ def test_data_carried_in_the_graph_is_named_and_fewer_tasks_is_not_advised():
     assert "data-in-graph" not in found(s)
 
 
+def test_update_graphs_batched_in_one_message_count_its_bytes_once():
+    """100 client.submit calls leave in one 1.6 MB message: 16 kB per task, not 1.6 MB."""
+    s = Scenario()
+    s.message("client", "scheduler", 9, 9.5, "register-client")
+    s.graph(10, 11, ["a-0"])
+    for i in range(1, 100):
+        s.graphs.append(s.graphs[0] | {"keys": [f"a-{i}"], "graph_id": i})
+    for g in s.graphs:
+        g["msg_bytes"] = 1_600_000  # the one message's bytes, on each graph it carried
+    for i in range(100):
+        s.task(f"a-{i}", "worker-0", 40 + i, 41 + i, 42 + i, 42.5 + i, 43 + i, 44 + i)
+        s.told(f"a-{i}", 45 + i, 45.5 + i)
+    s.message("client", "scheduler", 146, 147, "close-client")
+    assert analyze(s.tables(), META).summary["jobs"][0]["graph_bytes"] == 1_600_000
+    assert "data-in-graph" not in found(s)
+
+
 def test_aot_is_over_the_jobs_makespans_not_the_clients_time_between_them():
     summary = analyze(client_between("/home/me/flow.py").tables(), META).summary
     jobs = sum(j["makespan_s"] for j in summary["jobs"])
@@ -393,14 +410,33 @@ def test_cpu_starvation_says_when_the_cpus_went_to_work_outside_the_cluster():
     s = short_session(Scenario())
     s.state("scheduler", "runnable", 36, 44)
     summary = analyze(s.tables(), META | {"cpus": 2}).summary
-    starved = next(f for f in summary["findings"] if f["id"] == "cpu-starvation")
+    starved = next(f for f in summary["findings"] if f["id"].startswith("cpu-"))
     assert "other work" not in starved["title"], "no /proc figures: nothing said of other work"
     from daskprobe.analyzers.findings import findings
     tables = s.tables() | {"cpu_samples": None}
     for used, outside in ((0.01, True), (0.2, False)):  # the cluster's CPU over the makespan, of 2 CPUs
         summary["cpu_check"] = {"scheduler": {"proc_s": used}}
-        starved = next(f for f in findings(summary, tables, META | {"cpus": 2}) if f["id"] == "cpu-starvation")
+        starved = next(f for f in findings(summary, tables, META | {"cpus": 2}) if f["id"].startswith("cpu-"))
         assert ("other work" in starved["title"]) == outside, (used, starved)
+
+
+def test_fewer_threads_is_advised_only_where_the_tasks_outnumbered_the_cpus():
+    """The scheduler waits 8 ms for a CPU: with 3 tasks computing at once for 20 ms on 2 CPUs that is too
+    many busy threads; with 2 at a time the CPUs went to Dask's own work."""
+    import pandas as pd
+    from daskprobe.analyzers.findings import findings
+    s = short_session(Scenario())
+    s.state("scheduler", "runnable", 36, 44)
+    summary = analyze(s.tables(), META | {"cpus": 2}).summary
+    summary["cpu_check"] = {"scheduler": {"proc_s": 0.2}}
+
+    def ids(at_once: int) -> dict:
+        spans = pd.DataFrame({"compute_start_ns": [30_000_000] * at_once, "compute_stop_ns": [50_000_000] * at_once})
+        return {f["id"]: f for f in findings(summary, s.tables() | {"cpu_samples": None, "tasks": spans},
+                                             META | {"cpus": 2})}
+    assert "cpu-starvation" in ids(3) and "cpu-contention" not in ids(3)
+    assert "cpu-starvation" not in ids(2)
+    assert "Dask's own" in ids(2)["cpu-contention"]["title"]
 
 
 def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():
