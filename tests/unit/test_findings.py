@@ -151,6 +151,25 @@ def test_inputs_fetched_from_another_worker_are_a_transfers_finding():
     assert "transfers" not in found(short_session(Scenario()))
 
 
+def test_p2p_rechunk_tasks_on_the_path_are_transfers_with_the_bytes_moved():
+    """A rechunk's transfer task holds the path 30 ms while its data goes to the other worker by
+    shuffle_receive: transfers, with the MB moved; the same chain with plain prefixes is not."""
+    def chain(prefix: str) -> Scenario:
+        s = Scenario()
+        s.message("client", "scheduler", 9, 9.5, "register-client")
+        s.graph(10, 11, ["b-0"])
+        s.task(f"{prefix}-0", "worker-0", 12, 13, 14, 44, 45, 46)
+        s.message("worker-0", "worker-1", 20, 40, "shuffle_receive")
+        s.msgs[-1]["msg_bytes"] = 64_000_000
+        s.task("b-0", "worker-1", 47, 48, 49, 51, 52, 53, deps=[f"{prefix}-0"])
+        s.told("b-0", 54, 55)
+        s.message("client", "scheduler", 55.5, 56, "close-client")
+        return s
+    f = found(chain("rechunk-transfer"))["transfers"]
+    assert f["seconds"] >= 0.03 and "shuffle_receive 64 MB in 1 messages" in f["evidence"], f
+    assert "transfers" not in found(chain("crunch"))
+
+
 def test_a_slow_wire_is_a_network_finding():
     s = Scenario()
     s.message("client", "scheduler", 9, 9.5, "register-client")
@@ -252,6 +271,28 @@ def test_the_tasks_hot_function_is_named_with_its_file_and_line():
         s.sample("worker-0", t, "dot", "/venv/lib/python3.11/site-packages/numpy/core/numeric.py", tid=201,
                  name="Dask-Default-Threads-0", ident=7)
     assert "hot-function" not in found(s)
+
+
+def test_a_hot_function_in_compiled_code_is_not_told_to_vectorize():
+    """The same samples with the GIL released (numpy's sort running under the user's line): the
+    function is named, and the advice does not ask for what it already does."""
+    s = gil_bound_tasks(False)
+    for t in (16, 17, 18, 19, 21, 22, 31, 32, 33, 34, 36, 37):
+        s.sample("worker-0", t, "summarize", "/home/me/flow.py", tid=201, name="Dask-Default-Threads-0", ident=7,
+                 owns_gil=False)
+    f = found(s)["hot-function"]
+    assert "compiled code called from summarize" in f["title"] and "vectorize it" not in f["advice"], f
+    assert "held the GIL in 0%" in f["evidence"]
+
+
+def test_torn_frames_are_nobodys_code():
+    """A frame read while it changed: a function name as its file and a line of -2110975246."""
+    s = gil_bound_tasks(False)
+    for t in (16, 17, 18, 19, 21, 22, 31, 32, 33, 34, 36, 37):
+        s.sample("worker-0", t, "device", "dtype", tid=201, name="Dask-Default-Threads-0", ident=7)
+    tables = s.tables()
+    tables["frames"].loc[tables["frames"].function == "device", "line"] = -2110975246
+    assert "hot-function" not in {f["id"] for f in analyze(tables, META).summary["findings"]}
 
 
 def client_between(file: str) -> Scenario:
