@@ -42,6 +42,9 @@ from .jobs import asks
 COLUMNS = ["job", "start_ns", "end_ns", "kind", "part", "key", "process", "batch_ns"]
 INCOMPLETE = "job incomplete: its end was not recorded"
 SATURATED_COMPUTE = "compute (worker saturation: holding the thread the next task waited for)"
+# one thread runs one task at a time, yet a task's recorded start can precede its predecessor's recorded stop
+# by tens of microseconds (the worker's clock, converted): within this, the next task waited for that one
+HANDOVER_SLACK_NS = 1_000_000
 # distributed's batched-send intervals (BatchedSend), by sender and receiver
 BATCH_NS = {("scheduler", "worker"): 5_000_000, ("scheduler", "client"): 2_000_000,
             ("worker", "scheduler"): 2_000_000, ("client", "scheduler"): 10_000_000}
@@ -195,8 +198,10 @@ def _at_compute(w: _Walk, ix: _Index, ref, holding: bool = False):
     if r is None:
         return None
     w.back_to(r.compute_start_ns, "compute", SATURATED_COMPUTE if holding else "compute", r.key, r.worker)
-    held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns, r.compute_recv_ns, exclude=ref)
+    held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns + HANDOVER_SLACK_NS,
+                                       r.compute_recv_ns, exclude=ref)
     if held is not None:
+        stop = min(stop, r.compute_start_ns)
         w.back_to(stop, "worker", "worker saturation (waiting for a thread)", r.key, r.worker)
         return "held", held
     if pd.notna(r.transfer_stop_ns) and r.transfer_stop_ns > r.compute_recv_ns:

@@ -73,6 +73,20 @@ def test_a_task_waiting_for_a_busy_thread_is_worker_saturation():
     assert "would not" in advice[2] and "more workers or threads shorten" in advice[8]
 
 
+def test_a_start_recorded_just_before_the_previous_stop_on_one_thread_still_waited_for_it():
+    """Seen in a run: the next task's start 28 us before its predecessor's stop (the worker's clock,
+    converted); one thread runs one task at a time, so it waited for that one."""
+    s = Scenario()
+    s.graph(0, 1, ["a-0", "b-0"])
+    s.task("a-0", "worker-0", 2, 3, 4, 54, 55, 56)
+    s.task("b-0", "worker-0", 2, 3, 53.972, 64, 65, 66)
+    s.told("a-0", 57, 58)
+    s.told("b-0", 67, 68)
+    parts = analyze(s.tables(), META).summary["critical_path_parts_s"]
+    held = "compute: compute (worker saturation: holding the thread the next task waited for) [compute]"
+    assert parts.get(held) == pytest.approx(0.05, abs=1e-4), parts  # a-0's 4-54 ms, not b-0's wait as idle
+
+
 def test_gil_contention_names_the_thread_that_held_the_gil():
     s = short_session(Scenario())
     s.state("scheduler", "gil", 36, 44)  # the scheduler's loop waits for the GIL between a-0 and b-1
