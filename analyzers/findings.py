@@ -170,6 +170,8 @@ def _gil_by_process(s: dict, task_threads: bool) -> dict[str, float]:
 
 def _gil(s: dict, t: dict, meta: dict) -> dict | None:
     where = _gil_by_process(s, task_threads=False)
+    if _loops_held_by_tasks(s, t):  # the tasks' own Python held it: the hot function's finding says so
+        where.pop("worker")
     sec = sum(where.values())
     if not sec:
         return None
@@ -328,6 +330,18 @@ def _straggling_s(t: dict, slow=None) -> float:
     return float((slow.path_s - slow.median_s).clip(lower=0).sum()) if not slow.empty else 0.0
 
 
+def _python_hot(t: dict) -> dict | None:
+    """The tasks' hot function when it ran its own Python (holding the GIL in most of its samples)."""
+    hot = hot_functions(t, top=1)
+    return hot[0] if hot and hot[0]["share"] >= 0.3 and (hot[0]["python"] or 0) >= 0.5 else None
+
+
+def _loops_held_by_tasks(s: dict, t: dict) -> float:
+    """The workers' event loops' waits for the GIL on the path, when the tasks ran their own Python: the
+    task threads held it, so they are the hot function's cost (the loop cannot run while it computes)."""
+    return _gil_by_process(s, task_threads=False).get("worker", 0.0) if _python_hot(t) else 0.0
+
+
 def _hot_function(s: dict, t: dict) -> dict | None:
     hot = hot_functions(t, top=3)
     if not hot:
@@ -348,7 +362,9 @@ def _hot_function(s: dict, t: dict) -> dict | None:
                         f"{h['function']} is vectorized already: a cheaper algorithm in the calls it makes, less "
                         "data per task, or more cores shorten it; rewriting its Python will not")
     held = f"; the thread held the GIL in {h['python']:.0%} of them (its own Python)" if h["python"] else ""
-    return _finding("hot-function", comp * h["share"], f"the tasks spent their time in {h['function']}",
+    loops = _loops_held_by_tasks(s, t)
+    held += f"; the workers' event loops waited {loops:.2f} s on the path for the GIL it held" if loops else ""
+    return _finding("hot-function", comp * h["share"] + loops, f"the tasks spent their time in {h['function']}",
                     evidence + held,
                     f"speed up {h['function']}: vectorize it (numpy or pandas operations instead of Python loops "
                     "and row-wise apply), or compile it (numba); it is where the compute went")

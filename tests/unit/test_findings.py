@@ -299,6 +299,24 @@ def test_a_hot_function_in_compiled_code_is_not_told_to_vectorize():
     assert "held the GIL in 0%" in f["evidence"]
 
 
+def test_event_loops_waiting_for_the_gil_of_tasks_running_python_are_the_hot_functions_cost():
+    """The worker's loop waits for the GIL around each task (4 ms on the path) while its task thread
+    runs the user's Python: one cause, the function; with the GIL released in it, the loop's waits are
+    another's (a gil-contention finding of their own)."""
+    def run(python: bool) -> dict:
+        s = gil_bound_tasks(False)
+        for t in (16, 17, 18, 19, 21, 22, 31, 32, 33, 34, 36, 37):
+            s.sample("worker-0", t, "crunch", "/home/me/flow.py", tid=201, name="Dask-Default-Threads-0", ident=7,
+                     owns_gil=python)
+        for t0, t1 in ((13, 14), (24, 25), (28, 29), (39, 40)):
+            s.state("worker-0", "gil", t0, t1)  # the main thread: the event loop
+        return found(s)
+    f, compiled = run(True), run(False)
+    assert "gil-contention" not in f and "event loops waited" in f["hot-function"]["evidence"], f
+    assert f["hot-function"]["seconds"] == pytest.approx(compiled["hot-function"]["seconds"] + 0.004)
+    assert "gil-contention" in compiled
+
+
 def test_torn_frames_are_nobodys_code():
     """A frame read while it changed: a function name as its file and a line of -2110975246."""
     s = gil_bound_tasks(False)
