@@ -146,8 +146,9 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
         return _finding("cpu-contention", sec, "threads on the critical path waited for CPUs busy with Dask's own "
                         "work", evidence + f"; more tasks than CPUs computed at once for only {over:.2f} s",
                         "the tasks alone did not outnumber the cores: the CPUs went to Dask's own threads (each "
-                        "worker process's event loop, the scheduler) and the client; fewer worker processes with "
-                        "more threads each, or fewer probes, leave the tasks more of the machine")
+                        "worker process's event loop, the scheduler) and the client; fewer worker processes (more "
+                        "threads each where the tasks release the GIL), or a lower sample rate, leave the tasks "
+                        "more of the machine")
     return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
                     evidence + f"; more tasks than CPUs computed at once for {over:.2f} s",
                     "the machine has more busy threads than cores: fewer workers or threads, or more cores; "

@@ -33,7 +33,8 @@ def tasks_table(attempts: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
         attempts=per.size(), first_sent_ns=per.compute_sent_ns.min())
     t = t.reset_index()
     t = _with_graph(t, graphs)
-    return _with_ready(t, attempts)
+    t = _with_ready(t, attempts)
+    return t.join(task_times(t))
 
 
 def _with_graph(t: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
@@ -92,10 +93,10 @@ def moved_bytes(tasks: pd.DataFrame) -> pd.Series:
 
 
 def task_times(tasks: pd.DataFrame) -> pd.DataFrame:
-    """Per finished task (tasks' index), seconds: compute_s, its compute span; wait_s, time in a queue
-    (from ready to its compute-task leaving the scheduler, and on the worker from its arrival and inputs
-    to a thread starting it); overhead_s, the rest of (task-finished reaching the scheduler - ready):
-    the messages' hops, fetching inputs and reporting the result."""
+    """Per finished task (tasks' index; NaN for the others), seconds: compute_s, its compute span; wait_s,
+    time in a queue (from ready to its compute-task leaving the scheduler, and on the worker from its
+    arrival and inputs to a thread starting it); overhead_s, the rest of (task-finished reaching the
+    scheduler - ready): the messages' hops, fetching inputs and reporting the result."""
     t = tasks[tasks.outcome == "finished"].dropna(subset=["ready_ns", "compute_start_ns", "compute_stop_ns"])
     f = t[["ready_ns", "compute_sent_ns", "compute_recv_ns", "transfer_stop_ns", "compute_start_ns",
            "compute_stop_ns", "finished_recv_ns"]].astype("float64")
@@ -104,19 +105,14 @@ def task_times(tasks: pd.DataFrame) -> pd.DataFrame:
         (f.compute_start_ns - np.fmax(f.compute_recv_ns, f.transfer_stop_ns)).clip(lower=0)
     total = f.finished_recv_ns - f.ready_ns
     return pd.DataFrame({"compute_s": compute / 1e9, "wait_s": wait / 1e9,
-                         "overhead_s": (total - compute - wait).clip(lower=0) / 1e9}, index=t.index)
-
-
-def task_overheads(tasks: pd.DataFrame) -> np.ndarray:
-    """Per finished task, its overhead in seconds (task_times)."""
-    return task_times(tasks).overhead_s.to_numpy()
+                         "overhead_s": (total - compute - wait).clip(lower=0) / 1e9},
+                        index=t.index).reindex(tasks.index).astype("float64")
 
 
 def prefix_costs(tasks: pd.DataFrame, path: pd.DataFrame, session_s: float) -> pd.DataFrame:
     """Per prefix (table prefixes): tasks, attempts, compute, overhead and waiting per task, bytes, critical path."""
     t = tasks.assign(compute_s=(tasks.compute_stop_ns - tasks.compute_start_ns).astype("float64") / 1e9,
                      nbytes=tasks.nbytes.astype("float64"))
-    t[["overhead_s", "wait_s"]] = task_times(tasks)[["overhead_s", "wait_s"]]
     on_path = ((path.end_ns - path.start_ns) / 1e9).groupby(path.key.map(dict(zip(t.key, t.prefix)))).sum()
     g = t.groupby("prefix").agg(tasks=("key", "size"), attempts=("attempts", "sum"), compute_s=("compute_s", "sum"),
                                 compute_per_task_s=("compute_s", "mean"), overhead_per_task_s=("overhead_s", "median"),

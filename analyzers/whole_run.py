@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 
 from .intervals import union
-from .tasks import task_overheads
 
 
 def worker_idle(attempts: pd.DataFrame, window: tuple[int, int], ended: dict | None = None) -> dict:
@@ -50,7 +49,7 @@ def in_flight(attempts: pd.DataFrame) -> pd.DataFrame:
 
 
 def task_overhead(tasks: pd.DataFrame) -> dict:
-    over = task_overheads(tasks)
+    over = tasks.overhead_s.dropna().to_numpy()
     return {"mean": float(over.mean()), "p50": float(np.percentile(over, 50)),
             "p90": float(np.percentile(over, 90)), "p99": float(np.percentile(over, 99)),
             "max": float(over.max())} if len(over) else {}

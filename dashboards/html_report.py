@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 
+from ..analyzers import summary_json
 from ..analyzers.categories import UNCATEGORIZED
-from ..analyzers.tasks import task_overheads
 from ..analyzers.transfers import MIN_WIRE_S, rate
 from ..probes.rundir import RunDir
 
@@ -67,7 +67,7 @@ def warm_up() -> None:
 def _page(run: RunDir) -> Page:
     category = run.table("stack_categories").set_index("stack_id").category if run.has_table("stack_categories") \
         else pd.Series(dtype=object)
-    return Page(run, json.loads((run / "summary.json").read_text()), category)
+    return Page(run, summary_json.read(run), category)
 
 
 def figure_sections(run: RunDir, which: Iterable[int] | None = None) -> list[list]:
@@ -402,7 +402,7 @@ def scheduler_cpu(p: Page):
 
 def overhead_cdf(p: Page):
     run = p.run
-    over = np.sort(task_overheads(run.table("tasks")))
+    over = np.sort(run.table("tasks").overhead_s.dropna().to_numpy())
     if not len(over):
         return "Per-task overhead", "", None
     step = max(1, len(over) // MAX_POINTS)
@@ -412,8 +412,9 @@ def overhead_cdf(p: Page):
     fig.update_xaxes(type="log")
     return ("Per-task overhead (CDF)",
             "Share of tasks whose overhead is at most x seconds (log scale); overhead = (task-finished reaching the "
-            "scheduler - the task being ready) - its compute span. It includes waiting, queued on the scheduler or "
-            "for a worker thread (see the task prefixes' table).", layout(fig, "seconds", "share of tasks"))
+            "scheduler - the task being ready) - its compute span - its waiting in queues (on the scheduler, or "
+            "for a worker thread): messages' hops, fetching inputs, reporting the result (table tasks, "
+            "overhead_s).", layout(fig, "seconds", "share of tasks"))
 
 
 def worker_busy(p: Page):

@@ -325,6 +325,11 @@ ANALYSIS = {
         C("ready_ns", "Int64", MONO, "when it was ready: the later of its last dependency's task-finished reaching the "
           "scheduler and graph_ns"),
         C("ready_by", "str", "", "which made it ready: that dependency's key, or graph"),
+        C("compute_s", "float64", "s", "its compute span; NaN unless it finished"),
+        C("wait_s", "float64", "s", "time in queues: from ready to its compute-task leaving the scheduler, and on the "
+          "worker from its arrival and inputs to a thread starting it; NaN unless it finished"),
+        C("overhead_s", "float64", "s", "(task-finished reaching the scheduler - ready_ns) - compute_s - wait_s: the "
+          "messages' hops, fetching inputs and reporting the result; NaN unless it finished"),
     )),
     "thread_states": Table("One row per interval in which a thread was not running Python on a CPU (from eBPF); "
                            "a thread's intervals are disjoint.", (
