@@ -18,7 +18,7 @@ import sys
 from ..registry import experiments
 
 VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "attach", "build", "report", "explain", "open", "compare",
-                                                         "doctor")}
+                                                         "whatif", "doctor")}
 
 
 def verbs() -> dict[str, str]:

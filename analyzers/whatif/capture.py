@@ -1,0 +1,176 @@
+"""The captured jobs as the replay needs them: per job, its tasks (keys, dependencies, measured
+compute and its thread's waits, result sizes, where they ran), its graphs (upload, the scheduler's
+handling, what the client waited for before sending it) and the keys the client asked for.
+
+Read from the analysis' tables only (tasks, jobs, graphs, messages, attempt_threads,
+thread_states, processes): nothing here re-derives what those tables hold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..intervals import overlap_ns
+from ..jobs import asks, graph_jobs, told
+from ..thread_state import STATES, of_thread
+
+
+@dataclass
+class Graph:
+    upload_ns: float  # its wire time (first to last byte at the proxy), the run's added delay left out
+    process_ns: float  # the scheduler's: from its last byte to its first task's dispatch
+    trigger: int | None  # the task of the job whose telling the client's sending followed; None: the job's start
+    think_ns: float  # client time from that telling (or the job's start) to the graph's first byte
+    upload_delays: int = 1  # messages of added delay in its upload
+
+
+@dataclass
+class Job:
+    job: int
+    measured_ns: int  # its makespan in the run
+    keys: list[str]
+    deps: list[list[int]]  # dependencies inside the job, as task indices
+    ext: list[list[tuple[int, float]]]  # inputs from before the job: (worker index that held it, bytes)
+    own_ns: np.ndarray  # compute span less the thread's GIL waits, CPU starvation and blocking
+    blocked_ns: np.ndarray  # of the span, blocked (sleep, I/O): needs no CPU
+    gil_ns: np.ndarray
+    starved_ns: np.ndarray
+    nbytes: np.ndarray
+    group: list[str]  # Dask's task group (the key's name without its index)
+    prefix: list[str]
+    prio: np.ndarray  # rank of its first dispatch in the run: Dask's priority, as far as seen
+    worker: np.ndarray  # index of the worker it ran on
+    graph: np.ndarray  # index in graphs
+    wanted: np.ndarray  # the client asked for it
+    before_ns: np.ndarray  # on the worker from its compute-task (or inputs) to its start, thread free
+    after_ns: np.ndarray  # from its compute's end to its task-finished leaving, batching left out
+    graphs: list[Graph] = field(default_factory=list)
+    told_before: int = 0  # keys the client asked for that were in memory before the job
+
+
+def group_of(key: str) -> str:
+    """Dask's task group of a key: a tuple key's name, else the key less its trailing index."""
+    if key.startswith("("):
+        return key[1:].split(",")[0].strip("'\" ")
+    return key.rsplit("-", 1)[0] if key.rsplit("-", 1)[-1].isdigit() else key
+
+
+def thread_waits(tasks: pd.DataFrame, attempts: pd.DataFrame, attempt_tids: pd.DataFrame, states: pd.DataFrame,
+                 processes: pd.DataFrame) -> pd.DataFrame:
+    """Per task (tasks' index), ns of its compute span its thread spent in each of STATES (eBPF); 0
+    where the thread or its states are unknown."""
+    out = pd.DataFrame(0, index=tasks.index, columns=list(STATES), dtype="int64")
+    if states.empty or attempt_tids.empty:
+        return out
+    a = attempts[["key", "compute_sent_ns"]].reset_index(drop=True).rename_axis("attempt").reset_index()
+    a = a.merge(attempt_tids[["attempt", "tid"]], on="attempt")
+    pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
+    t = tasks[["key", "compute_sent_ns", "worker", "compute_start_ns", "compute_stop_ns"]].reset_index()
+    t = t.merge(a[["key", "compute_sent_ns", "tid"]], on=["key", "compute_sent_ns"]).dropna(
+        subset=["compute_start_ns", "compute_stop_ns"])
+    t["pid"] = t.worker.map(pids)
+    t = t.dropna(subset=["pid"])
+    for (pid, tid), g in t.groupby([t.pid.astype("int64"), t.tid.astype("int64")]):
+        st = of_thread(states, pid, tid)
+        s0, s1 = g.compute_start_ns.to_numpy("int64"), g.compute_stop_ns.to_numpy("int64")
+        for state in STATES:
+            out.loc[g["index"].to_numpy(), state] = overlap_ns(s0, s1, *st[state])
+    return out
+
+
+def worker_costs(tasks: pd.DataFrame, threads: int, batch_ns: int) -> pd.DataFrame:
+    """Per finished task, the worker's own time around its compute, ns (NaN where not seen alone):
+    before: from its compute-task (or its inputs) reaching the worker to its start, where the worker held
+    fewer tasks than threads (no thread to wait for); after: from its compute's end to its task-finished
+    leaving, where the worker had sent nothing in the batched-send interval before (no batching wait)."""
+    t = tasks.sort_values("compute_sent_ns", kind="stable")
+    f = t[["compute_recv_ns", "transfer_stop_ns", "compute_start_ns", "compute_stop_ns", "finished_sent_ns"]].astype(
+        "float64")
+    arrived = np.fmax(f.compute_recv_ns, f.transfer_stop_ns)
+    held = _held_at(t, f.compute_recv_ns)
+    before = (f.compute_start_ns - arrived).where(held < threads)
+    sent = pd.DataFrame({"worker": t.worker, "ns": f.finished_sent_ns}).sort_values(["worker", "ns"], kind="stable")
+    prev = sent.groupby("worker").ns.shift().reindex(t.index)
+    after = (f.finished_sent_ns - f.compute_stop_ns).where(~(prev > f.compute_stop_ns - batch_ns))
+    return pd.DataFrame({"before_ns": before.clip(lower=0), "after_ns": after.clip(lower=0)}).reindex(tasks.index)
+
+
+def _held_at(t: pd.DataFrame, at: pd.Series) -> pd.Series:
+    """Tasks each worker held besides each task (compute-task in, task-finished not yet out) when its own
+    compute-task came in: those that came in with it count (a batch)."""
+    out = pd.Series(0, index=t.index)
+    for _, g in t.groupby("worker"):
+        ins = np.sort(g.compute_recv_ns.to_numpy("float64"))
+        outs = np.sort(g.finished_sent_ns.dropna().to_numpy("float64"))
+        x = at[g.index].to_numpy("float64")
+        out[g.index] = np.searchsorted(ins, x, side="right") - 1 - np.searchsorted(outs, x, side="right")
+    return out
+
+
+def jobs_of(t: dict, workers: list[str], threads: int, delay_ns: int, batch_ns: int) -> list[Job]:
+    """The run's complete jobs, in order."""
+    tasks = t["tasks"]
+    waits = thread_waits(tasks, t["attempts"], t.get("attempt_threads", pd.DataFrame()),
+                         t.get("thread_states", pd.DataFrame()), t["processes"])
+    tasks = tasks.join(waits).join(worker_costs(tasks, threads, batch_ns))
+    held = _holders(tasks, workers)
+    tells = told(t["messages"])
+    graphs = graph_jobs(t["graphs"], t["messages"])[0]
+    out = []
+    for j in t["jobs"][t["jobs"].complete].itertuples():
+        mine = tasks[(tasks.job == j.job) & (tasks.outcome == "finished")]
+        if len(mine):
+            out.append(_job(j, mine, graphs[graphs.job == j.job], tells, held, workers, delay_ns))
+    return out
+
+
+def _holders(tasks: pd.DataFrame, workers: list[str]) -> dict:
+    """key -> (worker index, bytes) of its last finished computation."""
+    f = tasks[tasks.outcome == "finished"].sort_values("finished_recv_ns", kind="stable")
+    idx = {w: i for i, w in enumerate(workers)}
+    return {k: (idx.get(w, 0), float(0 if pd.isna(b) else b)) for k, w, b in zip(f.key, f.worker, f.nbytes)}
+
+
+def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held: dict, workers: list[str],
+         delay_ns: int) -> Job:
+    mine = mine.reset_index(drop=True)
+    index = {k: i for i, k in enumerate(mine.key)}
+    graphs = graphs.sort_values("t_first_ns", kind="stable").reset_index(drop=True)
+    gidx = {g: i for i, g in enumerate(graphs.graph_id)}
+    wanted_keys = set(asks(graphs).key)
+    deps, ext = [], []
+    for ds in mine.deps:
+        ds = [str(d) for d in ds]
+        deps.append([index[d] for d in ds if d in index])
+        ext.append([held.get(d, (0, 0.0)) for d in ds if d not in index])
+    span = (mine.compute_stop_ns - mine.compute_start_ns).astype("float64").fillna(0).to_numpy()
+    gil, starved, blocked = (mine[s].to_numpy("float64") for s in STATES)
+    first = mine.groupby("graph").first_sent_ns.min()
+    job = Job(job=int(j.job), measured_ns=int(j.end_ns - j.start_ns), keys=list(mine.key), deps=deps, ext=ext,
+              own_ns=np.clip(span - gil - starved - blocked, 0, None), blocked_ns=blocked, gil_ns=gil,
+              starved_ns=starved, nbytes=mine.nbytes.astype("float64").fillna(0).to_numpy(),
+              group=[group_of(k) for k in mine.key], prefix=list(mine.prefix),
+              prio=mine.first_sent_ns.rank(method="first").to_numpy("int64"),
+              worker=mine.worker.map({w: i for i, w in enumerate(workers)}).fillna(0).to_numpy("int64"),
+              graph=mine.graph.map(gidx).fillna(0).to_numpy("int64"),
+              wanted=mine.key.isin(wanted_keys).to_numpy(),
+              before_ns=mine.before_ns.to_numpy("float64"), after_ns=mine.after_ns.to_numpy("float64"),
+              told_before=len(wanted_keys - set(index)))
+    for g in graphs.itertuples():
+        job.graphs.append(_graph(g, first.get(g.graph_id), tells, index, int(j.start_ns), delay_ns))
+    for g in job.graphs:  # the client sent it once told of its trigger: the replay tells it too
+        if g.trigger is not None:
+            job.wanted[g.trigger] = True
+    return job
+
+
+def _graph(g, first_sent, tells: pd.DataFrame, index: dict, start_ns: int, delay_ns: int) -> Graph:
+    process = max(0.0, float(first_sent - g.t_last_ns)) if first_sent is not None and pd.notna(first_sent) else 0.0
+    mine = tells[(tells.dst == g.src) & (tells.t_last_ns <= g.t_first_ns) & (tells.t_last_ns >= start_ns)]
+    last = mine.loc[mine.t_last_ns.idxmax()] if len(mine) else None
+    trigger = index.get(last.key) if last is not None else None
+    since = float(last.t_last_ns) if trigger is not None else float(start_ns)
+    return Graph(upload_ns=max(0.0, float(g.t_last_ns - g.t_first_ns) - delay_ns), process_ns=process,
+                 trigger=trigger, think_ns=max(0.0, float(g.t_first_ns) - since))

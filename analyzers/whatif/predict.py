@@ -1,0 +1,199 @@
+"""Predictions: each job replayed as the run had it and as changed, with the same draws.
+
+A draw is the run's own durations (draw 0) or durations resampled within each task group and the
+workers' per-task costs resampled from the run's (the others). A job's prediction is its changed
+replay times the ratio of its measured makespan to its unchanged replay, in the same draw: the
+model predicts what a change does, the run says where it starts from. The interval spans the
+draws' predictions (5th to 95th percentile). Time outside the jobs (the client's between them)
+is kept as measured."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+from .capture import Job, jobs_of
+from ..critical_path import BATCH_NS
+from .costs import Costs, layout, measure
+from .replay import Draw, Setup, replay
+
+CATEGORIES = ("compute", "gil_contention", "cpu_starvation", "network", "scheduler_decisions",
+              "runtime_bookkeeping", "client")
+SAMPLES = 10
+
+
+class NotModelled(ValueError):
+    """A change the model cannot predict."""
+
+
+@dataclass(frozen=True)
+class Changes:
+    workers: int | None = None
+    threads: int | None = None
+    delay_ms: float | None = None  # link latency, as run --delay-ms (replaces the run's)
+    network: float | None = None  # factor on wire times
+    decisions: float | None = None  # factor on the scheduler's decisions
+    bookkeeping: float | None = None  # factor on the runtime's other time (scheduler, workers, batching)
+    gil: bool = True  # False: no thread waits for the GIL
+    scheduler: str | None = None  # ws or random
+    runtime: str | None = None  # only dask's is modelled
+
+    def text(self) -> str:
+        made = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        return ", ".join(f"{k}={'0' if v is False else v}" for k, v in made.items()) or "unchanged"
+
+
+@dataclass
+class Model:
+    jobs: list[Job]
+    costs: Costs
+    measured_ns: int  # the run's makespan
+    outside_ns: float  # of it, not in a replayed job
+    scheduler: str  # the run's policy
+    contention: bool  # the run has thread states: compute is replayed less its waits, which the model adds
+    measured_split_s: dict
+
+
+def model(t: dict, meta: dict) -> Model:
+    """The run's jobs and costs: `t` holds its tables (tasks, jobs, graphs, messages, processes; with
+    attempts, attempt_threads, thread_states, cpu_samples, proc and attribution where there are)."""
+    if t.get("jobs") is None or t["jobs"].empty or t.get("tasks") is None or t["tasks"].empty:
+        raise NotModelled("the run has no job with tasks: nothing to replay")
+    cluster = meta.get("cluster", {})
+    if cluster.get("server_cmd"):
+        raise NotModelled("the run's scheduler is a --server-cmd server (RSDS?): only Dask's scheduler is modelled")
+    workers, threads, _, delay = layout(t, meta)
+    states = t.get("thread_states")
+    contention = states is not None and not states.empty
+    jobs = jobs_of(t, workers, threads, int(delay), BATCH_NS[("worker", "scheduler")])
+    if not jobs:
+        raise NotModelled("the run has no complete job with finished tasks: nothing to replay")
+    if not contention:
+        for j in jobs:  # no thread states: compute as measured, no contention added
+            j.own_ns, j.blocked_ns = j.own_ns + j.gil_ns + j.starved_ns + j.blocked_ns, np.zeros(len(j.keys))
+    spans = _spans(t["jobs"], jobs)
+    graph_ns = sum(g.process_ns for j in jobs for g in j.graphs)
+    costs = measure(t, meta, spans, graph_ns, sum(len(j.keys) for j in jobs))
+    measured = int(t["jobs"].end_ns.max() - t["jobs"].start_ns.min())
+    return Model(jobs, costs, measured, measured - sum(j.measured_ns for j in jobs), cluster.get("scheduler") or "ws",
+                 contention, _measured_split(t.get("attribution"), measured / 1e9))
+
+
+def predict(t: dict, meta: dict, changes: Changes, samples: int = SAMPLES) -> dict:
+    return sweep(t, meta, [changes], samples)[0]
+
+
+def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -> list[dict]:
+    """One prediction per change (the model built once, the unchanged replays shared)."""
+    for c in changes:
+        _check(c)
+    m = model(t, meta)
+    draws = [[_draw(j, r) for j in m.jobs] for r in range(max(1, samples))]
+    base = [[replay(j, _setup(m, Changes(), r), d) for j, d in zip(m.jobs, ds)] for r, ds in enumerate(draws)]
+    return [_predict(m, c, draws, base) for c in changes]
+
+
+def _check(c: Changes) -> None:
+    if c.runtime not in (None, "dask"):
+        raise NotModelled(f"--runtime {c.runtime} is not modelled: the replay knows Dask's runtime only (its "
+                          "per-message costs are the run's); record a run with --server-cmd to measure it")
+    if c.scheduler not in (None, "ws", "random"):
+        raise NotModelled(f"--scheduler {c.scheduler}: only ws and random are modelled")
+
+
+def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
+    preds, splits, raw0 = [], [], []
+    for r, ds in enumerate(draws):
+        setup = _setup(m, c, r)
+        total, split = m.outside_ns, {"client": m.outside_ns}
+        for job, d, b in zip(m.jobs, ds, base[r]):
+            got = replay(job, setup, d)
+            if r == 0:
+                raw0.append(got)
+            ratio = job.measured_ns / b.makespan_ns if b.makespan_ns > 0 else 1.0
+            total += got.makespan_ns * ratio
+            for k, v in got.split_ns.items():
+                split[k] = split.get(k, 0.0) + v * ratio
+        preds.append(total / 1e9)
+        splits.append(split)
+    replayed = (m.outside_ns + sum(b.makespan_ns for b in base[0])) / 1e9
+    raw = (m.outside_ns + sum(r.makespan_ns for r in raw0)) / 1e9
+    lo, hi = (np.percentile(preds, [5, 95]) if len(preds) > 1 else (preds[0], preds[0]))
+    return {"changes": c.text(), "measured_s": m.measured_ns / 1e9, "makespan_s": preds[0],
+            "interval_s": [float(min(lo, preds[0])), float(max(hi, preds[0]))],
+            "replay_s": replayed, "replay_error": replayed / (m.measured_ns / 1e9) - 1, "raw_s": raw,
+            "offset_s": m.measured_ns / 1e9 + raw - replayed,
+            "split_s": {k: splits[0].get(k, 0.0) / 1e9 for k in CATEGORIES},
+            "measured_split_s": m.measured_split_s, "samples": len(preds), "notes": _notes(m, c)}
+
+
+def _setup(m: Model, c: Changes, seed: int) -> Setup:
+    k = m.costs
+    loop = 1 - k.loop_gil if not c.gil else 1.0
+    bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
+    return Setup(workers=c.workers or len(k.workers), threads=c.threads or k.threads,
+                 cores=k.cores if m.contention else math.inf, lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
+                 serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping,
+                 decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions),
+                 batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,
+                 policy=c.scheduler or m.scheduler, delay_ns=k.delay_ns if c.delay_ms is None else c.delay_ms * 1e6,
+                 network=1.0 if c.network is None else c.network, bookkeeping=bookkeeping, seed=seed)
+
+
+def _draw(job: Job, r: int) -> Draw:
+    """Draw 0: the run's own; others: each task's compute that of a task of its group drawn at random,
+    the workers' costs drawn from the run's."""
+    before, after = _filled(job.before_ns), _filled(job.after_ns)
+    if r == 0:
+        return Draw(job.own_ns, job.blocked_ns, before, after)
+    rng = np.random.default_rng(r)
+    pick = _within_groups(job.group, rng)
+    return Draw(job.own_ns[pick], job.blocked_ns[pick], rng.choice(before, len(before)),
+                rng.choice(after, len(after)))
+
+
+def _filled(x: np.ndarray) -> np.ndarray:
+    seen = x[~np.isnan(x)]
+    return np.where(np.isnan(x), float(np.median(seen)) if len(seen) else 0.0, x)
+
+
+def _within_groups(groups: list[str], rng) -> np.ndarray:
+    codes, uniq = pd.factorize(pd.Series(groups))
+    pick = np.empty(len(groups), dtype="int64")
+    for g in range(len(uniq)):
+        idx = np.flatnonzero(codes == g)
+        pick[idx] = rng.choice(idx, len(idx))
+    return pick
+
+
+def _spans(jobs: pd.DataFrame, replayed: list[Job]) -> list[tuple[int, int]]:
+    mine = jobs[jobs.job.isin([j.job for j in replayed])]
+    return list(zip(mine.start_ns.astype("int64"), mine.end_ns.astype("int64")))
+
+
+def _measured_split(attr: pd.DataFrame | None, makespan_s: float) -> dict:
+    """The run's critical path inside its jobs by category (attribution), the rest as the client's."""
+    if attr is None or attr.empty:
+        return {}
+    by = attr[attr.job >= 0].groupby("category").seconds.sum()
+    out = {k: float(by.get(k, 0.0)) for k in CATEGORIES if k != "client"}
+    out["client"] = float(by.get("client", 0.0)) + max(0.0, makespan_s - float(by.sum()))
+    out["other"] = float(by.drop(list(CATEGORIES), errors="ignore").sum())
+    return out
+
+
+def _notes(m: Model, c: Changes) -> list[str]:
+    notes = []
+    if not m.contention:
+        notes.append("the run has no eBPF thread states: compute is replayed as measured, with no contention "
+                     "for cores or the GIL (--threads and --workers beyond the cores may be optimistic)")
+    if (c.workers or len(m.costs.workers)) * (c.threads or m.costs.threads) > 4 * m.costs.cores:
+        notes.append(f"{(c.workers or len(m.costs.workers)) * (c.threads or m.costs.threads)} threads on "
+                     f"{m.costs.cores} cores: beyond what the run measured (the scheduler's cost per task is "
+                     "the run's, at its size)")
+    if (c.scheduler or m.scheduler) == "ws":
+        notes.append("work stealing is not modelled")
+    return notes

@@ -1,0 +1,103 @@
+"""The what-if model on hand-made runs whose replay can be worked out by hand (times in ms).
+
+The runs' costs, as the model reads them: every message is on the wire 1 ms; a worker takes 1 ms
+from a compute-task to its start and 3 ms from a compute's end to its task-finished; the graph takes
+the scheduler 9 ms (its last byte at 11, the first dispatch at 20); the scheduler's own time per
+task is unknown (no thread states, no proc): 0."""
+
+import pytest
+
+from daskprobe.analyzers.summary import analyze
+from daskprobe.analyzers.whatif import Changes, NotModelled, predict
+from daskprobe.tracer.commands.whatif_verb import changes, render
+
+from scenario import META, Scenario, two_task_chain
+
+MS = 1e-3
+ONE = META | {"cluster": {"threads": 1}}  # one thread per worker
+
+
+def tables(s: Scenario, workers: int = 2) -> dict:
+    t = s.tables()
+    t["processes"] = t["processes"][~t["processes"].name.isin([f"worker-{i}" for i in range(workers, 2)])]
+    return t | analyze(t, META).tables
+
+
+def fan_in() -> Scenario:
+    """x-0..x-3 (10 ms each) one after the other on worker-0's one thread, then s-0 of all four."""
+    s = Scenario()
+    s.graph(10, 11, ["s-0"])
+    for i in range(4):
+        s.task(f"x-{i}", "worker-0", 20, 21, 22 + 10 * i, 32 + 10 * i, 35 + 10 * i, 36 + 10 * i)
+    s.task("s-0", "worker-0", 70, 71, 72, 82, 85, 86, deps=[f"x-{i}" for i in range(4)])
+    s.told("s-0", 90, 91)
+    return s
+
+
+def test_a_chain_replays_by_hand_and_adds_the_delay_once_per_message():
+    t = tables(two_task_chain(Scenario()))
+    p = predict(t, ONE, Changes(delay_ms=5))
+    # graph: up 0-1, scheduler 1-10; a-0: wire 10-11, worker 11-12, compute 12-22, worker 22-25, wire 25-26;
+    # b-1 (on a-0's worker): wire 26-27, worker 27-28, compute 28-38, worker 38-41, wire 41-42; told 42-43
+    assert p["replay_s"] == pytest.approx(43 * MS)
+    assert p["measured_s"] == pytest.approx(56 * MS)  # graph's first byte (10) to told's last (66)
+    # six messages on the path, each 5 ms later
+    assert p["raw_s"] == pytest.approx(73 * MS)
+    assert p["makespan_s"] == pytest.approx(73 * 56 / 43 * MS)  # scaled by measured / replayed
+    assert p["offset_s"] == pytest.approx(86 * MS)
+
+
+def test_a_chain_gains_nothing_from_a_second_worker():
+    t = tables(two_task_chain(Scenario()), workers=1)
+    p = predict(t, ONE, Changes(workers=2))
+    assert p["raw_s"] == pytest.approx(43 * MS) and p["makespan_s"] == pytest.approx(56 * MS)
+
+
+def test_a_fan_in_on_two_workers_by_hand():
+    t = tables(fan_in(), workers=1)
+    same = predict(t, ONE, Changes())
+    # 4 x-tasks of one group on 1 thread are root-ish (more than 2 per thread): the scheduler sends 2
+    # (ceil(1.1 x 1) slots), then one per task-finished. Thread: x-0 12-22, x-1 25-35, x-2 38-48,
+    # x-3 51-61 (3 ms after each end); x-3's finish reaches the scheduler at 65; s-0 out 65, in 66,
+    # computes 67-77, its finish in at 81; told 82.
+    assert same["replay_s"] == pytest.approx(82 * MS)
+    assert same["makespan_s"] == pytest.approx(81 * MS)  # the run's own
+    two = predict(t, ONE, Changes(workers=2))
+    # 2 threads: no longer root-ish (4 is not more than 2 x 2); round robin then least occupied:
+    # x-0, x-2 on worker-0 and x-1, x-3 on worker-1, each pair 12-22 and 25-35; finishes in at 39; s-0 to
+    # worker-0 (a tie, broken by order): in at 40, worker 40-41, fetches x-1 and x-3 from worker-1
+    # (request 41-42, reply 42-43), computes 43-53, finish in at 57, told at 58.
+    assert two["raw_s"] == pytest.approx(58 * MS)
+    assert two["makespan_s"] == pytest.approx(58 * 81 / 82 * MS)
+    # the path: s-0 <- x-2 (or x-3) <- the task that held its thread, x-0: three computes
+    assert two["split_s"]["compute"] == pytest.approx(30 * 81 / 82 * MS)
+    assert sum(two["split_s"].values()) == pytest.approx(two["makespan_s"])
+
+
+def test_fewer_scheduler_costs_never_cost_time_and_the_split_adds_up():
+    t = tables(fan_in(), workers=1)
+    out = [predict(t, ONE, Changes(workers=2, bookkeeping=k)) for k in (1.0, 0.0)]
+    assert out[1]["raw_s"] < out[0]["raw_s"]
+    for p in out:
+        assert sum(p["split_s"].values()) == pytest.approx(p["makespan_s"])
+        assert p["interval_s"][0] <= p["makespan_s"] <= p["interval_s"][1]
+
+
+def test_what_is_not_modelled_is_refused():
+    t = tables(two_task_chain(Scenario()))
+    with pytest.raises(NotModelled, match="rsds is not modelled"):
+        predict(t, ONE, Changes(runtime="rsds"))
+    with pytest.raises(NotModelled, match="server-cmd"):
+        predict(t, META | {"cluster": {"server_cmd": "rsds-scheduler"}}, Changes())
+
+
+def test_a_sweep_is_every_combination_and_renders():
+    class Args:
+        workers, threads, delay_ms, network, decisions, bookkeeping, scheduler = [1, 2], [1, 2], None, [0.0], None, \
+            None, None
+        gil, runtime = "0", None
+    made = changes(Args)
+    assert len(made) == 4 and all(c.network == 0.0 and not c.gil for c in made)
+    t = tables(two_task_chain(Scenario()))
+    text = render([predict(t, ONE, c, samples=2) for c in made])
+    assert "workers=1, threads=1, network=0.0, gil=0" in text and "measured makespan 0.056 s" in text
