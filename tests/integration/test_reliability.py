@@ -345,7 +345,7 @@ with Client() as c:
     c.gather(c.map(lambda x: x + 2, range(50)))
 """
         flow = write_flow(tmp_path / "fill.py", fill)
-        probes = [] if messages == "proxy" else ["--probes", "tap,pyspy,proc"]
+        probes = ["--probes", "all" if messages == "proxy" else "tap,pyspy,proc"]
         p = daskprobe("run", "--workers", "1", *probes, "--out", str(disk / "run"), "--", sys.executable, str(flow),
                       timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]  # the user's command exited 0

@@ -51,7 +51,9 @@ def test_connections_and_processes(pinned_run):
     meta = run.meta()
     assert meta["partial"] is False and meta["exit_code"] == 0
     procs = run.table("processes")
-    assert {"scheduler", "worker", "client", "proxy"} <= set(procs.role)
+    # the default records messages from the wire as root (the tap), through the proxy otherwise
+    assert {"scheduler", "worker", "client"} <= set(procs.role)
+    assert ("tap" if os.geteuid() == 0 else "proxy") in set(procs.name)
     c = run.table("connections")
     cluster_pids = set(procs.pid.dropna().astype(int))
     # A connection whose peer closed before the proxy's /proc scan reached it (a pooled RPC opened
@@ -92,7 +94,7 @@ def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
     from daskprobe.tracer import messages, tables
     run, _, _ = pinned_run
     meta = run.meta()
-    cap = read_capture(run.proxy_capture)
+    cap = read_capture(run.messages_capture)
     conns = tables.connections_table(cap, tables.processes_table(meta))
     serial, ev1 = messages.messages_table(cap, conns, jobs=1)
     monkeypatch.setattr(messages, "PARALLEL_FROM", 0)

@@ -73,7 +73,9 @@ def probes(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--probes", default=default,
                    help="comma-separated probes: proxy (or tap), pyspy, proc, cpu, gil, offcpu, tcp; 'all' (every "
                         "probe but tap; "
-                        "those this machine cannot run are skipped and recorded) or 'none' for an untraced "
+                        "those this machine cannot run are skipped and recorded); 'default' (every probe, the "
+                        "messages from the wire by the tap as root, through the proxy otherwise or with "
+                        "--delay-ms or --server-cmd) or 'none' for an untraced "
                         f"baseline (default {default})")
 
 
@@ -88,7 +90,7 @@ def rules(p: argparse.ArgumentParser) -> None:
 
 def parse_probes(text: str) -> list[str]:
     from ...probes.registry import ALL, NAMES, WIRE
-    if text == "all":
+    if text in ("all", "default"):  # run's default picks its message recorder later (run_verb._wire)
         return list(ALL)
     if text == "none":
         return []

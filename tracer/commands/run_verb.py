@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
-    options.probes(p, "all")
+    options.probes(p, "default")
     p.add_argument("--sample-rate", type=options.bounded(*options.SAMPLE_RATE), default=100.0,
                    help=f"Python stack samples per second and process, {options.span(options.SAMPLE_RATE)} (default 100)")
     p.add_argument("--native", action="store_true",
@@ -53,6 +53,8 @@ def main(args, command: list[str]) -> int:
     from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
+    if args.probes == "default" and "tap" in (probes := _wire(probes, args)):
+        say("messages recorded from the wire (the tap: no proxy on the data path; --probes all for the proxy)")
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
     user = options.runs_as(args.user, command, [spec.python], [], "the cluster and your command")
@@ -79,6 +81,15 @@ def _reap(run_dir, grace: float) -> None:
     from ...probes.procs import reap_exiting
     from ..session import note_killed
     note_killed(run_dir, reap_exiting(grace), f"still running {grace:g} s after SIGTERM (a thread that is not a daemon?)")
+
+
+def _wire(probes: list[str], args) -> list[str]:
+    """The default's message recorder: the tap, off the data path (its cost: docs/measurements.md), where
+    it can run; the proxy for --delay-ms (it holds the bytes) and --server-cmd (it checks who connects)."""
+    from ...probes.base import is_root, native_binary
+    if not is_root() or args.delay_ms or args.server_cmd or native_binary("daskprobe-tap") is None:
+        return probes
+    return ["tap" if p == "proxy" else p for p in probes]
 
 
 def _spec(args, probes: list[str]):
