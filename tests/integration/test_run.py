@@ -1,5 +1,7 @@
 """A real cluster behind the proxy: what the tables must show."""
 
+import os
+
 import pandas as pd
 
 
