@@ -1,7 +1,7 @@
 """The analysis: a run's tables in, result tables and summary.json out (pure).
 
-Every number has a unit (in its name or DEFINITIONS) and a definition
-(DEFINITIONS, copied into summary.json and shown by `daskprobe explain`).
+Every number has a unit (in its name or its definition) and a definition: its key's in
+summary_json.py (copied into summary.json and shown by `daskprobe explain`).
 """
 
 from __future__ import annotations
@@ -20,74 +20,14 @@ from .evidence import compute_profile
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
+from .summary_json import DEFINITIONS, FEW_SAMPLES, SCHEMA
 from .transfers import moved, transfers
 from .thread_state import attempt_threads, thread_states, threads_table
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle, workers_ended
+from ..probes.run_json import Meta
 
-SCHEMA = 2
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
           "thread_names", "task_stream", "connections")
-FEW_SAMPLES = 20  # a share resting on fewer samples is marked as such
-DEFINITIONS = {
-    "task_stream": "where the messages could not be read (attach to tls://, or without root), what Dask's own task "
-                   "stream says: tasks (distinct keys computed), span_s (seconds from the first compute span's start "
-                   "to the last's end, on the workers' wall clocks), compute_s (seconds of compute spans, summed), "
-                   "compute_s_by_worker and compute_s_by_prefix (the 10 largest), in seconds",
-    "command_s": "seconds from the command's start to its process's exit (wall time, on run's clock; not for an "
-                 "attach), with its interpreter's start and imports: what a run without probes (--probes none) "
-                 "still measures",
-    "session_s": "seconds from the client's first byte to its last at the proxy (widened to hold every job): the "
-                 "span the critical-path split covers",
-    "makespan_s": "seconds from the first byte of the client's first update-graph at the proxy to the end of its "
-                  "last job (the last key that job asked for reaching the client)",
-    "jobs": "the computations the client submitted: a job runs from the first byte of an update-graph until "
-            "the last key it asks for is told to the client; graphs in the cluster at the same time (a futures "
-            "loop) are one job. Each has its own makespan_s, tasks, critical_path_s and recomputed keys; "
-            "complete is false when, in a run that did not record every message, some of its keys (untold) "
-            "were never told: its end may be among what was lost, and its time after its last told key, to "
-            "the next job or the client's last message, is uncategorized",
-    "tasks": "computations of a key in a job (a key computed in two jobs counts twice), over all jobs",
-    "dispatches": "compute-task messages the scheduler sent (a task stolen or rescheduled is dispatched again)",
-    "aot_s": "average overhead per task as in Böhm & Beránek: the jobs' makespans (summed; the client's time "
-             "between jobs left out) / tasks, in seconds",
-    "compute_s": "sum over finished dispatches of the worker's compute span (stop - start), in seconds",
-    "messages": "Dask messages seen by the proxy in the makespan window (a batch counts once)",
-    "ops": "ops in those messages (each op of a batch counts)",
-    "messages_per_task": "messages / tasks",
-    "bytes_per_task": "bytes on the wire (framing included) in the makespan window / tasks",
-    "critical_path_s": "the session split along each job's critical path, plus the client's time between jobs, "
-                       "in seconds per category; they sum to session_s",
-    "critical_path_interval_s": "per category: the count of samples its seconds rest on and their 90% interval "
-                                "(sampling error of the shares taken from samples; exact where samples=0)",
-    "critical_path_parts_s": "the same split by finer part (kind: part) and category, in seconds",
-    "recomputed": "keys that finished again after having finished before (in an earlier job or earlier in the "
-                  "same job): how many keys, how many extra computations, their compute seconds, by prefix",
-    "cpu_by_category_s": "per process, CPU seconds in the makespan window by category: on-CPU samples, each "
-                         "standing for the time since its process's previous read (Python sampler) or 1/cpu_hz "
-                         "(eBPF); a worker's samples inside a task's compute span on its thread are compute",
-    "cpu_check": "per process, CPU seconds in the makespan window from samples (cpu_by_category_s summed) and "
-                 "from the kernel (the process's CPU clock, as the proc table has it), their ratio, and the on-CPU "
-                 "samples behind the first",
-    "worker_idle_s": "per worker, seconds of the makespan in which it held no task (between a compute-task "
-                     "arriving and its task-finished leaving); a worker that ended in it, only until then",
-    "workers_ended_s": "workers whose every connection closed before the makespan's end (died, or retired): "
-                       "when the last closed, in seconds from the session's start",
-    "task_overhead_s": "distribution over finished tasks of their overhead, in seconds: (task-finished reaching the "
-                       "scheduler - the task being ready) less its compute span and its waiting (from ready to its "
-                       "compute-task leaving the scheduler, and on the worker from its arrival and inputs to its "
-                       "start); ready = the later of its last dependency's task-finished reaching the scheduler and "
-                       "its graph's last byte",
-    "moved": "task data sent from one worker to another (table transfers: get_data replies, P2P shuffle and "
-             "rechunk shuffle_receive requests): bytes on the wire, and by kind bytes, messages and MB/s over their "
-             "time on the wire (first to last byte; null where that was under 1 ms in all)",
-    "scheduler_cpu_per_task_s": "scheduler CPU seconds (the proc table's: its CPU clock) in the makespan window / tasks",
-    "findings": "what the split says to change: each cause that took at least 10% of the session (and any "
-                "recomputed keys), with its seconds (90% interval where they rest on samples), share of "
-                "session_s, evidence and advice; ordered by seconds",
-    "thread_states": "where the split of time inside processes took the event-loop thread's state from: 'ebpf' "
-                     "(on/off-CPU and GIL waits, exact) or 'samples' (the sampler's flag; GIL waits and CPU "
-                     "starvation then cannot be told apart from idle)",
-}
 
 
 @dataclass
@@ -104,8 +44,9 @@ def sampled(t: dict, meta: dict, rules: list[Path] = ()) -> dict:
     path, so it can be computed beside them): the SAMPLED tables."""
     states = thread_states(t["offcpu"], t["gil_waits"])
     category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
-    cpu = classify_samples(t["samples"], t["processes"], states, category, t["attempts"],
-                           meta.get("sample_rate", 100.0), meta.get("cpu_hz", 99))
+    rates = Meta(meta)  # an older run.json without its rates: the defaults, which it was taken at
+    cpu = classify_samples(t["samples"], t["processes"], states, category, t["attempts"], rates.sample_rate,
+                           rates.cpu_hz)
     return {"thread_states": states, "threads": threads_table(t["samples"], states, t["thread_names"]),
             "cpu_samples": cpu, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
 

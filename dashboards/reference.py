@@ -5,7 +5,8 @@ text cannot drift from the code.
     python -m daskprobe.dashboards.reference          # rewrite the generated blocks in place
 
 A generated block sits between `<!-- generated: NAME -->` and
-`<!-- end generated -->`; tests/unit/test_docs.py fails when one differs.
+`<!-- end generated -->`; the pages in PAGES are generated whole (run.json's and summary.json's
+keys); tests/unit/test_docs.py fails when one differs.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import sys
 from pathlib import Path
 
 from ..analyzers.categories import CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED
-from ..analyzers.summary import DEFINITIONS as SUMMARY_DEFINITIONS
-from ..probes import ebpf_format
+from ..analyzers import summary_json
+from ..analyzers.summary_json import DEFINITIONS as SUMMARY_DEFINITIONS
+from ..probes import ebpf_format, run_json
 from ..probes.proxy_capture import RECORDS
 from ..probes.pyspy import LINES
 
@@ -77,6 +79,8 @@ def ebpf_events() -> str:
 BLOCKS = {"categories": categories, "summary-keys": summary_keys, "proxy-records": proxy_records,
           "sampler-lines": sampler_lines, "ebpf-events": ebpf_events}
 FILES = ("README.md", "docs/attribution.md", "docs/formats.md")
+# pages generated whole: the JSON files' keys
+PAGES = {"docs/run_json.md": run_json.markdown, "docs/summary_json.md": summary_json.markdown}
 
 
 def render(text: str) -> str:
@@ -88,6 +92,8 @@ def main() -> int:
     for name in FILES:
         path = ROOT / name
         path.write_text(render(path.read_text()))
+    for name, page in PAGES.items():
+        (ROOT / name).write_text(page())
     return 0
 
 

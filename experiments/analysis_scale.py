@@ -20,7 +20,6 @@ table; writes results.csv in --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -35,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..dashboards import browser
+from ..probes.rundir import RunDir
 from .synthetic import write_run
 from .workloads import count
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         runs, stages = [], []
         for _ in range(args.repeat):
             runs.append(_measured(build))
-            stages.append(json.loads((run / "run.json").read_text())["finalize_seconds"])
+            stages.append(RunDir(run).meta()["finalize_seconds"])
         row = {"tasks": size, "build_s": statistics.median(r[0] for r in runs),
                "min_s": min(r[0] for r in runs), "max_s": max(r[0] for r in runs),
                "peak_rss_gb": max(r[1] for r in runs) / 1e9,

@@ -43,6 +43,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..analyzers import summary_json
+from ..probes.rundir import RunDir
+
 INJECT = Path(__file__).with_name("inject.py")
 EXPECTED = {"decisions": "scheduler_decisions", "gil-spin": "gil_contention", "gil-c": "gil_contention",
             "delay": "network", "tasks": "compute", "think": "client"}
@@ -89,7 +92,7 @@ def reanalyzed(row: dict) -> dict:
 def measured(row: dict, stderr: str) -> dict:
     out = Path(row["run_dir"])
     try:
-        s = json.loads((out / "summary.json").read_text())
+        s = summary_json.read(RunDir(out))
     except (OSError, ValueError):
         return row | {"error": stderr[-500:]}
     row |= {"session_s": s.get("session_s"), **{f"cat.{c}": v for c, v in s.get("critical_path_s", {}).items()}}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..analyzers import summary_json
 from ..probes.rundir import RunDir
 
 FLOWS_DIR = Path(__file__).with_name("diagnosis_flows")
@@ -90,7 +90,7 @@ def reanalyzed(row: dict, out: Path) -> dict:
 def findings(out: Path, failed: str) -> dict:
     """What a run's summary.json found; `failed`: the stderr of a command that failed, else ''."""
     try:
-        s = json.loads((out / "summary.json").read_text())
+        s = summary_json.read(RunDir(out))
     except (OSError, ValueError):
         return {"error": failed[-500:] or f"no summary.json: {_stage_errors(out)}"}
     found = s.get("findings", [])

@@ -62,6 +62,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from ..analyzers import summary_json
 from ..probes import agent
 from ..probes.rundir import RunDir
 from ..probes.sockets import split_address
@@ -338,7 +339,7 @@ def _end(procs: list) -> None:
 def _end_agents(run_dir: Path) -> None:
     """An agent not read to the end waits out its lease, then keeps its captures: this benchmark's go now."""
     with contextlib.suppress(OSError, ValueError):
-        for host in json.loads((run_dir / "run.json").read_text()).get("hosts", {}).values():
+        for host in RunDir(run_dir).meta().get("hosts", {}).values():
             if not host.get("complete") and host.get("agent_pid"):
                 with contextlib.suppress(OSError):
                     os.kill(host["agent_pid"], signal.SIGTERM)
@@ -365,7 +366,7 @@ def _host_holds(run: RunDir, at: int, submitted: int | None) -> dict:
         remote = procs[(procs.role == "worker") & procs.host.isin(list(hosts))]
         main = samples[samples.pid.isin(remote.pid) & (samples.pid == samples.tid)]
         gaps = main.sort_values("t_ns").groupby("pid").t_ns.diff()
-        cpu = json.loads((run.path / "summary.json").read_text())["cpu_check"]
+        cpu = summary_json.read(RunDir(run.path))["cpu_check"]
         ratios = [cpu.get(n, {}).get("ratio") for n in remote.name]
         out |= {"remote_cpu_ratio": " ".join(f"{r:.2f}" if r else "-" for r in ratios)}
         out |= {"remote_workers": len(remote), "remote_samples": len(main),

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..probes.rundir import RunDir
 from .repeats import run_all, show
 
 # the command: a workload between two readings of the clock daskprobe's exit is read on
@@ -48,7 +49,7 @@ def one(graph: str, out: Path) -> dict:
     result = next((json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")), {})
     if p.returncode or clock is None:
         raise RuntimeError(f"{graph}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    meta = json.loads((out / "run.json").read_text())
+    meta = RunDir(out).meta()
     ended = meta["command_ended_ns"] / 1e9
     return {"graph": graph, "tasks": result.get("tasks"), "command_s": ended - clock[0],
             "latency_s": exited - ended, "command_exit_s": ended - clock[1], **{f"{k}_s": v for k, v in meta.get("finalize_seconds", {}).items()}}

@@ -47,6 +47,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from ..analyzers import summary_json
 from ..probes import ebpf_format
 from ..probes.proxy import Route, start_proxy, stop_proxy
 from ..probes.rundir import RunDir
@@ -107,7 +108,7 @@ def session_cpu(run: Path) -> dict:
     work): its cumulative /proc readings interpolated at the window's ends. Measuring processes
     (daskprobe, proxy, probes) each as `session_cpu_s[name]`, the cluster's (scheduler, workers,
     nannies, client) summed, and the measuring share of the cluster's."""
-    window = json.loads((run / "summary.json").read_text()).get("session_window_ns")
+    window = summary_json.read(RunDir(run)).get("session_window_ns")
     if not window:  # no messages recorded (no proxy or tap): no session to measure within
         return {}
     start, end = window

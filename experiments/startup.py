@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..probes.rundir import RunDir
 from .repeats import run_all, show
 
 CHILD = ("import time; print('CLOCK', time.monotonic(), flush=True)\n"
@@ -41,7 +41,7 @@ def one(version: str, path: str | None, probes: str, out: Path) -> dict:
     clock = next((float(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("CLOCK ")), None)
     if p.returncode or clock is None:
         raise RuntimeError(f"{version} {probes}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    phases = json.loads((out / "run.json").read_text()).get("startup_s", {})
+    phases = RunDir(out).meta().get("startup_s", {})
     return {"build": version, "probe_set": probes, "startup_s": clock - started,
             **{f"{k}_s": v for k, v in phases.items()}}
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .workloads import count
+from ..probes import rates
 from ..probes.proxy_capture import CaptureWriter
+from ..probes.rundir import RunDir
 
 FAN_IN = 100
 PER_TASK_US = 250     # scheduler throughput of about 4,000 tasks/s
@@ -78,7 +79,7 @@ def write_run(out: Path, n_leaves: int, workers: int) -> dict:
         w.message(1, 1, end, {"op": "key-in-memory", "key": "total", "type": b"int"})
         w.f.flush()
     meta = _meta(anchor, workers, int(s["n"]))
-    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    RunDir(out).update_meta(**meta)  # checked as a run's run.json is
     return meta
 
 
@@ -125,7 +126,7 @@ def _meta(anchor: dict, workers: int, tasks: int) -> dict:
     procs += [{"name": f"worker-{k}", "role": "worker", "pid": PID_BASE + k, "listen": f"127.0.0.1:{10_002 + k}",
                "contact": f"127.0.0.1:{10_002 + k}", "command": ["synthetic"]} for k in range(workers)]
     return {"partial": False, "synthetic": True, "command": ["synthetic", f"{tasks} tasks"], "clock_anchor": anchor,
-            "config": {}, "probes": ["proxy"], "skipped": {}, "sample_rate": 100.0, "cpu_hz": 99,
+            "config": {}, "probes": ["proxy"], "skipped": {}, "sample_rate": rates.SAMPLE_RATE, "cpu_hz": rates.CPU_HZ,
             "cluster": {"workers": workers, "threads": 1, "nanny": False, "proxy_delay_us": 0, "scheduler": "ws",
                         "worker": "normal", "server_cmd": None, "python": "synthetic"},
             "versions": {"daskprobe": "synthetic", "cluster": {"python": "3.11.7", "distributed": "2026.8.0"}},

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .json_schema import check_written
+from .run_json import RUN_JSON, Meta
+
 if TYPE_CHECKING:  # imported where tables are read and written: starting a run needs neither (0.7 s)
     import pandas as pd
 
@@ -80,19 +83,25 @@ class RunDir:
     def log(self, name: str) -> Path:
         return self.path / "logs" / f"{name}.log"
 
-    def meta(self) -> dict:
-        return json.loads((self.path / "run.json").read_text())
+    def meta(self) -> Meta:
+        """run.json, checked (probes/run_json.py): meta.KEY gives a key, or its default where an older
+        daskprobe did not write it."""
+        return Meta.parse((self.path / "run.json").read_text())
 
     @property
     def scratch(self) -> Path:
         return self.path / "scratch"
 
     def update_meta(self, **fields) -> dict:
-        """Merge fields into run.json, atomically: a kill never leaves half a file."""
+        """Merge fields into run.json, atomically: a kill never leaves half a file. Each field is then
+        checked against its definition (probes/run_json.py): one that does not fit is written all the
+        same, and said (raised in the tests)."""
         path = self.path / "run.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
         meta.update(fields)
-        write_new(path, json.dumps(meta, indent=2, default=str).encode(), fresh=False)
+        text = json.dumps(meta, indent=2, default=str)
+        write_new(path, text.encode(), fresh=False)
+        check_written(text, RUN_JSON, "run.json", only=fields)
         return meta
 
     def write_file(self, name: str, text: str) -> Path:

@@ -15,6 +15,8 @@ import pandas as pd
 import pyarrow as pa
 from pandas.api.types import infer_dtype
 
+from .json_schema import SchemaError  # one error for tables and JSON files
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "tables.md"
 MONO = "monotonic ns"
 
@@ -476,17 +478,15 @@ ARROW = {"int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(), "boo
          "list[int64]": pa.list_(pa.int64())}
 
 
-class SchemaError(ValueError):
-    """A table that does not match its schema."""
-
-
-def conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
+def conform(name: str, df: pd.DataFrame, table: Table | None = None) -> pd.DataFrame:
     """`df` as table `name` is written: its columns in schema order, each cast to its dtype.
     An unknown table, a column the schema lacks or lacks in df, or a value that does not
-    fit its column's dtype is a SchemaError naming table and column."""
-    if name not in TABLES:
+    fit its column's dtype is a SchemaError naming table and column. `table`: a table defined
+    elsewhere (a layer above: a bench's results), else TABLES'."""
+    if table is None and name not in TABLES:
         raise SchemaError(f"table {name!r} is not in probes/schema.py")
-    names = TABLES[name].names
+    table = table or TABLES[name]
+    names = table.names
     extra = [c for c in df.columns if c not in names] + list(df.columns[df.columns.duplicated()])
     if extra:
         raise SchemaError(f"table {name!r}: column {extra[0]!r} is not in its schema (probes/schema.py)")
@@ -494,7 +494,7 @@ def conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise SchemaError(f"table {name!r}: column {missing[0]!r} of its schema is missing")
     return pd.DataFrame({c.name: _cast(df[c.name], c.dtype, f"table {name!r}: column {c.name!r}")
-                         for c in TABLES[name].columns})
+                         for c in table.columns})
 
 
 def _cast(s: pd.Series, dtype: str, where: str) -> pd.Series:
@@ -517,9 +517,9 @@ def _cast(s: pd.Series, dtype: str, where: str) -> pd.Series:
         raise SchemaError(f"{where}: not {dtype}: {e}") from None
 
 
-def arrow_schema(name: str) -> pa.Schema:
+def arrow_schema(name: str, table: Table | None = None) -> pa.Schema:
     """The table's parquet types: list columns are checked against theirs as they are written."""
-    return pa.schema([(c.name, ARROW[c.dtype]) for c in TABLES[name].columns])
+    return pa.schema([(c.name, ARROW[c.dtype]) for c in (table or TABLES[name]).columns])
 
 
 def markdown() -> str:

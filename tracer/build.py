@@ -4,7 +4,6 @@ Each stage reads what the previous one wrote, so each can be re-run alone."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import traceback
@@ -59,6 +58,7 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
     (on stderr while a run finalizes, beside the command's output; on stdout for `report`). What the
     samples say is worked out in a child beside the messages' side, and read back from its tables."""
     from ..analyzers.caveats import caveats
+    from ..analyzers import summary_json
     from ..analyzers.summary import INPUTS, SAMPLED, analyze, sampled
     from rich.console import Console
 
@@ -77,7 +77,7 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
     for name, df in result.tables.items():
         run.write_table(name, _hosted(name, df, meta))
     summary = result.summary | {"run": str(run.path), "caveats": caveats(meta, result.summary, live_recorder(meta))}
-    run.write_file("summary.json", json.dumps(summary, indent=2, default=_json))
+    summary_json.write(run, summary)
     with contextlib.suppress(OSError):  # a closed terminal costs the printout, not the run
         print_summary(summary, Console(stderr=not stdout))
 
@@ -87,10 +87,6 @@ def _hosted(name: str, df, meta: dict):
     from ..probes.schema import TABLES
     from .tables import with_host
     return with_host(df, meta) if "host" in TABLES[name].names else df
-
-
-def _json(v):
-    return None if v != v else (int(v) if hasattr(v, "__int__") else str(v))
 
 
 def live_recorder(meta: dict) -> int | None:

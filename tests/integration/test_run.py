@@ -1,8 +1,13 @@
 """A real cluster behind the proxy: what the tables must show."""
 
+import json
 import os
 
 import pandas as pd
+
+from daskprobe.analyzers.summary_json import SUMMARY
+from daskprobe.probes.json_schema import problems
+from daskprobe.probes.run_json import RUN_JSON
 
 
 def test_message_counts_match_the_workload(pinned_run):
@@ -105,3 +110,11 @@ def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
     pd.testing.assert_frame_equal(serial, parallel)
     pd.testing.assert_frame_equal(tables.task_tables(ev1, serial, meta["clock_anchor"]),
                                   tables.task_tables(ev2, parallel, meta["clock_anchor"]))
+
+
+def test_run_json_and_summary_json_hold_only_defined_keys_of_their_types(pinned_run):
+    """A real run's files against their definitions, every key (the writers check the keys they write as
+    they go; this checks the whole of what a run leaves)."""
+    run, _, _ = pinned_run
+    for name, keys in (("run.json", RUN_JSON), ("summary.json", SUMMARY)):
+        assert problems(json.loads((run / name).read_text()), keys, name) == []

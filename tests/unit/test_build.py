@@ -7,7 +7,8 @@ import pandas as pd
 from daskprobe.analyzers.summary import INPUTS, analyze
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
-from daskprobe.tracer.build import _hosted, _json, analysis, report
+from daskprobe.analyzers.summary_json import dumps
+from daskprobe.tracer.build import _hosted, analysis, report
 from scenario import META, Scenario, two_task_chain
 
 
@@ -32,7 +33,7 @@ def test_the_stage_split_over_two_processes_says_what_one_process_says(tmp_path)
     analysis(run)
     summary = json.loads((run / "summary.json").read_text())
     assert summary.pop("run") == str(run.path) and summary.pop("caveats") == []
-    assert summary == json.loads(json.dumps(expected.summary, default=_json))
+    assert summary == json.loads(dumps(expected.summary))
     assert summary["critical_path_s"]["gil_contention"] > 0 and len(run.table("cpu_samples")) == 3  # the side's part
     for name in expected.tables:
         pd.testing.assert_frame_equal(run.table(name), one.table(name))

@@ -1,6 +1,7 @@
 """The reference text in README.md and docs/ is rendered from the code's definitions."""
 
 from daskprobe.dashboards import reference
+from daskprobe.probes import rates
 
 
 def test_generated_blocks_match_the_definitions():
@@ -15,3 +16,16 @@ def test_a_changed_definition_is_caught(monkeypatch):
     text = (reference.ROOT / "docs/attribution.md").read_text()
     monkeypatch.setitem(reference.BLOCKS, "categories", lambda: "| `compute` | something else |\n")
     assert reference.render(text) != text
+
+
+def test_the_json_files_pages_are_their_definitions():
+    for name, page in reference.PAGES.items():
+        assert (reference.ROOT / name).read_text() == page(), (
+            f"{name} differs from its definitions: run python -m daskprobe.dashboards.reference")
+
+
+def test_usage_says_the_default_rates():
+    rows = {line.split("`")[1].split()[0]: line for line in
+            (reference.ROOT / "docs/usage.md").read_text().splitlines() if line.startswith("| `--")}
+    assert f"(default {rates.SAMPLE_RATE:g})" in rows["--sample-rate"]
+    assert f"(default {rates.CPU_HZ:g})" in rows["--cpu-hz"]

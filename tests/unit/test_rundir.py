@@ -62,12 +62,12 @@ def test_a_file_interrupted_while_written_leaves_no_part_and_no_stale_copy(tmp_p
 
 def test_run_json_keeps_its_last_whole_version_and_symlinks_are_replaced_not_followed(tmp_path):
     run = RunDir(tmp_path)
-    run.update_meta(a=1)
+    run.update_meta(exit_code=1)
     with pytest.raises(KeyboardInterrupt):  # run.json is rewritten as update_meta does it: not fresh
         with open_whole(tmp_path / "run.json", fresh=False) as f:
             f.write(b"{")
             raise KeyboardInterrupt
-    assert run.meta() == {"a": 1}
+    assert run.meta() == {"exit_code": 1}
     victim = tmp_path / "victim"
     victim.write_text("precious")
     (tmp_path / "report.html").symlink_to(victim)
