@@ -200,7 +200,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "scheduler": spec.scheduler, "worker": spec.worker,
                              "server_cmd": spec.server_cmd, "python": spec.python,
                              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
-    code, client, started, cluster = 1, None, [], None
+    code, client, started, cluster, hook = 1, None, [], None, None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
@@ -237,16 +237,19 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
+        hook = _client_hook(run, spec, command)
+        env = hook.channel.env(env, cluster.client_address())
         signals.check()
         started_ns = time.monotonic_ns()
         client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env, preexec_fn=our_child,
-                                                   **(user.popen() if user else {}))
+                                                   pass_fds=hook.channel.pass_fds, **(user.popen() if user else {}))
+        hook.channel.started()
         run.update_meta(command_started_ns=started_ns)
         phases.append(("command started", time.perf_counter()))
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
-        code = _wait(client, signals)
+        code = _wait(client, signals, hook.hear, wake=hook.channel)
         record(run, command_ended_ns=time.monotonic_ns())  # a full disk by now must not cost the exit code
     except StartError as e:
         say(f"cluster failed to start: {e}")
@@ -260,7 +263,14 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)
+        if hook:
+            hook.ended()
     return _ended(run, signals, code, stopped_early)
+
+
+def _client_hook(run: RunDir, spec: ClusterSpec, command: list[str]):
+    from .client_hook import Listener  # here: it imports this module
+    return Listener(run, spec, command)
 
 
 def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
@@ -357,15 +367,15 @@ def _sleep(duration: float | None, signals: Signals, every=lambda: None) -> int:
     return 0
 
 
-def _wait(client: subprocess.Popen, signals: Signals, every=lambda: None) -> int:
+def _wait(client: subprocess.Popen, signals: Signals, every=lambda: None, wake=None) -> int:
     """The command's exit code; a signal whose Interrupted was lost (see Signals.check) is acted on
     within half a second, even one that came as the command was being started. Waits on a pidfd:
     Popen.wait(timeout) polls, waking 20 times a second for the whole run. `every` is called
-    each time round (at least every half second)."""
+    each time round (at least every half second, and at once when `wake`, a Channel, has data)."""
     exited = os.pidfd_open(client.pid)
     try:
         while client.poll() is None:
-            select.select([exited], [], [], 0.5)
+            select.select([exited] + ([wake] if wake is not None and wake.open else []), [], [], 0.5)
             signals.check()
             every()
         return client.returncode

@@ -1,0 +1,151 @@
+"""A command that makes its own cluster (LocalCluster, Client(n_workers=...)) runs on daskprobe's, is
+recorded, and is told so while it runs (probes/client_hook, tracer/own_cluster.py). The scripts check
+from inside what they got: the scheduler's address, no worker processes or threads of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from helpers import run_flow
+
+OPTS = ("--probes", "proxy", "--no-trace", "--workers", "2", "--threads", "1")
+
+# What the script itself sees of its cluster: the address it talks to, and whether it started
+# workers of its own (LocalCluster's processes are the script's children; processes=False ones are
+# Worker objects in it).
+SEEN = """
+import json, multiprocessing, os, sys
+from distributed import Worker
+
+def seen(address):
+    print("SEEN", json.dumps({"address": address, "ours": os.environ["DASK_SCHEDULER_ADDRESS"],
+                              "children": len(multiprocessing.active_children()),
+                              "workers_here": len(Worker._instances)}), flush=True)
+
+def inc(x):
+    return x + 1
+"""
+
+
+def _seen(p) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines() if line.startswith("SEEN ")]
+
+
+def _on_ours(p) -> None:
+    seen = _seen(p)
+    assert seen, p.stdout
+    for s in seen:
+        assert s["address"] == s["ours"] and s["children"] == 0 and s["workers_here"] == 0, s
+
+
+def _tasks(run) -> int:
+    summary = json.loads((run / "summary.json").read_text())
+    return sum(j["tasks"] for j in summary["jobs"])
+
+
+def _said(p) -> list[str]:
+    return [line for line in p.stderr.splitlines() if line.startswith("daskprobe: your command's")]
+
+
+def test_local_cluster_processes_runs_on_daskprobes_cluster_said_at_once(tmp_path):
+    run, p = run_flow(tmp_path, SEEN + """
+import time
+from distributed import Client, LocalCluster
+if __name__ == "__main__":  # a LocalCluster's processes (without daskprobe) import the script again
+    cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True)
+    client = Client(cluster)
+    seen(cluster.scheduler_address)
+    time.sleep(3)  # daskprobe reads the hook's pipe as it comes: its words come before the next line
+    print("AFTER CLUSTER", file=sys.stderr, flush=True)
+    assert sum(client.gather(client.map(inc, range(20)))) == 210
+    client.close()
+    cluster.close()
+""", *OPTS)
+    _on_ours(p)
+    said = _said(p)
+    assert len(said) == 1, p.stderr[-3000:]
+    line = said[0]
+    assert "LocalCluster(n_workers=3, threads_per_worker=1, processes=True) runs on daskprobe's cluster" in line
+    assert "2 worker process(es) x 1 thread(s)" in line and "3 worker(s)" in line and "nannies" in line
+    assert "To match: daskprobe run --workers 3 --threads 1 --nanny -- " in line
+    assert p.stderr.index(line) < p.stderr.index("AFTER CLUSTER"), "said at once, while the command runs"
+    entry, = run.meta()["own_clusters"]
+    assert entry["routed"] and entry["shape"]["workers"] == 3 and entry["shape"]["threads"] == 1
+    assert entry["shape"]["processes"] is True
+    assert _tasks(run) == 20
+
+
+def test_local_cluster_threads_runs_on_daskprobes_cluster_over_tcp(tmp_path):
+    run, p = run_flow(tmp_path, SEEN + """
+from distributed import Client, LocalCluster
+cluster = LocalCluster(processes=False)
+client = Client(cluster)
+seen(client.scheduler.address)
+assert sum(client.gather(client.map(inc, range(10)))) == 55
+client.close()
+cluster.close()
+""", *OPTS)
+    _on_ours(p)
+    line, = _said(p)
+    assert "LocalCluster(processes=False) runs on daskprobe's cluster" in line
+    assert "threads of your script's process, over inproc://" in line
+    assert f"To match: daskprobe run --workers 1 --threads {os.cpu_count()} -- " in line
+    assert _tasks(run) == 10
+
+
+def test_client_with_cluster_keywords_no_longer_fails(tmp_path):
+    run, p = run_flow(tmp_path, SEEN + """
+from distributed import Client
+if __name__ == "__main__":
+    client = Client(n_workers=2, threads_per_worker=1)
+    seen(client.scheduler.address)
+    assert client.cluster is not None
+    assert sum(client.gather(client.map(inc, range(12)))) == 78
+    client.close()
+""", *OPTS)
+    _on_ours(p)
+    line, = _said(p)
+    assert "Client(n_workers=2, threads_per_worker=1) runs on daskprobe's cluster" in line
+    assert "To match: daskprobe run --workers 2 --threads 1 --nanny -- " in line
+    assert _tasks(run) == 12
+
+
+def test_closing_the_scripts_cluster_and_clients_leaves_daskprobes_running(tmp_path):
+    """with-blocks, close() twice, Client.shutdown(): the script's connections close, daskprobe's cluster
+    runs on: a plain Client after them computes, and every computation is recorded."""
+    run, p = run_flow(tmp_path, SEEN + """
+from distributed import Client, LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        seen(cluster.scheduler_address)
+        assert sum(client.gather(client.map(inc, range(5)))) == 15
+    cluster.close()
+    client.close()
+    client = Client(n_workers=1)
+    assert client.submit(inc, 100).result() == 101
+    client.shutdown()
+    with Client() as client:
+        seen(client.scheduler.address)
+        assert client.submit(inc, 200).result() == 201
+        assert len(client.scheduler_info()["workers"]) == 2
+    print("DONE")
+""", *OPTS)
+    _on_ours(p)
+    assert "DONE" in p.stdout and len(_said(p)) == 2, p.stderr[-3000:]
+    assert [e["via"] for e in run.meta()["own_clusters"]] == ["LocalCluster", "Client"]
+    assert _tasks(run) == 7
+
+
+def test_plain_client_is_untouched(tmp_path):
+    run, p = run_flow(tmp_path, SEEN + """
+from distributed import Client
+with Client() as client:
+    seen(client.scheduler.address)
+    assert client.cluster is None
+    assert sum(client.gather(client.map(inc, range(8)))) == 36
+""", *OPTS)
+    _on_ours(p)
+    assert not _said(p) and "client hook" not in p.stderr, p.stderr[-3000:]
+    assert "own_clusters" not in run.meta() and run.meta()["client_hook"]["reports"] == 0
+    assert _tasks(run) == 8

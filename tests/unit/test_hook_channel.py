@@ -1,0 +1,103 @@
+"""The client hook's pipe as daskprobe reads it (probes/client_hook: Channel): the command's reports are
+plain JSON lines with caps; and the words said of an own cluster (tracer/own_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from daskprobe.probes.client_hook import HOOK_DIR, MAX_LINE, MAX_REPORTS, Channel
+from daskprobe.probes.client_hook.daskprobe_hook import ENV_PIPE, ENV_SCHEDULER
+from daskprobe.tracer import own_cluster
+from daskprobe.tracer.cluster import ClusterSpec
+
+
+def _write(channel: Channel, data: bytes) -> None:
+    os.write(channel.pass_fds[0], data)
+
+
+def test_reports_are_whole_json_lines():
+    c = Channel()
+    try:
+        _write(c, b'{"kind": "own-cluster", "via": "LocalCluster"}\n{"kind": "sc')
+        assert c.read() == [{"kind": "own-cluster", "via": "LocalCluster"}]
+        _write(c, b'ale", "n": 4}\n')
+        assert c.read() == [{"kind": "scale", "n": 4}] and c.reports == 2 and c.dropped == 0
+    finally:
+        c.close()
+
+
+def test_what_is_not_a_report_is_counted_never_parsed_whole():
+    c = Channel()
+    try:
+        bad = [b"not json", b"[1, 2]", b'{"no": "kind"}', b'{"kind": 3}', b"[" * 3000 + b"]" * 3000,
+               b'{"kind": "x", "pad": "' + b"a" * MAX_LINE + b'"}']
+        _write(c, b"\n".join(bad) + b"\n")
+        assert c.read() == [] and c.dropped == len(bad) and c.reports == 0
+    finally:
+        c.close()
+
+
+def test_a_line_longer_than_the_cap_is_dropped_before_its_end():
+    c = Channel()
+    try:
+        _write(c, b"x" * (MAX_LINE + 10))  # no newline yet: not kept growing
+        assert c.read() == [] and c.dropped == 1
+    finally:
+        c.close()
+
+
+def test_reports_past_the_cap_are_dropped():
+    c = Channel()
+    try:
+        _write(c, b"".join(json.dumps({"kind": "k", "i": i}).encode() + b"\n" for i in range(MAX_REPORTS + 5)))
+        assert [r["i"] for r in c.read()] == list(range(MAX_REPORTS)) and c.dropped == 5
+    finally:
+        c.close()
+
+
+def test_the_end_of_the_pipe_is_seen_once_the_writers_are_gone():
+    c = Channel()
+    c.started()  # our write end closed: no one else holds it
+    assert c.read() == [] and not c.open
+    assert c.read() == []
+    c.close()
+
+
+def test_the_commands_environment_has_the_hook_first_and_the_pipe():
+    c = Channel()
+    try:
+        env = c.env({"PYTHONPATH": "/theirs", "X": "1"}, "tcp://127.0.0.1:1234")
+        assert env["PYTHONPATH"] == f"{HOOK_DIR}{os.pathsep}/theirs" and env["X"] == "1"
+        fd, inode = env[ENV_PIPE].split(":")
+        assert int(fd) == c.pass_fds[0] and int(inode) == os.fstat(c.fileno()).st_ino
+        assert env[ENV_SCHEDULER] == "tcp://127.0.0.1:1234"
+        assert c.env({})["PYTHONPATH"] == str(HOOK_DIR)
+    finally:
+        c.close()
+
+
+def test_what_differs_from_the_local_cluster_asked_for_and_the_options_that_match():
+    spec = ClusterSpec(workers=2, threads=1)
+    asked = {"n_workers": "4", "threads_per_worker": "2", "dashboard_address": "':9999'"}
+    auto = spec.memory_limit() * 2 // 4  # LocalCluster's "auto" for 4 workers: what --workers 4 gives too
+    shape = {"workers": 4, "threads": 2, "processes": True, "memory_limit": auto}
+    differs = own_cluster._differs(shape, spec, asked, ["dashboard_address"])
+    assert differs == ["4 worker(s)", "2 thread(s) each", "its workers under nannies (as LocalCluster's processes)",
+                       "dashboard_address=':9999' (ignored)"]
+    small = own_cluster._differs({**shape, "memory_limit": 2**30}, spec, {**asked, "memory_limit": "'1GiB'"}, [])
+    assert "1.0 GiB per worker (daskprobe's: the machine's memory / workers; no run option sets it)" in small
+    assert own_cluster._match(shape, spec, ["python", "my flow.py"]) == \
+        "daskprobe run --workers 4 --threads 2 --nanny -- python 'my flow.py'"
+    same = {"workers": 2, "threads": 1, "processes": True, "memory_limit": spec.memory_limit()}
+    nanny = ClusterSpec(workers=2, threads=1, nanny=True)
+    assert own_cluster._differs(same, nanny, {}, []) == [] and own_cluster._match(same, nanny, ["x"]) is None
+
+
+def test_a_reported_shape_is_shown_only_if_every_field_fits():
+    good = {"workers": 1, "threads": 2, "processes": False, "memory_limit": None}
+    assert own_cluster._shape(good) == good
+    for bad in ({**good, "workers": "1"}, {**good, "workers": True}, {**good, "processes": 1},
+                {**good, "memory_limit": -5}, {**good, "threads": 10**9}, [good], None):
+        assert own_cluster._shape(bad) is None, bad
+    assert own_cluster._text("a\x1b[2Jb" + "c" * 100, 20) == "a?[2Jbccccccccccc..."

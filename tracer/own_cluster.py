@@ -1,0 +1,121 @@
+"""The command made its own cluster (LocalCluster(...), Client(n_workers=...)) and the client hook
+(probes/client_hook/daskprobe_hook_own_cluster.py) gave it daskprobe's instead: said at once, with
+what differs from what it asked and the `run` options that would match; kept in run.json's
+`own_clusters`. A report comes from the command (its user's process): every field is checked, and
+what is shown is cut short and stripped of control characters."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from .cluster import ClusterSpec
+from .session import record, say
+
+MAX_TEXT = 80
+
+
+def heard(report: dict, ctx) -> None:
+    """An own-cluster report: said, kept. `ctx` is a client_hook.Listener."""
+    via, asked = _text(report.get("via"), 40), _asked(report.get("asked"))
+    call = f"{via}({', '.join(f'{k}={v}' for k, v in asked.items())})"
+    if report.get("routed") is not True:
+        say(f"your command started its own {via} (not a LocalCluster daskprobe can stand in for): it runs beside "
+            "daskprobe's cluster, which records none of its work, and both share the CPUs")
+        _keep(ctx, {"via": via, "routed": False})
+        return
+    ignored = [k for k in report.get("ignored", []) if k in asked] if isinstance(report.get("ignored"), list) else []
+    shape, spec = _shape(report.get("shape")), ctx.spec
+    differs = _differs(shape, spec, asked, ignored) if shape else ["what it asked is not a shape LocalCluster accepts"]
+    match = _match(shape, spec, ctx.command) if shape else None
+    say(f"your command's {call} runs on daskprobe's cluster instead, which records its work: {_ours(spec)}, "
+        "its scheduler in a process of its own (LocalCluster's runs in your script's)"
+        + (f"; it asked for {'; '.join(differs)}" if differs else "; the workers are as it asked")
+        + (f". To match: {match}" if match else ""))
+    _keep(ctx, {"via": via, "routed": True, "asked": asked, "shape": shape, "differs": differs, "match": match})
+
+
+def scaled(report: dict, ctx) -> None:
+    """scale() or adapt() on the cluster daskprobe stands in: said, kept; nothing changes."""
+    spec, via = ctx.spec, _text(report.get("via"), 40)
+    n = report.get("n")
+    asked = f"{n} worker(s)" if _count(n) is not None else "adaptive scaling" if "adapt" in report else "a scale"
+    say(f"your command's {via} asked for {asked}: daskprobe's cluster stays at {spec.workers} worker(s)"
+        + (f" (daskprobe run --workers {n} ... to have them)" if _count(n) and n != spec.workers else ""))
+    _keep(ctx, {"via": via, "scale": _text(n, 20) if "n" in report else "adapt"})
+
+
+def _ours(spec: ClusterSpec) -> str:
+    return (f"{spec.workers} worker process(es) x {spec.threads} thread(s), {'under nannies' if spec.nanny else 'no nanny'}, "
+            f"{_gib(spec.memory_limit())} each, over tcp://")
+
+
+def _differs(shape: dict, spec: ClusterSpec, asked: dict, ignored: list[str]) -> list[str]:
+    out = []
+    if shape["workers"] is not None and shape["workers"] != spec.workers:
+        out.append(f"{shape['workers']} worker(s)")
+    if shape["threads"] is not None and shape["threads"] != spec.threads:
+        out.append(f"{shape['threads']} thread(s) each")
+    if not shape["processes"]:
+        out.append("its workers as threads of your script's process, over inproc:// (daskprobe's are processes "
+                   "of their own, each profiled)")
+    elif not spec.nanny:
+        out.append("its workers under nannies (as LocalCluster's processes)")
+    # what daskprobe's workers get with the options that match: the machine's memory shared out, as "auto"
+    matched = spec.memory_limit() * spec.workers // (shape["workers"] or spec.workers)
+    if shape["memory_limit"] is None and "memory_limit" in asked:
+        out.append("no memory limit (no run option sets that)")
+    elif shape["memory_limit"] and abs(shape["memory_limit"] - matched) > 0.02 * matched:
+        out.append(f"{_gib(shape['memory_limit'])} per worker (daskprobe's: the machine's memory / workers; "
+                   "no run option sets it)")
+    if ignored:
+        out.append(f"{', '.join(f'{k}={asked[k]}' for k in ignored)} (ignored)")
+    return out
+
+
+def _match(shape: dict, spec: ClusterSpec, command: list[str]) -> str | None:
+    """The run options that give the workers asked for (as near as daskprobe goes: its workers are
+    always processes), or None if they are those already."""
+    workers = shape["workers"] or spec.workers
+    threads = shape["threads"] or spec.threads
+    nanny = shape["processes"]
+    if (workers, threads, nanny) == (spec.workers, spec.threads, spec.nanny):
+        return None
+    opts = f"--workers {workers} --threads {threads}" + (" --nanny" if nanny else "")
+    return f"daskprobe run {opts} -- {_text(shlex.join(command), 200)}"
+
+
+def _keep(ctx, entry: dict) -> None:
+    ctx.own_clusters.append(entry)
+    record(ctx.run, own_clusters=ctx.own_clusters)
+
+
+def _asked(value) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {_text(k, 40): _text(v, MAX_TEXT) for k, v in list(value.items())[:30]}
+
+
+def _shape(value) -> dict | None:
+    """The shape reported, if every field is what it must be; else None (nothing of it is shown)."""
+    if not isinstance(value, dict):
+        return None
+    shape = {"workers": _count(value.get("workers")), "threads": _count(value.get("threads")),
+             "processes": value.get("processes"), "memory_limit": value.get("memory_limit")}
+    ok = (isinstance(shape["processes"], bool) and shape["workers"] is not None
+          and (value.get("threads") is None or shape["threads"] is not None)
+          and (shape["memory_limit"] is None or (type(shape["memory_limit"]) is int and 0 < shape["memory_limit"] < 2**60)))
+    return shape if ok else None
+
+
+def _count(value) -> int | None:
+    return value if type(value) is int and 0 <= value <= 100_000 else None
+
+
+def _text(value, limit: int) -> str:
+    text = re.sub(r"[^\x20-\x7e]", "?", str(value))  # the command's text on our terminal: no escapes
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
