@@ -66,10 +66,10 @@ def one_run(path: Path) -> pd.DataFrame:
     run = RunDir(path)
     tables = {name: run.table(name, missing_ok=True) for name in INPUTS}
     meta = run.meta()
-    full = shares(tables, meta).assign(rate=100, phase=0)
+    full = shares(tables, meta).assign(rate=meta.sample_rate, phase=0)
     out = [full]
     for rate, k in THIN.items():
-        m = meta | {"sample_rate": meta.get("sample_rate", 100.0) / k, "cpu_hz": meta.get("cpu_hz", 99) / k}
+        m = meta | {"sample_rate": meta.sample_rate / k, "cpu_hz": meta.cpu_hz / k}
         for phase in range(k):
             t = tables | {"samples": thinned(tables["samples"], k, phase)}
             out.append(shares(t, m).assign(rate=rate, phase=phase))

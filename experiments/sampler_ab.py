@@ -36,6 +36,7 @@ from rich.console import Console
 
 from .overhead import SATURATION, print_table
 from ..probes.base import CLUSTER_ROLES, SAMPLER_NICE, native_binary
+from ..probes import rates
 from ..probes.procfs import cpu_s
 from ..probes.procs import spawn, stop
 from ..probes.rundir import RunDir
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graph", default="merge-10K")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--rate", type=float, default=100.0, help="samples per second, both samplers")
+    ap.add_argument("--rate", type=float, default=rates.SAMPLE_RATE, help="samples per second, both samplers")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the cluster and client")
     ap.add_argument("--against", type=Path, help="another daskprobe-sampler build, to compare with this one")
     ap.add_argument("--out", type=Path)

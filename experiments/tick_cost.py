@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
-import inspect
 import itertools
 import json
 import os
@@ -46,7 +45,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from ..probes import registry
+from ..probes import rates
 
 SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
 SYS_BPF = {"x86_64": 321, "aarch64": 280}
@@ -57,8 +56,7 @@ PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 DISABLED = 1  # perf_event_attr's first flag bit: created off
 IOC_ENABLE, IOC_DISABLE = 0x2400, 0x2401  # _IO('$', 0), _IO('$', 1)
 WINDOW_S, SETTLE_S = 0.5, 0.05
-_defaults = inspect.signature(registry.make).parameters
-DEFAULT_TICKS_HZ = _defaults["sample_rate"].default + _defaults["cpu_hz"].default  # sampler's + eBPF agent's, per CPU
+DEFAULT_TICKS_HZ = rates.SAMPLE_RATE + rates.CPU_HZ  # sampler's + eBPF agent's, per CPU
 LOOP = """
 import sys, time
 end = time.monotonic() + float(sys.argv[1])

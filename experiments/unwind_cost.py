@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..probes import ebpf_format, ebpf_tables
+from ..probes import ebpf_format, ebpf_tables, rates
 from ..probes.ebpf import Ebpf
 from ..probes.procfs import cpu_s
 from ..probes.rundir import RunDir
@@ -120,7 +120,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--hz", type=int, default=99, help="CPU samples per second (the agent's default: 99)")
+    p.add_argument("--hz", type=int, default=rates.CPU_HZ,
+                   help=f"CPU samples per second (default: daskprobe's, {rates.CPU_HZ})")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds of its own CPU the program spins each run")
     p.add_argument("--out", default="runs/unwind-cost")
     args = p.parse_args(argv)

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import rates
 from .base import HELPER_NICE, Probe, is_root
 from .procs import EXITING, lower, spawn, stop
 from .rundir import RunDir
@@ -62,7 +63,7 @@ def _runs_python(pid: int) -> bool:
 
 
 class Ebpf(Probe):
-    def __init__(self, kinds: list[str], cpu_hz: int = 99, gil_traps: bool = False):
+    def __init__(self, kinds: list[str], cpu_hz: int = rates.CPU_HZ, gil_traps: bool = False):
         self.kinds, self.cpu_hz, self.gil_traps = list(kinds), cpu_hz, gil_traps
         self.unanswered = 0  # write_open requests the agent has not answered yet
         self.name = ",".join(self.kinds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import rates
 from .base import Probe, is_root
 from .ebpf import KINDS as EBPF_KINDS, Ebpf
 from .sampler import KINDS as SAMPLER_KINDS, Sampler
@@ -22,7 +23,8 @@ ALL = tuple(n for n in NAMES if n != "tap")  # 'all': the tap records what the p
 WIRE = ("proxy", "tap")  # part of the cluster, not probe objects: they record the messages
 
 
-def make(names: list[str], sample_rate: float = 100.0, native: bool = False, cpu_hz: int = 99) -> list[Probe]:
+def make(names: list[str], sample_rate: float = rates.SAMPLE_RATE, native: bool = False,
+         cpu_hz: int = rates.CPU_HZ) -> list[Probe]:
     """Probe objects for the chosen names (the proxy and the tap are part of the cluster, not listed here);
     the eBPF kinds share one agent, stacks and /proc one sampler."""
     sampled, kinds = [n for n in names if n in SAMPLER_KINDS], [n for n in names if n in EBPF_KINDS]

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import ebpf_format, procfs, pyspy
+from . import ebpf_format, procfs, pyspy, rates
 from .base import CLUSTER_ROLES, LAST_READ_TIMEOUT, SAMPLER_NICE, Probe, is_root, native_binary
 from .procs import spawn, stop
 from .rundir import RunDir, open_append
@@ -33,7 +33,7 @@ def _ptrace_allowed() -> bool:
 class Sampler(Probe):
     """One daskprobe-sampler for the kinds chosen (KINDS), named after them (`pyspy,proc`)."""
 
-    def __init__(self, kinds: list[str], rate: float = 100.0, native: bool = False):
+    def __init__(self, kinds: list[str], rate: float = rates.SAMPLE_RATE, native: bool = False):
         self.kinds, self.rate, self.native = [k for k in KINDS if k in kinds], rate, native
         self.name = ",".join(self.kinds)
         self.roles = (STACK_ROLES if "pyspy" in self.kinds else set()) | (PROC_ROLES if "proc" in self.kinds else set())

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..probes import rates
 from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.procs import our_child
@@ -186,7 +187,8 @@ def _check_client_python(command: list[str], mine: dict, cluster: dict) -> None:
 
 
 def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[str], probes: list[Probe],
-        signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99, warm_up=None, user: User | None = None) -> int:
+        signals: Signals, sample_rate: float = rates.SAMPLE_RATE, cpu_hz: int = rates.CPU_HZ, warm_up=None,
+        user: User | None = None) -> int:
     """Run the command against a cluster behind the probes; the user's exit code. The cluster and the
     command run as `user` (None: as daskprobe), the probes as daskprobe. `warm_up` runs
     while the cluster's processes start and the probes get ready (the eBPF agent compiles for
@@ -274,7 +276,7 @@ def _client_hook(run: RunDir, spec: ClusterSpec, command: list[str]):
 
 
 def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
-           probes: list[Probe], signals: Signals, sample_rate: float = 100.0, cpu_hz: int = 99,
+           probes: list[Probe], signals: Signals, sample_rate: float = rates.SAMPLE_RATE, cpu_hz: int = rates.CPU_HZ,
            user: User | None = None) -> int:
     """Record a cluster that is already running (an Attached) while a command runs against it (as `user`,
     None: as daskprobe), for `duration` seconds, or until interrupted; the command's exit code (0 without

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from daskprobe.probes import rates
+
 MS = 1_000_000
-META = {"sample_rate": 100.0, "cpu_hz": 99}
+META = {"sample_rate": rates.SAMPLE_RATE, "cpu_hz": rates.CPU_HZ}
 PIDS = {"scheduler": 100, "worker-0": 200, "worker-1": 300, "client": 400}
 
 

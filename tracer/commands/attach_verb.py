@@ -25,10 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("--probes", default=DEFAULT_PROBES,
                    help=f"comma-separated probes; the tap records the messages (root; without it: samples and Dask's "
                         f"task stream) (default {DEFAULT_PROBES})")
-    p.add_argument("--sample-rate", type=options.bounded(*options.SAMPLE_RATE), default=100.0,
-                   help=f"Python stack samples per second and process, {options.span(options.SAMPLE_RATE)} (default 100)")
-    p.add_argument("--cpu-hz", type=options.bounded(*options.CPU_HZ), default=99,
-                   help=f"eBPF CPU samples per second per CPU, {options.span(options.CPU_HZ)} (default 99)")
+    options.sampling(p)
     p.add_argument("--no-agents", action="store_true",
                    help="do not deploy agents (Dask plugins) to sample the members on other hosts: only their "
                         "messages are recorded")

@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ...probes import rates
 from ...probes.rundir import RunDir
 
 
@@ -77,6 +78,15 @@ def probes(p: argparse.ArgumentParser, default: str) -> None:
                         "messages from the wire by the tap as root, through the proxy otherwise or with "
                         "--delay-ms or --server-cmd) or 'none' for an untraced "
                         f"baseline (default {default})")
+
+
+def sampling(p: argparse.ArgumentParser) -> None:
+    """The samplers' rates, their defaults defined once (probes/rates.py)."""
+    p.add_argument("--sample-rate", type=bounded(*SAMPLE_RATE), default=rates.SAMPLE_RATE,
+                   help=f"Python stack samples per second and process, {span(SAMPLE_RATE)} "
+                        f"(default {rates.SAMPLE_RATE:g})")
+    p.add_argument("--cpu-hz", type=bounded(*CPU_HZ), default=rates.CPU_HZ,
+                   help=f"eBPF CPU samples per second per CPU, {span(CPU_HZ)} (default {rates.CPU_HZ})")
 
 
 def run_dir(p: argparse.ArgumentParser) -> None:

@@ -25,12 +25,9 @@ def add_arguments(p) -> None:
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "default")
-    p.add_argument("--sample-rate", type=options.bounded(*options.SAMPLE_RATE), default=100.0,
-                   help=f"Python stack samples per second and process, {options.span(options.SAMPLE_RATE)} (default 100)")
+    options.sampling(p)
     p.add_argument("--native", action="store_true",
                    help="read Python stacks with py-spy, native frames too (pauses each process while it reads)")
-    p.add_argument("--cpu-hz", type=options.bounded(*options.CPU_HZ), default=99,
-                   help=f"eBPF CPU samples per second per CPU, {options.span(options.CPU_HZ)} (default 99)")
     p.add_argument("--delay-ms", type=options.bounded(*options.DELAY_MS), default=0.0,
                    help="what-if: links with this much latency: the proxy hands every byte on this long after "
                         f"it read it, {options.span(options.DELAY_MS)} (default 0)")
