@@ -6,26 +6,27 @@ A run's graph is identified by its command; speedups are per graph against
 the baseline value of the dimension, summarized by their geometric mean as in
 the paper's Table II. An untraced run (--probes none, bench's default) has no
 makespan in its summary.json: it is taken from the workload's own clock, as
-its bench recorded it (results.csv, else bench.log), and the split is left out.
+its bench recorded it (bench_results.py), and the split is left out.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..analyzers import summary_json
 from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
+from . import bench_results
 from .html_report import COLOURS, layout, page_html, section
 from ..probes.rundir import RunDir
 
 
 def run_row(run: RunDir) -> dict:
-    meta, summary = run.meta(), json.loads((run / "summary.json").read_text())
+    meta, summary = run.meta(), summary_json.read(run)
     cluster, config = meta.get("cluster", {}), meta.get("config", {})
     traced = summary.get("makespan_s") is not None  # no messages captured: no makespan, no split
     clock = {} if traced else (workload_clock(run) or _command_clock(summary))
@@ -48,24 +49,12 @@ def run_row(run: RunDir) -> dict:
 
 
 def workload_clock(run: RunDir) -> dict:
-    """An untraced run's makespan_s, tasks and aot_s on the workload's own clock: its row in its bench's
-    results.csv (the parent directory), else the JSON line the workload printed (bench.log); {} if neither."""
-    results = run.path.parent / "results.csv"
-    if results.exists():
-        df = pd.read_csv(results).reindex(columns=["run_dir", "status", "makespan_s", "tasks", "aot_s"])
-        mine = df[(df.run_dir.astype(str).map(lambda d: Path(d).name) == run.path.name) & (df.status == "ok")]
-        if len(mine):
-            return mine.iloc[-1][["makespan_s", "tasks", "aot_s"]].to_dict()
-    log = run / "bench.log"
-    out = log.read_text().partition("--- stdout\n")[2].partition("\n--- stderr")[0] if log.exists() else ""
-    for line in reversed(out.strip().splitlines()):
-        try:
-            result = json.loads(line)
-            return {"makespan_s": result["makespan_s"], "tasks": result["tasks"],
-                    "aot_s": result["makespan_s"] / result["tasks"]}
-        except (ValueError, KeyError, TypeError, ZeroDivisionError):
-            continue
-    return {}
+    """An untraced run's makespan_s, tasks and aot_s on the workload's own clock, as its bench recorded
+    them (bench_results.run_row); {} if none did, or the run was not ok."""
+    row = bench_results.run_row(run.path)
+    if not row or row.get("status") != "ok":
+        return {}
+    return {k: row[k] for k in ("makespan_s", "tasks", "aot_s")}
 
 
 def _command_clock(summary: dict) -> dict:

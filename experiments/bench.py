@@ -1,8 +1,11 @@
 """`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server,
 --repeat `daskprobe run`s per point (default 3), into one results table.
 
-    DIR/<graph>-w<W>-<scheduler>-<worker>-<server>-r<R>/   the run directory of each run
+    DIR/<graph>-w<W>-<scheduler>-<worker>-<server>-r<R>/   the run directory of each run, with its own row
+                                                          (bench.parquet) and daskprobe's output
+                                                          (logs/bench-command.log)
     DIR/results.csv, DIR/results.parquet                 one row per run, rewritten after each
+                                                          (dashboards/bench_results.py defines the rows)
     DIR/bench.html, DIR/speedups.csv                      the comparison figures
 
 A row's makespan_s is the workload's own clock: the client's wall time from
@@ -27,13 +30,13 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..analyzers import summary_json
 from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
+from ..dashboards import bench_results
 from ..probes.procs import stop
+from ..probes.rundir import RunDir
 
 KILL_GRACE_S = 60  # after SIGTERM at the timeout, daskprobe gets this long to tear down
-COLUMNS = ["graph", "workers", "scheduler", "worker", "server", "repeat", "status", "makespan_s", "tasks", "aot_s",
-           "traced_makespan_s", *[f"critical_path_s.{c}" for c in (*CATEGORIES, UNCATEGORIZED)],
-           "check", "error", "exit_code", "elapsed_s", "run_dir"]
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,12 @@ def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, ext
         stdout, stderr = (_read(f) for f in (out_f, err_f))
     row = asdict(p) | {"status": status, "elapsed_s": time.monotonic() - started, "run_dir": str(run_dir),
                        "exit_code": proc.returncode, "error": None}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "bench.log").write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
-    return row | _outcome(row, stdout, stderr, run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)  # for a person: nothing reads it
+    output = f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    (run_dir / "logs" / "bench-command.log").write_text(output)
+    row |= _outcome(row, stdout, stderr, run_dir)
+    bench_results.write_row(run_dir, row)
+    return row
 
 
 def _read(f) -> str:
@@ -115,7 +121,7 @@ def _last_json(stdout: str) -> dict | None:
 def _traced(run_dir: Path) -> dict:
     """The proxy's makespan and the critical-path split, when probes ran."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = summary_json.read(RunDir(run_dir))
     except (OSError, ValueError):
         return {}
     path = summary.get("critical_path_s") or {}
@@ -123,24 +129,10 @@ def _traced(run_dir: Path) -> dict:
             **{f"critical_path_s.{c}": path.get(c) for c in (*CATEGORIES, UNCATEGORIZED)}}
 
 
-def load_results(out: Path) -> pd.DataFrame:
-    path = out / "results.csv"
-    return pd.read_csv(path).reindex(columns=COLUMNS) if path.exists() else pd.DataFrame(columns=COLUMNS)
-
-
-def save_results(df: pd.DataFrame, out: Path) -> None:
-    # Written whole after every run, through a temporary file: a kill leaves the previous table.
-    for name, write in (("results.csv", lambda p: df.to_csv(p, index=False)),
-                        ("results.parquet", lambda p: df.to_parquet(p, index=False))):
-        tmp = out / f".{name}.tmp"
-        write(tmp)
-        tmp.replace(out / name)
-
-
 def bench(points: list[Point], out: Path, probes: str, timeout: float, python: str,
           extra: list[str] = ()) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
-    results = load_results(out)
+    results = bench_results.load(out)
     done = set(results.run_dir.map(lambda d: Path(d).name))
     todo = [p for p in points if p.name not in done]
     if done:
@@ -152,8 +144,8 @@ def bench(points: list[Point], out: Path, probes: str, timeout: float, python: s
         for p in todo:
             progress.update(bar, description=p.name)
             row = run_point(p, out, probes, timeout, python, list(extra))
-            results = pd.concat([results, pd.DataFrame([row], columns=COLUMNS)], ignore_index=True).infer_objects()
-            save_results(results, out)
+            results = pd.concat([results, bench_results.frame([row])], ignore_index=True)
+            bench_results.save(results, out)
             if row["status"] != "ok":
                 progress.console.print(f"[red]{p.name}: {row['status']}[/]: {row['error']}")
             progress.advance(bar)

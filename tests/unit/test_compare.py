@@ -4,11 +4,13 @@ differ in more than the dimension compared, spreads on speedups, figures without
 import argparse
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from daskprobe.dashboards import compare as cmp
+from daskprobe.dashboards import bench_results, compare as cmp
+from daskprobe.probes.schema import SchemaError
 from daskprobe.tracer.commands import compare_verb
 
 PY = "/opt/venv/bin/python3.11"
@@ -72,6 +74,27 @@ def test_an_untraced_run_without_results_csv_takes_the_workload_s_line_from_benc
     cmp.compare(runs, "workers", tmp_path / "cmp")
     df = pd.read_csv(tmp_path / "cmp" / "compare.csv").set_index("run")
     assert df.makespan_s[runs[0]] == 3.5 and df.makespan_s.drop(runs[0]).isna().all()
+
+
+ROW = {"graph": "merge-1K", "workers": 1, "scheduler": "ws", "worker": "normal", "server": "dask", "repeat": 0,
+       "status": "ok", "makespan_s": 3.5, "tasks": 1001, "aot_s": 3.5 / 1001, "exit_code": 0}
+
+
+def test_an_untraced_run_out_of_its_bench_takes_its_makespan_from_its_own_row(tmp_path):
+    runs = untraced_bench(tmp_path)
+    (tmp_path / "bench" / "results.csv").unlink()  # the run directory alone, as bench wrote it
+    bench_results.write_row(Path(runs[0]), ROW | {"run_dir": runs[0]})
+    cmp.compare(runs, "workers", tmp_path / "cmp")
+    df = pd.read_csv(tmp_path / "cmp" / "compare.csv").set_index("run")
+    assert df.makespan_s[runs[0]] == 3.5 and df.tasks[runs[0]] == 1001 and df.makespan_s.drop(runs[0]).isna().all()
+
+
+def test_a_bench_row_is_checked_against_its_columns():
+    assert bench_results.frame([ROW]).dtypes["tasks"] == "Int64"
+    with pytest.raises(SchemaError, match="column 'makespan' is not in its schema"):
+        bench_results.frame([ROW | {"makespan": 3.5}])
+    with pytest.raises(SchemaError, match="column 'makespan_s': string values do not fit its dtype float64"):
+        bench_results.frame([ROW | {"makespan_s": "3.5 s"}])
 
 
 def test_no_raw_empty_dataframe_is_printed_and_no_empty_figure_drawn(tmp_path, capsys):
@@ -163,3 +186,12 @@ def test_an_untraced_run_outside_bench_is_compared_by_the_command_s_wall_time(tm
     assert list(df.makespan_s) == [6.0, 4.0] and set(df.makespan_from) == {"command"}
     assert table.set_index("workers").geometric_mean_speedup[2] == pytest.approx(1.5)
     assert any("command's wall time" in n for n in notes), notes
+
+
+def test_a_bench_s_results_keep_their_types_through_its_files(tmp_path):
+    """results.csv is read back as bench wrote it (to resume), a failed run's nulls included."""
+    rows = bench_results.frame([ROW | {"run_dir": "a"}, ROW | {"run_dir": "b", "status": "failed", "makespan_s": None,
+                                                            "tasks": None, "error": "exit code 1", "exit_code": 1}])
+    bench_results.save(rows, tmp_path)
+    pd.testing.assert_frame_equal(bench_results.load(tmp_path), rows)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "results.parquet"), rows)
