@@ -9,7 +9,6 @@ this directory) here. Standard library only at start-up.
 
 FEATURES = (
     "daskprobe_hook_own_cluster",  # a command's own LocalCluster or Client(n_workers=...): daskprobe's cluster
-    "daskprobe_hook_local_scheduler",  # Dask's local schedulers (threads, processes, sync): their jobs recorded
 )
 
 
@@ -26,16 +25,16 @@ def _install() -> None:
 def _chain() -> None:
     """The next sitecustomize on the path, run as Python would have run it (its errors reach the
     site module, which prints them and goes on, as without us)."""
-    import importlib.machinery
-    import importlib.util
     import os
     import sys
+    from importlib._bootstrap import module_from_spec  # importlib.util's, without its import of threading
+    from importlib.machinery import PathFinder
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    spec = PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     spec.loader.exec_module(module)
 
