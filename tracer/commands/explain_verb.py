@@ -18,7 +18,7 @@ def main(args, command: list[str]) -> int:
     import textwrap
 
     from ...analyzers.categories import DEFINITIONS as CATEGORIES
-    from ...analyzers.summary import DEFINITIONS as NUMBERS
+    from ...analyzers.summary_json import DEFINITIONS as NUMBERS
     known = CATEGORIES | NUMBERS
     if args.name and args.name not in known:
         near = difflib.get_close_matches(args.name, list(known), n=3)
