@@ -38,7 +38,10 @@ from .task_threads import compute_rows
 from .thread_state import of_thread, on_cpu_ns
 
 UNKNOWN = {"incomplete": UNCATEGORIZED}  # kinds of time whose owner is not known (critical_path.INCOMPLETE)
-DIRECT = {"network", "compute", "queueing", "client", "scheduler_decisions", *UNKNOWN}
+DIRECT = {"network", "compute", "pool", "queueing", "client", "scheduler_decisions", *UNKNOWN}
+# A local scheduler's pool (local.py): time of the task's thread around its compute, from the dispatch
+# to the result taken in; what it did not wait for (the GIL, a CPU) is Dask's bookkeeping.
+POOL_SPAN = ("compute_sent_ns", "finished_recv_ns")
 NOT_WORK = {UNCATEGORIZED, "client", "idle", "compute"}
 COLUMNS = ["job", "kind", "part", "process", "category", "seconds", "pool", "pool_seconds", "pool_n", "n"]
 
@@ -49,12 +52,13 @@ def attribute(path: pd.DataFrame, processes: pd.DataFrame, states: pd.DataFrame,
     `task_tids`: attempt_threads of `attempts`, the threads that ran the tasks."""
     pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
     compute = compute_rows(path[path.kind == "compute"], attempts, task_tids, states, pids)
+    pool = compute_rows(path[path.kind == "pool"], attempts, task_tids, states, pids, "runtime_bookkeeping", POOL_SPAN)
     path = path[["job", "kind", "part", "process", "start_ns", "end_ns", "batch_ns"]]  # each filter copies every column
     path = path.assign(seconds=(path.end_ns - path.start_ns) / 1e9)
     cpu = cpu[["t_ns", "pid", "tid", "source", "on_cpu", "owns_gil", "category"]]
-    direct = path[path.kind.isin(DIRECT - {"compute"})]
+    direct = path[path.kind.isin(DIRECT - {"compute", "pool"})]
     rows = [pd.DataFrame({"job": direct.job, "kind": direct.kind, "part": direct.part, "process": direct.process,
-                          "category": direct.kind.replace(UNKNOWN), "seconds": direct.seconds}), compute]
+                          "category": direct.kind.replace(UNKNOWN), "seconds": direct.seconds}), compute, pool]
     inproc = path[~path.kind.isin(DIRECT)]
     with_states = set(states.pid.unique())
     per_process = {}  # what every job of a process is split by: computed once per process

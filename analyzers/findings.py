@@ -434,15 +434,17 @@ def _local_gil(s: dict, t: dict) -> dict | None:
     loc = _local(s)
     if "threads" not in loc.get("schedulers", []) or loc.get("pool", 0) < 2:
         return None
-    sec = sum(v for k, v in s["critical_path_parts_s"].items()
-              if k.startswith(("compute:", "pool:")) and k.endswith("[gil_contention]"))
+    sec = _cat(s, "gil_contention")  # no other Python thread than the pool's and the loop's runs a compute
     if not sec:
         return None
+    tasks = sum(v for k, v in s["critical_path_parts_s"].items()
+                if k.startswith(("compute:", "pool:")) and k.endswith("[gil_contention]"))
     hot = hot_functions(t, top=1)
     return _finding("local-gil", sec, "the pool's threads were serialised on the GIL",
-                    f"tasks on the critical path waited {sec:.2f} s to take the GIL from the pool's other "
-                    f"{loc['pool'] - 1} thread(s): time Dask's callbacks (and dask.diagnostics.Profiler) count as "
-                    "the tasks' own" + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
+                    f"threads on the critical path waited {sec:.2f} s to take the GIL ({tasks:.2f} s of it the "
+                    f"tasks' threads, the rest the scheduler's loop) held by the pool's {loc['pool']} threads: time "
+                    "Dask's callbacks (and dask.diagnostics.Profiler) count as the tasks' own"
+                    + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
                     "pure-Python tasks run one at a time however many threads the pool has: "
                     "dask.compute(..., scheduler='processes'), or distributed with one thread per worker process "
                     "(Client(n_workers=N, threads_per_worker=1)); or code that releases the GIL (numpy, pandas "
@@ -450,19 +452,19 @@ def _local_gil(s: dict, t: dict) -> dict | None:
 
 
 def _local_overhead(s: dict) -> dict | None:
-    """Dask's own work per task (the hand-overs, packing, the loop) outweighing the tasks' compute."""
+    """Dask's own work on the path (the loop, the hand-overs, packing) outweighing the tasks' compute there."""
     loc, sec = _local(s), _cat(s, "runtime_bookkeeping")
     mean = loc.get("per_task_mean_s") or {}
-    dask, compute = loc.get("overhead_per_task_s"), mean.get("compute_s")
-    if not sec or dask is None or compute is None or dask <= compute:
+    if not sec or sec <= _cat(s, "compute") or not mean.get("compute_s"):
         return None
     procs = "processes" in loc.get("schedulers", [])
     return _finding("local-overhead", sec, "Dask's local scheduler spent more per task than the tasks did",
-                    f"{s['tasks']} tasks, each computing {compute * 1e6:.0f} µs on average against "
-                    f"{dask * 1e6:.0f} µs of Dask's own from its dispatch to its result taken in (hand-over to the "
-                    f"pool {mean['hand_over_s'] * 1e6:.0f} µs, unpacking {mean['unpack_s'] * 1e6:.0f} µs, packing "
-                    f"{mean['pack_s'] * 1e6:.0f} µs, taking the result in {mean['take_in_s'] * 1e6:.0f} µs), "
-                    "besides the loop's work between results",
+                    f"Dask's own work on the critical path ({sec:.2f} s) outweighed the tasks' compute there "
+                    f"({_cat(s, 'compute'):.2f} s); {s['tasks']} tasks, each computing {mean['compute_s'] * 1e6:.0f} µs "
+                    f"on average, and from its dispatch to its result taken in: hand-over to the pool "
+                    f"{mean['hand_over_s'] * 1e6:.0f} µs, unpacking {mean['unpack_s'] * 1e6:.0f} µs, packing "
+                    f"{mean['pack_s'] * 1e6:.0f} µs, taking the result in {mean['take_in_s'] * 1e6:.0f} µs (wall "
+                    "time, waits included)",
                     "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls"
                     + ("; the processes scheduler pickles each task and result through a pipe: "
                        "scheduler='threads' where the tasks release the GIL" if procs else ""), s, "runtime_bookkeeping")

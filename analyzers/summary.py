@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import local
 from .attribution import attribute, totals
 from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED, classify_stacks,
                          default_rules, load_rules)
@@ -27,7 +28,7 @@ from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worke
 from ..probes.run_json import Meta
 
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
-          "thread_names", "task_stream", "connections")
+          "thread_names", "task_stream", "connections", "local_jobs", "local_tasks")
 
 
 @dataclass
@@ -42,6 +43,7 @@ SAMPLED = ("thread_states", "stack_categories", "cpu_samples", "threads")
 def sampled(t: dict, meta: dict, rules: list[Path] = ()) -> dict:
     """What the samples and thread states say, apart from the messages' side (it needs no job or
     path, so it can be computed beside them): the SAMPLED tables."""
+    t = local.for_samples(t) if local.is_local(t) else t
     states = thread_states(t["offcpu"], t["gil_waits"])
     category = classify_stacks(t["stacks"], t["frames"], load_rules([*rules, *default_rules(meta)]))
     rates = Meta(meta)  # an older run.json without its rates: the defaults, which it was taken at
@@ -58,6 +60,10 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         f"critical_path_s.{cat}": text for cat, text in CATEGORY_DEFINITIONS.items()}} | command_seconds(meta)
     graphs, jobs = graph_jobs(t["graphs"], t["messages"], lossy=lossy(meta))
     window = session(t["messages"], jobs)
+    if (jobs.empty or t["attempts"].empty or window is None) and local.is_local(t) and len(t["local_jobs"]):
+        sides = side() if side else sampled(t, meta, rules)  # a local scheduler's run (analyzers/local.py)
+        out = local.analyze(t, meta, base, sides)
+        return Analysis(out.tables | ({} if side else sides), out.summary)
     if jobs.empty or t["attempts"].empty or window is None:
         return Analysis({}, base | {"error": _nothing(t, meta)}
                         | (task_stream_numbers(t["task_stream"]) if "task_stream" in t else {}))
@@ -134,8 +140,10 @@ def _nothing(t: dict, meta: dict) -> str:
         if meta.get("exit_code"):
             return (f"the command failed (exit code {meta['exit_code']}, see its output above) before a client "
                     "submitted a computation through daskprobe's proxy: nothing to measure")
-        return ("no update-graph from a client went through daskprobe's proxy: nothing to measure (did the "
-                "command connect to another scheduler than DASK_SCHEDULER_ADDRESS?)")
+        return ("the command computed nothing with Dask that daskprobe could see: no update-graph from a client "
+                "reached daskprobe's cluster, and no local scheduler (threads, processes, sync) ran a job in the command's "
+                "Python. Nothing to measure (a Client connected to another address than DASK_SCHEDULER_ADDRESS, "
+                "or a compute given callbacks= of its own, is not recorded)")
     return "no task was dispatched: nothing to measure"
 
 

@@ -20,6 +20,7 @@ from ..analyzers import summary_json
 from ..analyzers.summary_json import DEFINITIONS as SUMMARY_DEFINITIONS
 from ..probes import ebpf_format, run_json
 from ..probes.proxy_capture import RECORDS
+from ..probes.local_scheduler import LINES as LOCAL_LINES
 from ..probes.pyspy import LINES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,10 +52,18 @@ def proxy_records() -> str:
     return "\n".join(lines) + "\n"
 
 
-def sampler_lines() -> str:
+def _lines(defined: dict) -> str:
     lines = ["| line | fields after the letter | what |", "| --- | --- | --- |"]
-    lines += [f"| `{kind}` | {_fields(spec)} | {what} |" for kind, (spec, what) in LINES.items()]
+    lines += [f"| `{kind}` | {_fields(spec)} | {what} |" for kind, (spec, what) in defined.items()]
     return "\n".join(lines) + "\n"
+
+
+def sampler_lines() -> str:
+    return _lines(LINES)
+
+
+def local_scheduler_lines() -> str:
+    return _lines(LOCAL_LINES)
 
 
 def ebpf_events() -> str:
@@ -77,7 +86,7 @@ def ebpf_events() -> str:
 
 
 BLOCKS = {"categories": categories, "summary-keys": summary_keys, "proxy-records": proxy_records,
-          "sampler-lines": sampler_lines, "ebpf-events": ebpf_events}
+          "sampler-lines": sampler_lines, "local-scheduler-lines": local_scheduler_lines, "ebpf-events": ebpf_events}
 FILES = ("README.md", "docs/attribution.md", "docs/formats.md")
 # pages generated whole: the JSON files' keys
 PAGES = {"docs/run_json.md": run_json.markdown, "docs/summary_json.md": summary_json.markdown}

@@ -291,6 +291,39 @@ DECODED = {
         C("nbytes", "Int64", "bytes", "size of the task's result as the worker measured it; null if none"),
         C("status", "str", "", "OK or error"),
     )),
+    "local_jobs": Table("One row per job of a local scheduler (threads, processes, sync): a compute the "
+                        "command ran without distributed, as the client hook recorded it "
+                        "(captures/local_scheduler.PID.tsv); empty otherwise.", (
+        C("job", "int64", "", "its number, in the order the jobs began, from 0"),
+        C("pid", "int64", "", "the process that ran the scheduler's loop (the thread that called compute)"),
+        C("tid", "int64", "", "that thread (the kernel's id)"),
+        C("local", "int64", "", "its number among that process's jobs"),
+        C("start_ns", "int64", MONO, "Dask's start callback: before it ordered the graph"),
+        C("end_ns", "Int64", MONO, "Dask's finish callback; null if it never came (the command ended first)"),
+        C("errored", "boolean", "", "a task raised, or the job was interrupted; null without an end"),
+        C("graph_tasks", "int64", "count", "tasks in the graph it was given"),
+    )),
+    "local_tasks": Table("One row per task a local scheduler dispatched: the loop's callbacks and the pool's "
+                         "run of it (captures/local_scheduler.PID.tsv).", (
+        C("job", "int64", "", "its job (local_jobs.job)"),
+        C("key", "str", "", "the task's key, as str() gives it"),
+        C("prefix", "str", "", "the key's prefix (dask's key_split)"),
+        C("deps", "list[str]", "", "keys of its dependencies"),
+        C("pid", "int64", "", "the process of the scheduler's loop"),
+        C("tid", "int64", "", "the loop's thread"),
+        C("sent_ns", "int64", MONO, "the loop dispatched it (pretask callback)"),
+        C("done_ns", "Int64", MONO, "the loop had taken its result in (posttask callback); null if never"),
+        C("worker_id", "str", "", "where Dask says it ran: a thread's ident (threads), a process's pid "
+          "(processes), empty (sync); null without a result"),
+        C("exec_pid", "Int64", "", "the process that ran it; null if its run was not recorded"),
+        C("exec_tid", "Int64", "", "the thread that ran it (the kernel's id)"),
+        C("ident", "Int64", "", "that thread's Python identifier (threading.get_ident), as samples.ident"),
+        C("enter_ns", "Int64", MONO, "that thread entered dask.local.execute_task for it"),
+        C("loaded_ns", "Int64", MONO, "it had unpacked the task and its inputs (their unpickling, processes)"),
+        C("computed_ns", "Int64", MONO, "the task's function had returned; null if it raised"),
+        C("exit_ns", "Int64", MONO, "it left execute_task, its result packed (pickled, processes)"),
+        C("failed", "boolean", "", "the task raised; null if its run was not recorded"),
+    )),
 }
 
 ANALYSIS = {

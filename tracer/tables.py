@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from ..probes import ebpf_tables, procfs, pyspy
+from ..probes import ebpf_tables, local_scheduler, procfs, pyspy
 from ..probes.proxy_capture import Capture, losses, read_capture, read_status
 from ..probes.rundir import RunDir
 from ..probes.schema import HOST_PID, MONO, TABLES
@@ -42,7 +42,9 @@ def build(run: RunDir) -> dict:
         run.write_table("attempts", attempts)
         run.write_table("graphs", graphs_table(events["graphs"], msgs))
         run.write_table("task_stream", task_stream_table(run, procs, meta["clock_anchor"]))
+        local_bad = local_tables(run)
     probed = probes_done()
+    probed["malformed_lines"] |= local_bad
     if probed["failed"]:
         run.update_meta(skipped_per_process=probed["failed"])
     if probed["unread_files"]:
@@ -76,6 +78,16 @@ def _with_agents(run: RunDir, procs: pd.DataFrame, hosts: dict) -> Capture:
         return read_capture(run.messages_capture)
     run.update_meta(hosts=hosts)
     return cap
+
+
+def local_tables(run: RunDir) -> dict:
+    """Tables local_jobs and local_tasks, from the client hook's captures of Dask's local schedulers;
+    the malformed lines left out of each (captures/NAME: how many)."""
+    bad = Counter()
+    jobs, tasks = local_scheduler.read_local(local_scheduler.files(run / "captures"), bad)
+    run.write_table("local_jobs", jobs)
+    run.write_table("local_tasks", tasks.assign(prefix=prefixes(tasks.key.astype("str"))))
+    return {f"captures/{name}": n for name, n in bad.items() if n}
 
 
 def _arrived_before_sent(msgs: pd.DataFrame) -> int:

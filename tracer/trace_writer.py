@@ -54,6 +54,8 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         samples, stacks, frames = _cpu_samples(run, samples, threads)
         decoded = encode(decoded, counters, samples, w.stacks(stacks, frames))
         analysed()
+        if tasks.empty and run.has_table("local_tasks") and run.has_table("tasks"):
+            tasks = run.table("tasks")  # a local scheduler's (analyzers/local.py): attempt_threads indexes them
         pids = procs.dropna(subset=["pid"]).set_index("name").pid.astype("int64").to_dict()
         ran_on = run.table("attempt_threads", missing_ok=True).set_index("attempt").tid.reindex(range(len(tasks)))
         slices = _named(w, [_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids,

@@ -1,0 +1,310 @@
+"""A run of Dask's local schedulers (threads, processes, sync), from the client hook's tables
+(local_jobs, local_tasks), in the shapes a distributed run's analysis has: its attempts, jobs, tasks
+and critical path, so that the attribution, the summary, the report and the trace read them alike.
+
+A local scheduler's loop (dask.local.get_async) runs in the thread that called compute: it orders
+the graph, dispatches each ready task to a pool (pretask), and takes each result in (posttask), one
+at a time. So what a dispatch waited for is the loop's step before it: the latest result taken in
+before it (the task it made ready, or whose thread it freed), else the job's start. The critical path
+of a job, walked back from its end, goes through the last result taken in and, per task:
+
+  the loop taking the result in  <- the pool packing it  <- compute  <- the pool unpacking the task
+  <- the hand-over to the pool (a pool thread waking; in processes, pickling and the pipe; a new
+  pool process's start)  <- the loop since the result before the dispatch.
+
+A task that followed another in the same batch on the same thread (processes: chunksize) goes
+through that one. Kinds: scheduler (the loop's thread: split by its state and samples, as a
+cluster's event loop), pool (the task's thread: its GIL waits and CPU starvation, the rest Dask's
+bookkeeping), compute (the task's thread: compute less its GIL waits and CPU starvation), client
+(between jobs). The session is the jobs' span: time between jobs is the client's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .critical_path import COLUMNS, _Walk
+from .jobs import JOB_COLUMNS
+from .tasks import task_times
+from .thread_state import of_thread
+
+ATTEMPT_COLUMNS = ["key", "attempt", "run_id", "worker", "deps", "compute_sent_ns", "compute_recv_ns",
+                   "finished_sent_ns", "finished_recv_ns", "nbytes", "thread", "compute_start_ns", "compute_stop_ns",
+                   "transfer_start_ns", "transfer_stop_ns", "outcome", "moved_ns", "prefix", "scheduler_delay_ns"]
+NEW_PROCESS = " (a new pool process: its start)"
+OVERHEAD = ("hand_over_s", "unpack_s", "pack_s", "take_in_s")  # Dask's own time per task, from dispatch to result
+
+
+def is_local(t: dict) -> bool:
+    return len(t.get("local_tasks", ())) > 0 or len(t.get("local_jobs", ())) > 0
+
+
+def names(processes: pd.DataFrame, pids) -> pd.Series:
+    """pid -> the process's name in the run (processes), else "pool process PID" (a pool process
+    daskprobe did not follow)."""
+    known = processes.dropna(subset=["pid"]).drop_duplicates("pid", keep="last").set_index("pid").name
+    pids = pd.Series(pd.unique(pd.Series(pids).dropna().astype("int64")))
+    return pd.Series([known.get(p, f"pool process {p}") for p in pids], index=pids.to_numpy(), dtype=object)
+
+
+def processes(t: dict) -> pd.DataFrame:
+    """The processes table, with a row for each pool process it lacks (named by `names`), as a client's."""
+    procs, lt = t["processes"], t["local_tasks"]
+    pids = pd.concat([lt.pid, lt.exec_pid, t["local_jobs"].pid]).dropna().astype("int64").unique()
+    known = set(procs.pid.dropna().astype("int64"))
+    missing = [p for p in pids if p not in known]
+    extra = pd.DataFrame({"pid": missing, "name": [f"pool process {p}" for p in missing], "role": "client"})
+    return pd.concat([procs, extra], ignore_index=True) if missing else procs
+
+
+def for_samples(t: dict) -> dict:
+    """The tables the samples' side reads, for a local run: its tasks as attempts (a sample of a task's
+    thread inside its compute span is compute), and the command's processes as schedulers rather than
+    clients (their samples are classified by their stacks: the loop is Dask's scheduler here)."""
+    procs = processes(t)
+    return t | {"attempts": attempts(t), "processes": procs.assign(role=procs.role.replace("client", "local"))}
+
+
+def attempts(t: dict) -> pd.DataFrame:
+    """local_tasks as attempts rows (one per dispatch, same order), with their job: the dispatch is the
+    loop's pretask, the task reaching the worker its thread entering execute_task, the compute span
+    from its inputs unpacked to its function's return, the result leaving when execute_task did and
+    reaching the scheduler at the posttask."""
+    lt = t["local_tasks"].reset_index(drop=True)
+    where = names(t["processes"], pd.concat([lt.exec_pid, lt.pid]))
+    run = lt.exec_pid.fillna(lt.pid).astype("int64")
+    failed = lt.failed.fillna(False).astype(bool)
+    outcome = np.where(failed, "erred", np.where(lt.done_ns.notna(), "finished", "unfinished"))
+    n = len(lt)
+    none = pd.array([pd.NA] * n, dtype="Int64")
+    return pd.DataFrame({
+        "key": lt.key, "attempt": lt.groupby(["job", "key"]).cumcount(), "run_id": none, "worker": run.map(where),
+        "deps": lt.deps, "compute_sent_ns": lt.sent_ns.astype("int64"),
+        "compute_recv_ns": lt.enter_ns.fillna(lt.sent_ns).astype("int64"), "finished_sent_ns": lt.exit_ns,
+        "finished_recv_ns": lt.done_ns, "nbytes": none, "thread": lt.ident, "compute_start_ns": lt.loaded_ns,
+        "compute_stop_ns": lt.computed_ns.fillna(lt.exit_ns.where(failed)), "transfer_start_ns": none,
+        "transfer_stop_ns": none, "outcome": outcome, "moved_ns": none, "prefix": lt.prefix,
+        "scheduler_delay_ns": np.zeros(n, dtype="int64"), "job": lt.job.astype("int64")})
+
+
+def scheduler_kind(t: dict) -> dict:
+    """Per job, which local scheduler ran it, from where its tasks ran: in the loop's own thread
+    (sync), other threads of its process (threads), other processes (processes); and the pool's size
+    (threads or processes seen running its tasks)."""
+    lt = t["local_tasks"].dropna(subset=["exec_pid"])
+    out = {}
+    for job, g in lt.groupby("job"):
+        other = g.exec_pid.astype("int64") != g.pid
+        kind = "processes" if other.any() else "sync" if (g.exec_tid == g.tid).all() else "threads"
+        pool = g.exec_pid.nunique() if kind == "processes" else g.exec_tid.nunique()
+        out[int(job)] = {"scheduler": kind, "pool": int(pool)}
+    return out
+
+
+def jobs_table(local_jobs: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
+    """Table jobs for a local run: one per compute, from its start callback to its finish (without
+    one: its last result). Its requested keys are the graph's sinks (no task of it depends on them)."""
+    rows = []
+    for j in local_jobs.itertuples():
+        mine = a[a.job == j.job]
+        needed = set(mine.deps.explode().dropna())
+        sinks = mine[~mine.key.isin(needed)]
+        last = mine.dropna(subset=["finished_recv_ns"])
+        last = last.loc[last.finished_recv_ns.idxmax()] if len(last) else None
+        end = j.end_ns if pd.notna(j.end_ns) else (int(last.finished_recv_ns) if last is not None else j.start_ns)
+        rows.append({"job": j.job, "start_ns": j.start_ns, "end_ns": int(end), "graphs": 1, "graph_bytes": 0,
+                     "requested": len(sinks), "end_key": None if last is None else last.key, "end_told": pd.NA,
+                     "complete": pd.notna(j.end_ns), "untold": 0, "last_told_ns": int(end)})
+    out = pd.DataFrame(rows, columns=JOB_COLUMNS)
+    return out.astype({"job": "int64", "start_ns": "int64", "end_ns": "int64", "end_told": "Int64"})
+
+
+def tasks_table(a: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+    """Table tasks for a local run: each dispatch is its task's only attempt; it was ready when the last
+    of its dependencies' results was taken in (ready_by: that key), else when its job began (graph)."""
+    t = a.drop(columns="attempt").assign(attempts=1, first_sent_ns=a.compute_sent_ns, graph=a.job)
+    t["graph_ns"] = t.job.map(jobs.set_index("job").start_ns).astype("Int64")
+    deps = t[["job", "key", "deps"]].reset_index().explode("deps").dropna(subset=["deps"])
+    done = t[["job", "key", "finished_recv_ns"]].rename(columns={"key": "deps", "finished_recv_ns": "dep_ns"})
+    deps = deps.merge(done, on=["job", "deps"]).dropna(subset=["dep_ns"])
+    last = deps.sort_values("dep_ns", kind="stable").drop_duplicates("index", keep="last").set_index("index")
+    t["ready_ns"] = last.dep_ns.reindex(t.index).astype("Int64").fillna(t.graph_ns)
+    t["ready_by"] = last.deps.reindex(t.index).fillna("graph")
+    return t.join(task_times(t))
+
+
+def task_threads(a: pd.DataFrame, lt: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
+    """Table attempt_threads for a local run: the hook names each task's thread itself."""
+    run = lt.reset_index(drop=True)[["exec_pid", "exec_tid"]].rename_axis("attempt").reset_index().dropna()
+    run = run.astype({"exec_pid": "int64", "exec_tid": "int64"})
+    named = threads[["pid", "tid", "name"]].rename(columns={"pid": "exec_pid", "tid": "exec_tid"})
+    run = run.merge(named, on=["exec_pid", "exec_tid"], how="left")
+    return pd.DataFrame({"attempt": run.attempt, "tid": run.exec_tid, "name": run.name.fillna("")})
+
+
+def critical_path(jobs: pd.DataFrame, a: pd.DataFrame, lt: pd.DataFrame, local_jobs: pd.DataFrame,
+                  processes: pd.DataFrame, states: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every job's critical path (module doc). `a`: attempts(t), row for row with `lt` (local_tasks);
+    `states`: thread_states, where eBPF had them (when the loop's thread woke for a result)."""
+    loops = names(processes, pd.concat([lt.pid, local_jobs.pid]))
+    a = a.assign(exec_pid=lt.exec_pid.to_numpy(), exec_tid=lt.exec_tid.to_numpy(), loop_pid=lt.pid.to_numpy())
+    by_job = local_jobs.set_index("job")
+    rows = []
+    for j in jobs.itertuples():
+        loop = by_job.loc[j.job]
+        blocked = of_thread(states, loop.pid, loop.tid)["blocked"] if states is not None else _NONE
+        rows += _walk(j, a[a.job == j.job], loops.get(loop.pid), blocked)
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values(["job", "start_ns"], kind="stable", ignore_index=True)
+
+
+_NONE = (np.empty(0, "int64"), np.empty(0, "int64"))
+
+
+def _woke(blocked: tuple[np.ndarray, np.ndarray], after, before) -> int | None:
+    """When the loop's thread last woke from sleep between a result leaving the pool and the loop taking
+    it in: until then the result was still on its way (the pool thread handing it over)."""
+    if after is None or before is None:
+        return None
+    ends = blocked[1][(blocked[0] < before) & (blocked[1] > after)]
+    return int(min(ends.max(), before)) if len(ends) else None
+
+
+def _walk(j, a: pd.DataFrame, loop: str | None, blocked=_NONE) -> list[tuple]:
+    w = _Walk(j.job, j.start_ns, j.end_ns)
+    a = a.reset_index(drop=True)
+    done = a.dropna(subset=["finished_recv_ns"]).sort_values("finished_recv_ns", kind="stable")
+    done_t = done.finished_recv_ns.to_numpy("int64")
+    if done.empty:
+        w.back_to(j.start_ns, "scheduler", "local scheduler: a job without results", process=loop)
+        return w.rows
+    first_of = a.dropna(subset=["compute_recv_ns"]).groupby("exec_pid").compute_recv_ns.min()
+    k = done.index[-1]
+    w.back_to(done_t[-1], "scheduler", "local scheduler: ending the job", a.key[k], loop)
+    for _ in range(2 * len(a)):  # each step goes to an earlier task: at most every task twice
+        r = a.loc[k]
+        woke = _woke(blocked, _ns(r.finished_sent_ns), _ns(r.finished_recv_ns))
+        if woke is not None:  # the result reached the loop when its thread woke: the pool's until then
+            w.back_to(woke, "scheduler", "local scheduler: taking the result in", r.key, loop)
+            w.back_to(_ns(r.finished_sent_ns), "pool", "handing the result over", r.key, r.worker)
+        else:
+            w.back_to(_ns(r.finished_sent_ns), "scheduler", "local scheduler: taking the result in", r.key, loop)
+        w.back_to(_ns(r.compute_stop_ns), "pool", "packing the result", r.key, r.worker)
+        w.back_to(_ns(r.compute_start_ns), "compute", "compute", r.key, r.worker)
+        w.back_to(_ns(r.compute_recv_ns), "pool", "unpacking the task", r.key, r.worker)
+        ahead = _ahead_in_batch(a, r)
+        if ahead is not None:
+            w.back_to(_ns(a.finished_sent_ns[ahead]), "pool", "the next task of its batch", r.key, r.worker)
+            k = ahead
+            continue
+        new = pd.notna(r.exec_pid) and r.exec_pid != r.loop_pid and first_of.get(r.exec_pid) == r.compute_recv_ns
+        w.back_to(_ns(r.compute_sent_ns), "pool", "hand-over to the pool" + (NEW_PROCESS if new else ""), r.key,
+                  r.worker)
+        i = np.searchsorted(done_t, r.compute_sent_ns, side="left") - 1  # the latest result before the dispatch
+        if i < 0:
+            w.back_to(j.start_ns, "scheduler", "local scheduler: ordering the graph to the first dispatch", r.key,
+                      loop)
+            break
+        k = done.index[i]
+        w.back_to(done_t[i], "scheduler", "local scheduler: from a result to the next dispatch", r.key, loop)
+    w.back_to(j.start_ns, "scheduler", "local scheduler: ordering the graph to the first dispatch", process=loop)
+    return w.rows
+
+
+def _ns(v) -> int | None:
+    return None if pd.isna(v) else int(v)
+
+
+def _ahead_in_batch(a: pd.DataFrame, r) -> int | None:
+    """The task the same pool thread ran just before this one, if it was still running when this one was
+    dispatched (they went in one batch): this one waited for it."""
+    if pd.isna(r.exec_tid) or pd.isna(r.compute_recv_ns):
+        return None
+    left = a.finished_sent_ns.astype("float64")  # a run not recorded left at no time
+    same = (a.exec_pid.astype("float64") == r.exec_pid) & (a.exec_tid.astype("float64") == r.exec_tid)
+    same &= (left <= r.compute_recv_ns) & (left > r.compute_sent_ns)
+    return int(left[same].idxmax()) if same.any() else None
+
+
+def analyze(t: dict, meta: dict, base: dict, sides: dict):
+    """The analysis of a local run (summary.analyze's, for jobs of a local scheduler): `base`, the summary's
+    fixed keys; `sides`, the SAMPLED tables. An Analysis."""
+    from .attribution import attribute
+    from .cpu import cpu_by_category, cpu_time
+    from .evidence import compute_profile
+    from .findings import local_findings
+    from .summary import Analysis, _jobs, _recomputed, _split
+    from .tasks import prefix_costs, recomputed
+    from .whole_run import cpu_check, in_flight, task_overhead
+    lt = t["local_tasks"].reset_index(drop=True)
+    procs = processes(t)
+    a = attempts(t)
+    jobs = jobs_table(t["local_jobs"], a)
+    tasks = tasks_table(a, jobs)
+    states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]
+    path = pd.concat([critical_path(jobs, a, lt, t["local_jobs"], procs, states),
+                      between_jobs(jobs, t["local_jobs"], procs)],
+                     ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
+    task_tids = task_threads(a, lt, threads)
+    attr = attribute(path, procs, states, cpu, threads, a, task_tids)
+    window = (int(jobs.start_ns.min()), int(jobs.end_ns.max()))
+    again = recomputed(a)
+    ran = procs[procs.pid.isin(pd.concat([lt.pid, lt.exec_pid]).dropna().astype("int64"))]
+    cpu_in_window = cpu_time(cpu, states, threads[threads.pid.isin(ran.pid.astype("int64"))], window)
+    summary = base | numbers(jobs, tasks, a, window) | _split(attr) | {
+        "jobs": _jobs(jobs, tasks, a, attr, window, again), "recomputed": _recomputed(again),
+        "cpu_by_category_s": cpu_by_category(cpu_in_window), "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], window),
+        "worker_idle_s": {}, "workers_ended_s": {}, "task_overhead_s": task_overhead(tasks),
+        "scheduler_cpu_per_task_s": None, "moved": {}, "thread_states": "ebpf" if len(states) else "samples",
+        "local_scheduler": summary_of(t, tasks, meta)}
+    seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
+                "stack_categories": sides["stack_categories"], "processes": procs}
+    profile = compute_profile(seen, a, task_tids)
+    summary["findings"] = local_findings(summary, seen | {"compute_profile": profile}, meta)
+    out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(a), "prefixes": prefix_costs(tasks, path, summary["session_s"]),
+           "critical_path": path, "attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
+    return Analysis(out, summary)
+
+
+def numbers(jobs: pd.DataFrame, tasks: pd.DataFrame, a: pd.DataFrame, window: tuple[int, int]) -> dict:
+    """The summary's counts for a local run: the session is the jobs' span; no messages."""
+    n = len(tasks)
+    spans = (a.compute_stop_ns - a.compute_start_ns).dropna().astype("float64")
+    span_s = (window[1] - window[0]) / 1e9
+    return {"session_s": span_s, "session_window_ns": list(window), "makespan_s": span_s, "window_ns": list(window),
+            "tasks": n, "dispatches": len(a),
+            "aot_s": float((jobs.end_ns - jobs.start_ns).sum()) / 1e9 / n if n else None,
+            "compute_s": float(spans.sum()) / 1e9, "messages": 0, "ops": 0, "messages_per_task": None,
+            "bytes_per_task": None, "ops_by_name": {}}
+
+
+def between_jobs(jobs: pd.DataFrame, local_jobs: pd.DataFrame, procs: pd.DataFrame) -> pd.DataFrame:
+    """The client's time: from a job's end to the next one's start (jobs of one process run one at a
+    time; jobs of several threads at once leave no gap)."""
+    ends = np.maximum.accumulate(jobs.end_ns.to_numpy("int64"))[:-1]
+    starts = jobs.start_ns.to_numpy("int64")[1:]
+    keep = starts > ends
+    loop = names(procs, local_jobs.pid)
+    who = local_jobs.set_index("job").pid.map(loop).reindex(jobs.job[1:]).to_numpy()[keep]
+    return pd.DataFrame({"job": -1, "start_ns": ends[keep], "end_ns": starts[keep], "kind": "client",
+                         "part": "client: between jobs", "key": None, "process": who, "batch_ns": 0},
+                        columns=COLUMNS)
+
+
+def summary_of(t: dict, tasks: pd.DataFrame, meta: dict) -> dict:
+    """summary.json's local_scheduler: which scheduler ran the jobs, the pool's size, and per task the
+    split of a finished task's time from its dispatch to its result taken in."""
+    kinds = scheduler_kind(t)
+    f = tasks[tasks.outcome == "finished"].dropna(subset=["compute_start_ns", "compute_stop_ns", "finished_sent_ns"])
+    f = f[["compute_sent_ns", "compute_recv_ns", "compute_start_ns", "compute_stop_ns", "finished_sent_ns",
+           "finished_recv_ns"]].astype("float64") / 1e9
+    per_task = {"ready_to_dispatch_s": (f.compute_sent_ns - tasks.ready_ns.reindex(f.index).astype("float64") / 1e9),
+                "hand_over_s": f.compute_recv_ns - f.compute_sent_ns, "unpack_s": f.compute_start_ns - f.compute_recv_ns,
+                "compute_s": f.compute_stop_ns - f.compute_start_ns, "pack_s": f.finished_sent_ns - f.compute_stop_ns,
+                "take_in_s": f.finished_recv_ns - f.finished_sent_ns}
+    mean = {k: float(v.mean()) if len(v) else None for k, v in per_task.items()}
+    dask = [mean[k] for k in OVERHEAD if mean[k] is not None]
+    used = sorted({k["scheduler"] for k in kinds.values()})
+    return {"schedulers": used, "pool": max((k["pool"] for k in kinds.values()), default=0),
+            "by_job": {str(j): k for j, k in kinds.items()}, "tasks_timed": len(f),
+            "per_task_mean_s": mean, "overhead_per_task_s": sum(dask) if dask else None}
