@@ -80,41 +80,34 @@ def thread_waits(tasks: pd.DataFrame, attempts: pd.DataFrame, attempt_tids: pd.D
     return out
 
 
-def worker_costs(tasks: pd.DataFrame, threads: int, batch_ns: int) -> pd.DataFrame:
-    """Per finished task, the worker's own time around its compute, ns (NaN where not seen alone):
-    before: from its compute-task (or its inputs) reaching the worker to its start, where the worker held
-    fewer tasks than threads (no thread to wait for); after: from its compute's end to its task-finished
-    leaving, where the worker had sent nothing in the batched-send interval before (no batching wait)."""
-    t = tasks.sort_values("compute_sent_ns", kind="stable")
-    f = t[["compute_recv_ns", "transfer_stop_ns", "compute_start_ns", "compute_stop_ns", "finished_sent_ns"]].astype(
-        "float64")
+def worker_costs(tasks: pd.DataFrame, batch_ns: int) -> pd.DataFrame:
+    """Per finished task, the worker's own time around its compute, ns (NaN where not seen):
+    before: from the later of its compute-task (or its inputs) reaching the worker and the end of the
+    compute before it on its thread, to its start: the worker handing it to a thread; after: from its
+    compute's end to its task-finished leaving, where the worker had sent none in the batched-send
+    interval before (not held by it)."""
+    f = tasks[["compute_recv_ns", "transfer_stop_ns", "compute_start_ns", "compute_stop_ns",
+               "finished_sent_ns"]].astype("float64")
     arrived = np.fmax(f.compute_recv_ns, f.transfer_stop_ns)
-    held = _held_at(t, f.compute_recv_ns)
-    before = (f.compute_start_ns - arrived).where(held < threads)
-    sent = pd.DataFrame({"worker": t.worker, "ns": f.finished_sent_ns}).sort_values(["worker", "ns"], kind="stable")
-    prev = sent.groupby("worker").ns.shift().reindex(t.index)
-    after = (f.finished_sent_ns - f.compute_stop_ns).where(~(prev > f.compute_stop_ns - batch_ns))
-    return pd.DataFrame({"before_ns": before.clip(lower=0), "after_ns": after.clip(lower=0)}).reindex(tasks.index)
+    freed = _previous(tasks[["worker", "thread"]], f.compute_start_ns, f.compute_stop_ns)
+    before = f.compute_start_ns - np.fmax(arrived, freed)
+    prev = _previous(tasks[["worker"]], f.finished_sent_ns, f.finished_sent_ns)
+    after = (f.finished_sent_ns - f.compute_stop_ns).where(~(prev > f.finished_sent_ns - batch_ns))
+    return pd.DataFrame({"before_ns": before.clip(lower=0), "after_ns": after.clip(lower=0)}, index=tasks.index)
 
 
-def _held_at(t: pd.DataFrame, at: pd.Series) -> pd.Series:
-    """Tasks each worker held besides each task (compute-task in, task-finished not yet out) when its own
-    compute-task came in: those that came in with it count (a batch)."""
-    out = pd.Series(0, index=t.index)
-    for _, g in t.groupby("worker"):
-        ins = np.sort(g.compute_recv_ns.to_numpy("float64"))
-        outs = np.sort(g.finished_sent_ns.dropna().to_numpy("float64"))
-        x = at[g.index].to_numpy("float64")
-        out[g.index] = np.searchsorted(ins, x, side="right") - 1 - np.searchsorted(outs, x, side="right")
-    return out
+def _previous(by: pd.DataFrame, order: pd.Series, value: pd.Series) -> pd.Series:
+    """Per row, `value` of the row before it in `order` within its group of `by`."""
+    d = by.assign(_order=order, _value=value).sort_values([*by.columns, "_order"], kind="stable")
+    return d.groupby(list(by.columns), dropna=False)._value.shift().reindex(by.index)
 
 
-def jobs_of(t: dict, workers: list[str], threads: int, delay_ns: int, batch_ns: int) -> list[Job]:
+def jobs_of(t: dict, workers: list[str], delay_ns: int, batch_ns: int) -> list[Job]:
     """The run's complete jobs, in order."""
     tasks = t["tasks"]
     waits = thread_waits(tasks, t["attempts"], t.get("attempt_threads", pd.DataFrame()),
                          t.get("thread_states", pd.DataFrame()), t["processes"])
-    tasks = tasks.join(waits).join(worker_costs(tasks, threads, batch_ns))
+    tasks = tasks.join(waits).join(worker_costs(tasks, batch_ns))
     held = _holders(tasks, workers)
     tells = told(t["messages"])
     graphs = graph_jobs(t["graphs"], t["messages"])[0]

@@ -95,19 +95,22 @@ def _per_byte(x: pd.DataFrame, latency: float) -> float:
 
 
 def _scheduler_busy(t: dict, spans: list[tuple[int, int]]) -> tuple[float, float]:
-    """ns the scheduler's event loop was not blocked in the jobs (eBPF thread states), and of those,
-    waiting for the GIL; without states, its CPU time (proc) and no GIL wait."""
+    """ns the scheduler worked in the jobs: its CPU time (proc) and its event loop's waits for the GIL
+    (eBPF thread states), and of those the waits. Its time runnable without a CPU is left out: the
+    machine's load, not the scheduler's cost. Without proc, the time its loop was not blocked."""
     p = t["processes"]
     pid = p[p.name == "scheduler"].pid.dropna()
     states = t.get("thread_states", pd.DataFrame())
     s0 = np.array([a for a, _ in spans], dtype="int64")
     s1 = np.array([b for _, b in spans], dtype="int64")
-    if len(pid) and len(states) and (states.pid == int(pid.iloc[0])).any():
-        st = of_thread(states, int(pid.iloc[0]), int(pid.iloc[0]))
-        blocked = overlap_ns(s0, s1, *st["blocked"]).sum()
-        return float((s1 - s0).sum() - blocked), float(overlap_ns(s0, s1, *st["gil"]).sum())
-    cpu = [scheduler_cpu(t["proc"], span, 1) for span in spans] if "proc" in t else []
-    return float(sum(c for c in cpu if c) * 1e9), 0.0
+    st = of_thread(states, int(pid.iloc[0]), int(pid.iloc[0])) if len(pid) and len(states) else None
+    gil = float(overlap_ns(s0, s1, *st["gil"]).sum()) if st else 0.0
+    cpu = [scheduler_cpu(t["proc"], span, 1) for span in spans] if t.get("proc") is not None else []
+    if any(c is not None for c in cpu):
+        return float(sum(c for c in cpu if c) * 1e9) + gil, gil
+    if st:
+        return float((s1 - s0).sum() - overlap_ns(s0, s1, *st["blocked"]).sum()), gil
+    return 0.0, 0.0
 
 
 def _decision_share(cpu: pd.DataFrame | None, spans: list[tuple[int, int]]) -> float:

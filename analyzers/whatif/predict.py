@@ -65,10 +65,10 @@ def model(t: dict, meta: dict) -> Model:
     cluster = meta.get("cluster", {})
     if cluster.get("server_cmd"):
         raise NotModelled("the run's scheduler is a --server-cmd server (RSDS?): only Dask's scheduler is modelled")
-    workers, threads, _, delay = layout(t, meta)
+    workers, _, _, delay = layout(t, meta)
     states = t.get("thread_states")
     contention = states is not None and not states.empty
-    jobs = jobs_of(t, workers, threads, int(delay), BATCH_NS[("worker", "scheduler")])
+    jobs = jobs_of(t, workers, int(delay), BATCH_NS[("worker", "scheduler")])
     if not jobs:
         raise NotModelled("the run has no complete job with finished tasks: nothing to replay")
     if not contention:

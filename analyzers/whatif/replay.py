@@ -7,8 +7,9 @@ What it models, in the order a task meets it:
   1.1; other tasks to the worker holding most of their inputs, then the least occupied), or random;
 - the messages: batched sends (a stream sends at once unless it sent in its last interval, else at the
   interval's end), then the link's latency, plus bytes over its bandwidth for task data between workers;
-- each worker: an event loop that takes its measured time per task before and after the compute and
-  serves other workers' get_data, and `threads` threads taking ready tasks by priority;
+- each worker: `threads` threads taking ready tasks by priority, each start after the worker's measured
+  handoff time, each task-finished after its measured time from the compute's end; and an event loop
+  that serves other workers' get_data one at a time;
 - the machine: tasks computing share its cores (processor sharing of their CPU time, not of their
   blocked time), and the threads of one worker share its GIL for the share of CPU that holds it.
 
@@ -251,9 +252,7 @@ class _Replay:
         return self.loop_free[w]
 
     def task_arrives(self, t: float, i: int, w: int) -> None:
-        self.t["arr"][i] = t
-        t = self.loop(w, t, self.d.before_ns[i] * self.s.bookkeeping)
-        self.t["loop"][i] = t
+        self.t["arr"][i] = self.t["loop"][i] = t
         sources = {}
         for dep in self.job.deps[i]:
             if w not in self.where[dep]:
@@ -279,12 +278,12 @@ class _Replay:
         while self.free[w] and self.queue[w]:
             _, i = heapq.heappop(self.queue[w])
             self.free[w] -= 1
-            self.t["start"][i] = t
             self.held_by[i] = freed_by if t > self.t["inputs"][i] else None
-            self.compute_starts(t, i, w)
+            self.at(t + self.d.before_ns[i] * self.s.bookkeeping, self.compute_starts, i, w)  # the thread's handoff
 
     # -- compute: processor sharing of the cores, and of each worker's GIL -------------------------
     def compute_starts(self, t: float, i: int, w: int) -> None:
+        self.t["start"][i] = t
         self.advance(t)
         self.running[i] = [w, 0.0]
         self.reschedule(t)
@@ -336,11 +335,14 @@ class _Replay:
         self.reschedule(t)
         self.t["stop"][i] = t
         self.free[w] += 1
-        done = self.loop(w, t, self.d.after_ns[i] * self.s.bookkeeping)
-        leave = self.batched((w, "scheduler"), done)
+        self.start_next(t, w, i)
+        self.at(t + self.d.after_ns[i] * self.s.bookkeeping, self.report, i, w)
+
+    def report(self, t: float, i: int, w: int) -> None:
+        """The worker has its task-finished ready: it leaves on the worker's batched stream."""
+        leave = self.batched((w, "scheduler"), t)
         self.t["fsent"][i] = leave
         self.at(leave + self.wire("worker", "scheduler"), self.finished, i, w)
-        self.at(done, self.start_next, w, i)
 
     _rates = (1.0, {})
 
