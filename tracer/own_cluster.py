@@ -28,10 +28,10 @@ def heard(report: dict, ctx) -> None:
     shape, spec = _shape(report.get("shape")), ctx.spec
     differs = _differs(shape, spec, asked, ignored) if shape else ["what it asked is not a shape LocalCluster accepts"]
     match = _match(shape, spec, ctx.command) if shape else None
-    say(f"your command's {call} runs on daskprobe's cluster instead, which records its work: {_ours(spec)}, "
+    say(f"your command's {call} runs on daskprobe's cluster instead, which records its work: {_ours(spec)}; "
         "its scheduler in a process of its own (LocalCluster's runs in your script's)"
-        + (f"; it asked for {'; '.join(differs)}" if differs else "; the workers are as it asked")
-        + (f". To match: {match}" if match else ""))
+        + (f"\n  it asked for {'; '.join(differs)}" if differs else "\n  its workers are as it asked")
+        + (f"\n  to match: {match}" if match else ""))  # one write: the command's own lines stay apart
     _keep(ctx, {"via": via, "routed": True, "asked": asked, "shape": shape, "differs": differs, "match": match})
 
 

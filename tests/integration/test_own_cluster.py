@@ -5,7 +5,6 @@ from inside what they got: the scheduler's address, no worker processes or threa
 from __future__ import annotations
 
 import json
-import os
 
 from helpers import run_flow
 
@@ -45,7 +44,16 @@ def _tasks(run) -> int:
 
 
 def _said(p) -> list[str]:
-    return [line for line in p.stderr.splitlines() if line.startswith("daskprobe: your command's")]
+    """What daskprobe said of the command's own clusters: each its first line and those indented after it."""
+    said, following = [], False
+    for line in p.stderr.splitlines():
+        if line.startswith("daskprobe: your command's"):
+            said.append(line)
+        elif following and line.startswith("  "):
+            said[-1] += "\n" + line
+            continue
+        following = line.startswith("daskprobe: your command's")
+    return said
 
 
 def test_local_cluster_processes_runs_on_daskprobes_cluster_said_at_once(tmp_path):
@@ -68,8 +76,9 @@ if __name__ == "__main__":  # a LocalCluster's processes (without daskprobe) imp
     line = said[0]
     assert "LocalCluster(n_workers=3, threads_per_worker=1, processes=True) runs on daskprobe's cluster" in line
     assert "2 worker process(es) x 1 thread(s)" in line and "3 worker(s)" in line and "nannies" in line
-    assert "To match: daskprobe run --workers 3 --threads 1 --nanny -- " in line
+    assert "to match: daskprobe run --workers 3 --threads 1 --nanny -- " in line
     assert p.stderr.index(line) < p.stderr.index("AFTER CLUSTER"), "said at once, while the command runs"
+    assert "(LocalCluster's runs in your script's)\n  it asked for 3 worker(s); its workers under nannies" in line
     entry, = run.meta()["own_clusters"]
     assert entry["routed"] and entry["shape"]["workers"] == 3 and entry["shape"]["threads"] == 1
     assert entry["shape"]["processes"] is True
@@ -90,7 +99,9 @@ cluster.close()
     line, = _said(p)
     assert "LocalCluster(processes=False) runs on daskprobe's cluster" in line
     assert "threads of your script's process, over inproc://" in line
-    assert f"To match: daskprobe run --workers 1 --threads {os.cpu_count()} -- " in line
+    entry, = run.meta()["own_clusters"]
+    assert entry["shape"]["workers"] == 1 and entry["shape"]["processes"] is False
+    assert f"to match: daskprobe run --workers 1 --threads {entry['shape']['threads']} -- " in line
     assert _tasks(run) == 10
 
 
@@ -107,7 +118,7 @@ if __name__ == "__main__":
     _on_ours(p)
     line, = _said(p)
     assert "Client(n_workers=2, threads_per_worker=1) runs on daskprobe's cluster" in line
-    assert "To match: daskprobe run --workers 2 --threads 1 --nanny -- " in line
+    assert "to match: daskprobe run --workers 2 --threads 1 --nanny -- " in line
     assert _tasks(run) == 12
 
 
@@ -149,3 +160,20 @@ with Client() as client:
     assert not _said(p) and "client hook" not in p.stderr, p.stderr[-3000:]
     assert "own_clusters" not in run.meta() and run.meta()["client_hook"]["reports"] == 0
     assert _tasks(run) == 8
+
+
+def test_a_local_cluster_subclass_runs_as_written_and_is_said(tmp_path):
+    """Its own code may need its own processes: not replaced, but the user hears at once that daskprobe's
+    cluster records none of it."""
+    _, p = run_flow(tmp_path, SEEN + """
+from distributed import Client, LocalCluster
+class Mine(LocalCluster):
+    pass
+if __name__ == "__main__":
+    with Mine(n_workers=1, threads_per_worker=1, processes=False) as cluster, Client(cluster) as client:
+        assert client.submit(inc, 1).result() == 2
+        print("THEIRS", cluster.scheduler_address.split(":")[0], flush=True)
+""", *OPTS)
+    assert "THEIRS inproc" in p.stdout
+    assert "daskprobe: your command started its own Mine (not a LocalCluster daskprobe can stand in for): it runs " \
+           "beside daskprobe's cluster, which records none of its work" in p.stderr, p.stderr[-3000:]
