@@ -19,6 +19,7 @@ from pathlib import Path
 from ..probes import rates
 from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
+from ..probes.local_scheduler import CommandCaptures, descendants, runs_as
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
 from ..probes.users import User
@@ -156,7 +157,8 @@ def _processes(cluster: Cluster, probes: list[Probe], client: subprocess.Popen |
     own = {"name": "daskprobe", "role": "probe", "pid": os.getpid(), "listen": None, "contact": None,
            "command": sys.argv}
     helpers = [row for p in probes if (row := p.process_row())]
-    return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else [])
+    return cluster.describe() + [own] + helpers + ([_client_row(client, command)] if client else []) + \
+        getattr(client, "followed", [])
 
 
 def _client_python(command: list[str], depth: int = 0) -> str | None:
@@ -202,7 +204,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "scheduler": spec.scheduler, "worker": spec.worker,
                              "server_cmd": spec.server_cmd, "python": spec.python,
                              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
-    code, client, started, cluster, hook = 1, None, [], None, None
+    code, client, started, cluster, hook, local = 1, None, [], None, None, None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
@@ -239,6 +241,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         run.update_meta(processes=_processes(cluster, started), scheduler_address=cluster.client_address())
         # DASKPROBE_WORKER tells a workload its results are placeholders (zero worker).
         env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=cluster.client_address(), DASKPROBE_WORKER=spec.worker)
+        local = CommandCaptures(user)  # where the command's local schedulers are recorded (its client hook)
+        env |= local.env()
         hook = _client_hook(run, spec, command)
         env = hook.channel.env(env, cluster.client_address())
         signals.check()
@@ -251,7 +255,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         run.update_meta(startup_s={b: round(tb - ta, 3) for (_, ta), (b, tb) in zip(phases, phases[1:])})
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
-        code = _wait(client, signals, hook.hear, wake=hook.channel)
+        code = _wait(client, signals, lambda: (hook.hear(), _follow_children(client, started, run, cluster, command,
+                                                                             user)), wake=hook.channel)
         record(run, command_ended_ns=time.monotonic_ns())  # a full disk by now must not cost the exit code
     except StartError as e:
         say(f"cluster failed to start: {e}")
@@ -264,7 +269,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         code = 128 + e.signum
     finally:
         signals.unwinding = False
-        stopped_early = _teardown(run, signals, client, cluster, started, command)
+        stopped_early = _teardown(run, signals, client, cluster, started, command, local)
         if hook:
             hook.ended()
     return _ended(run, signals, code, stopped_early)
@@ -386,7 +391,7 @@ def _wait(client: subprocess.Popen, signals: Signals, every=lambda: None, wake=N
 
 
 def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, started: list[Probe],
-              command) -> bool:
+              command, local: CommandCaptures | None = None) -> bool:
     """Stop everything, each step whatever the others did: no orphans, whatever failed.
     True if a probe (or the proxy's capture) stopped before the end: the run is partial."""
     died = {p.name: why for p in started if (why := p.died())}  # before stopping: then all have ended
@@ -395,6 +400,7 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
         died[recorder] = why
     killed = []
     steps = [("stopping the command", lambda: _reap(client, signals.grace))]
+    steps += [("collecting the command's local-scheduler captures", lambda: _collect(run, local))] if local else []
     steps += [(f"probe {p.name}'s last read", lambda p=p: p.last_read(min(LAST_READ_TIMEOUT, signals.grace)))
               for p in started]
     steps += [("stopping the cluster", lambda: killed.extend(cluster.stop(signals.grace)))] if cluster else []
@@ -419,6 +425,27 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
         full = "No space left" in error or "quota" in error.lower()
         say(f"probe {name} stopped early: {error}" + (f" ({disk_of(run.path)})" if full else ""))
     return bool(errors)
+
+
+def _follow_children(client: subprocess.Popen, started: list[Probe], run: RunDir, cluster: Cluster, command,
+                     user: User | None) -> None:
+    """The command's new descendants of its user's (a local processes scheduler's pool: its tasks run
+    there), watched by the probes as the command is, and named in run.json's processes."""
+    uid = user.uid if user else os.geteuid()
+    seen = {row["pid"] for row in getattr(client, "followed", [])}
+    new = [p for p in descendants(client.pid) if p not in seen and runs_as(p, uid)]
+    if not new:
+        return
+    rows = [{"name": f"client child {p}", "role": "client", "pid": p, "listen": None, "contact": None,
+             "command": [str(client.pid)]} for p in new]
+    client.followed = getattr(client, "followed", []) + rows
+    _watch(started, rows)
+    record(run, processes=_processes(cluster, started, client, command))
+
+
+def _collect(run: RunDir, local: CommandCaptures) -> None:
+    for why in local.collect(run / "captures"):
+        say(f"local-scheduler capture {why}")
 
 
 def _capture_stopped(run: RunDir, recorder: str) -> str | None:

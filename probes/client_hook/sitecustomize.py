@@ -9,6 +9,7 @@ this directory) here. Standard library only at start-up.
 
 FEATURES = (
     "daskprobe_hook_own_cluster",  # a command's own LocalCluster or Client(n_workers=...): daskprobe's cluster
+    "daskprobe_hook_local_scheduler",  # Dask's local schedulers (threads, processes, sync): their jobs recorded
 )
 
 
