@@ -6,7 +6,6 @@ explain`) and docs/summary_json.md are rendered from here."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ..probes.json_schema import Checked, Key as K, check_written, obj
 from ..probes.rundir import RunDir
@@ -92,6 +91,25 @@ FINDING = obj("finding", "A cause the split says to change.", *(
     K("title", str, "what it is, in words"),
     K("evidence", str, "what shows it"),
     K("advice", str, "what to change"),
+))
+
+LOCAL_JOB = obj("local job", "Which local scheduler ran a job.", *(
+    K("scheduler", str, "threads, processes or sync: where its tasks ran (other threads of the loop's process, "
+      "other processes, the loop's own thread)"),
+    K("pool", int, "threads or processes seen running its tasks"),
+))
+
+LOCAL_SCHEDULER = obj("local scheduler", "A run of Dask's local schedulers (no cluster).", *(
+    K("schedulers", list[str], "the schedulers that ran its jobs", []),
+    K("pool", int, "the largest pool among them", 0),
+    K("by_job", dict[str, LOCAL_JOB], "per job (its number)", {}),
+    K("tasks_timed", int, "finished tasks whose run in the pool was recorded", 0),
+    K("per_task_mean_s", dict[str, float | None], "means over those tasks, s: ready_to_dispatch_s (ready to "
+      "dispatched: waiting for a pool thread), hand_over_s (dispatched to its thread taking it), unpack_s, "
+      "compute_s, pack_s, take_in_s (its result leaving the pool to the loop having taken it in); wall time, "
+      "waits for the GIL or a CPU included", {}),
+    K("overhead_per_task_s", float | None, "hand_over_s + unpack_s + pack_s + take_in_s: a task's time around its "
+      "compute, from its dispatch to its result taken in"),
 ))
 
 SUMMARY = obj("summary.json", "Every key of summary.json. A run without a job (or whose messages could not be "
@@ -182,8 +200,9 @@ SUMMARY = obj("summary.json", "Every key of summary.json. A run without a job (o
       "where the split of time inside processes took the event-loop thread's state from: 'ebpf' "
       "(on/off-CPU and GIL waits, exact) or 'samples' (the sampler's flag; GIL waits and CPU "
       "starvation then cannot be told apart from idle)"),
-    K("local_scheduler", dict[str, Any], "a run whose command computed with a local scheduler (threads, processes, "
-      "sync) instead of daskprobe's cluster: what ran it (analyzers/local.py)", {}),
+    K("local_scheduler", LOCAL_SCHEDULER, "a run whose command computed with a local scheduler (threads, processes, "
+      "sync) instead of daskprobe's cluster: what ran it, and a task's time from its dispatch to its result "
+      "(analyzers/local.py)", {}),
 ))
 
 # What `daskprobe explain` and summary.json's `definitions` say: the numbers, not the file's bookkeeping.
