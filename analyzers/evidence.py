@@ -208,20 +208,44 @@ def top_functions(t: dict, samples: pd.DataFrame, top: int = 3) -> list[dict]:
              "where": f"{r.function} ({r.filename.rsplit('/', 1)[-1]}:{int(r.line)})"} for r in rows.itertuples()]
 
 
-def compute_profile(t: dict, attempts: pd.DataFrame, task_tids: pd.DataFrame) -> pd.DataFrame:
-    """Table compute_profile: per task prefix, the user's functions its tasks ran (the innermost frame of
-    the user's code in each on-CPU sample inside a compute span, on the task's thread)."""
-    cpu, procs = t["cpu_samples"], t["processes"]
-    comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
+def in_compute_spans(samples: pd.DataFrame, procs: pd.DataFrame, attempts: pd.DataFrame,
+                     task_tids: pd.DataFrame) -> pd.DataFrame:
+    """The samples (rows of cpu_samples) that a task's thread took inside its compute span, with the
+    attempt's worker, prefix and span."""
     pids = procs.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
     a = attempts[["worker", "prefix", "compute_start_ns", "compute_stop_ns"]].reset_index(drop=True)
     a = a.rename_axis("attempt").reset_index().merge(task_tids[["attempt", "tid"]], on="attempt")
     a = a.assign(pid=a.worker.map(pids)).dropna(subset=["pid", "compute_start_ns"])
-    if comp.empty or a.empty:
-        return pd.DataFrame(columns=PROFILE_COLUMNS)
+    if samples.empty or a.empty:
+        return samples.iloc[:0].assign(prefix="", compute_stop_ns=0)
     a = a.astype({"pid": "int64", "tid": "int64", "compute_start_ns": "int64"}).sort_values("compute_start_ns")
-    m = pd.merge_asof(comp.sort_values("t_ns"), a, left_on="t_ns", right_on="compute_start_ns", by=["pid", "tid"])
-    m = m[m.t_ns < m.compute_stop_ns]
+    m = pd.merge_asof(samples.sort_values("t_ns"), a, left_on="t_ns", right_on="compute_start_ns", by=["pid", "tid"])
+    return m[m.t_ns < m.compute_stop_ns]
+
+
+def blocked_in(t: dict, top: int = 2) -> list[str]:
+    """Where the tasks' threads were blocked inside their compute spans: the innermost frames of their
+    off-CPU samples, the most often first, as 'function (file:line) N samples'."""
+    cpu, tids, attempts = t.get("cpu_samples"), t.get("attempt_threads"), t.get("attempts")
+    if cpu is None or tids is None or attempts is None or t.get("stacks") is None:
+        return []
+    off = cpu[~cpu.on_cpu.fillna(True).astype(bool) & (cpu.source == "pyspy")]
+    m = in_compute_spans(off, t["processes"], attempts, tids)
+    leaf = t["stacks"].set_index("stack_id").frame_ids.map(lambda ids: ids[0] if len(ids) else None)
+    ids = m.stack_id.map(leaf).dropna().astype("int64").value_counts().head(top)
+    f = t["frames"].set_index("frame_id")
+    return [f"{f.function[i]} ({str(f.filename[i]).rsplit('/', 1)[-1]}:{f.line[i]}) {n} samples"
+            for i, n in ids.items()]
+
+
+def compute_profile(t: dict, attempts: pd.DataFrame, task_tids: pd.DataFrame) -> pd.DataFrame:
+    """Table compute_profile: per task prefix, the user's functions its tasks ran (the innermost frame of
+    the user's code in each on-CPU sample inside a compute span, on the task's thread)."""
+    cpu = t["cpu_samples"]
+    comp = cpu[(cpu.category == "compute") & cpu.on_cpu.fillna(False).astype(bool) & (cpu.source == "pyspy")]
+    m = in_compute_spans(comp, t["processes"], attempts, task_tids)
+    if m.empty:
+        return pd.DataFrame(columns=PROFILE_COLUMNS)
     per_prefix = m.groupby("prefix").size()
     m = m.assign(frame_id=m.stack_id.map(user_frames(t))).dropna(subset=["frame_id"])
     if m.empty:  # no sample inside a span ran code of the user's

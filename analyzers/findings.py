@@ -8,9 +8,10 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs, hot_functions,
-                       imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path,
+from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs,
+                       hot_functions, imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path,
                        spills_on_path, stragglers, why_slow)
+from .task_threads import TASK_BLOCKED
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -22,7 +23,8 @@ def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     session = s["session_s"] or 1.0
     found = [f for f in (_recomputed(s), _saturation(s, t, meta), _client(s, t), _starvation(s, t, meta),
                          _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
-                         _cold_start(s, t), _spilling(s, t), _loop_blocked(s, t), _decisions(s), _overhead(s, meta),
+                         _cold_start(s, t), _blocked_tasks(s, t, meta), _spilling(s, t), _loop_blocked(s, t),
+                         _decisions(s), _overhead(s, meta),
                          _network(s), _graph_data(s, t), _materialization(s, t), _transfers(s, t), _workers_wait(s))
              if f]
     return _ranked(found, session)
@@ -80,8 +82,8 @@ def _saturation(s: dict, t: dict, meta: dict) -> dict | None:
     sec = sum(v for k, v in s["critical_path_parts_s"].items()
               if "worker saturation" in k and not k.endswith(("[gil_contention]", "[cpu_starvation]")))
     # threads held by stragglers, or busy reading and writing spilled data: those findings' seconds
-    spilled = float(spills_on_path(t).sum())
-    sec = max(0.0, sec - spilled - _straggling_s(t))
+    spilled, blocked = float(spills_on_path(t).sum()), _parts(s, TASK_BLOCKED)
+    sec = max(0.0, sec - spilled - _straggling_s(t) - blocked)  # blocked: those threads left their CPU free
     if not sec:
         return None
     c = meta.get("cluster", {})
@@ -117,6 +119,11 @@ def _client(s: dict, t: dict) -> dict | None:
                         evidence + ": building, optimizing and serializing task graphs",
                         "fewer, larger tasks (larger chunks or partitions; collections rather than a loop of "
                         "delayed calls), so the graph is smaller to build and send")
+    if jobs < 2:  # nothing to overlap or merge: the script's own time before its work and after its result
+        return _finding("client", sec, "the cluster waited on the client", evidence,
+                        "this is your script's own time before it submitted its computation or after its result "
+                        "came (loading or building inputs, handling the output): speed that code up, or let the "
+                        "cluster do it (read the inputs with Dask, write the outputs from the workers)")
     return _finding("client", sec, "the cluster waited on the client", evidence,
                     "compute outputs together (dask.compute(a, b)), submit the next work before processing "
                     "results (futures, as_completed), or move the client's own work onto the cluster")
@@ -350,7 +357,8 @@ def _hot_function(s: dict, t: dict) -> dict | None:
     h = hot[0]
     compiled = h["python"] is not None and h["python"] < 0.5  # most samples ran with the GIL released
     # a straggler running compiled code is slow for its data, not for the function: its excess is that finding's
-    comp = _cat(s, "compute") - (_straggling_s(t) if compiled else 0.0)
+    # time blocked is not the function's CPU (blocked-tasks says it)
+    comp = _cat(s, "compute") - _parts(s, TASK_BLOCKED) - (_straggling_s(t) if compiled else 0.0)
     if h["share"] < 0.3 or comp < MIN_SHARE * s["session_s"]:
         return None
     evidence = (f"{h['share']:.0%} of the tasks' on-CPU samples ({h['samples']}) were in your function {h['where']}"
@@ -369,6 +377,23 @@ def _hot_function(s: dict, t: dict) -> dict | None:
                     evidence + held,
                     f"speed up {h['function']}: vectorize it (numpy or pandas operations instead of Python loops "
                     "and row-wise apply), or compile it (numba); it is where the compute went")
+
+
+def _blocked_tasks(s: dict, t: dict, meta: dict) -> dict | None:
+    sec = _parts(s, TASK_BLOCKED)
+    if not sec:
+        return None
+    threads = meta.get("cluster", {}).get("threads")
+    where = blocked_in(t)
+    more = ("more threads per worker (--nthreads; a blocked thread leaves its CPU to the others), " if threads
+            and threads < 2 * (meta.get("cpus") or 1) else "")
+    return _finding("blocked-tasks", sec, "tasks on the critical path were blocked, not computing",
+                    f"task threads on the path off a CPU without waiting for one or for the GIL {sec:.2f} s "
+                    "(sleeping, I/O, a lock), time Dask counts as compute"
+                    + (f"; their samples were blocked in {', '.join(where)}" if where else "")
+                    + (f"; {threads} thread(s) per worker" if threads else ""),
+                    f"the tasks wait on something outside Dask: {more}asynchronous or batched I/O, or a faster "
+                    "source; a faster CPU or fewer tasks would not help")
 
 
 def _cold_start(s: dict, t: dict) -> dict | None:

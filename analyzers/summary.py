@@ -96,7 +96,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
                 "stack_categories": sides["stack_categories"]}
     profile = compute_profile(seen, attempts, task_tids)
-    summary["findings"] = findings(summary, seen | {"compute_profile": profile}, meta)
+    summary["findings"] = findings(summary, seen | {"compute_profile": profile, "attempt_threads": task_tids,
+                                                    "attempts": attempts}, meta)
     out |= {"attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
     return Analysis(out | ({} if side else sides), summary)
 

@@ -3,7 +3,7 @@
 A task thread waiting to take the GIL (eBPF: take_gil's sleeps) spends that time in gil_contention,
 one runnable without a CPU in cpu_starvation: time Dask's startstops count as compute, which no
 change to the task's own code would shorten. The rest (on a CPU, or blocked in the task's own I/O or
-sleep) stays compute. Without the thread (no sample named it) or its states (no eBPF), all of it is
+sleep, a part of its own) stays compute. Without the thread (no sample named it) or its states (no eBPF), all of it is
 compute, as Dask counts it."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from .intervals import overlap_ns
 from .thread_state import of_thread
 
 WAITS = (("gil", "gil_contention", " (task thread waiting for the GIL)"),
-         ("runnable", "cpu_starvation", " (task thread runnable without a CPU)"))
+         ("runnable", "cpu_starvation", " (task thread runnable without a CPU)"),
+         # the task's own I/O, sleep or lock: compute as Dask counts it, told apart for the findings
+         ("blocked", None, TASK_BLOCKED := " (task thread blocked)"))  # None: the segment's own category
 COLUMNS = ["job", "kind", "part", "process", "category", "seconds"]
 COMPUTE_SPAN = ("compute_start_ns", "compute_stop_ns")
 
@@ -39,7 +41,8 @@ def compute_rows(segs: pd.DataFrame, attempts: pd.DataFrame, task_tids: pd.DataF
             waited[state][i] = overlap_ns(s0[i], s1[i], *st[state])
     own = (s1 - s0) - sum(waited.values())
     rows = [segs.assign(category=rest, seconds=np.clip(own, 0, None) / 1e9)]
-    rows += [segs.assign(category=cat, part=segs.part + why, seconds=waited[state] / 1e9) for state, cat, why in WAITS]
+    rows += [segs.assign(category=cat or rest, part=segs.part + why, seconds=waited[state] / 1e9)
+             for state, cat, why in WAITS]
     out = pd.concat(rows, ignore_index=True)
     return out.loc[out.seconds > 0, COLUMNS]
 

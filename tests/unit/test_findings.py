@@ -317,6 +317,24 @@ def test_event_loops_waiting_for_the_gil_of_tasks_running_python_are_the_hot_fun
     assert "gil-contention" in compiled
 
 
+def test_task_threads_blocked_in_their_own_io_are_named_with_where_they_blocked():
+    """Each task's thread is blocked 8 of its 10 ms (a socket read): a finding of its own, naming the
+    call; the same tasks on a CPU throughout get none."""
+    def run(blocked: bool) -> dict:
+        s = gil_bound_tasks(False)
+        if blocked:
+            for t0, t1 in ((15, 23), (30, 38)):
+                s.state("worker-0", "blocked", t0, t1, tid=201)
+                s.sample("worker-0", t0 + 1, "recv_into", "/usr/lib/python3.11/socket.py", tid=201,
+                         name="Dask-Default-Threads-0", ident=7, active=False, owns_gil=False)
+        return found(s, META | {"cpus": 2, "cluster": {"workers": 1, "threads": 1}})
+    f = run(True)["blocked-tasks"]
+    assert f["seconds"] == pytest.approx(0.016) and "recv_into (socket.py:1) 2 samples" in f["evidence"], f
+    assert "more threads per worker" in f["advice"]
+    assert "worker-saturation" not in run(True), "its threads were blocked: more threads would help"
+    assert "blocked-tasks" not in run(False)
+
+
 def test_torn_frames_are_nobodys_code():
     """A frame read while it changed: a function name as its file and a line of -2110975246."""
     s = gil_bound_tasks(False)
