@@ -16,9 +16,10 @@ from .session import record, say
 
 @dataclass
 class Listener:
-    """The pipe, and what a handler may use: the run it records into, daskprobe's cluster, the command."""
+    """The pipe, and what a handler may use: the run it records into, daskprobe's cluster (None: an
+    attached one), the command."""
     run: RunDir
-    spec: ClusterSpec
+    spec: ClusterSpec | None
     command: list[str]
     channel: Channel = field(default_factory=Channel)
     own_clusters: list[dict] = field(default_factory=list)  # run.json's own_clusters

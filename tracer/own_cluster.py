@@ -20,15 +20,22 @@ def heard(report: dict, ctx) -> None:
     via, asked = _text(report.get("via"), 40), _asked(report.get("asked"))
     call = f"{via}({', '.join(f'{k}={v}' for k, v in asked.items())})"
     if report.get("routed") is not True:
+        recorded = "the attached cluster" if ctx.spec is None else "daskprobe's cluster"
         say(f"your command started its own {via} (not a LocalCluster daskprobe can stand in for): it runs beside "
-            "daskprobe's cluster, which records none of its work, and both share the CPUs")
+            f"{recorded}, which records none of its work, and both share the CPUs")
         _keep(ctx, {"via": via, "routed": False})
         return
     ignored = [k for k in report.get("ignored", []) if k in asked] if isinstance(report.get("ignored"), list) else []
     shape, spec = _shape(report.get("shape")), ctx.spec
-    differs = _differs(shape, spec, asked, ignored) if shape else ["what it asked is not a shape LocalCluster accepts"]
-    match = _match(shape, spec, ctx.command) if shape else None
-    say(f"your command's {call} runs on daskprobe's cluster instead, which records its work: {_ours(spec)}; "
+    if spec is None:  # attach: the cluster is not daskprobe's to shape
+        differs = [_wanted(shape) if shape else "a shape LocalCluster would refuse"] + \
+            ([f"{', '.join(f'{k}={asked[k]}' for k in ignored)} (ignored)"] if ignored else [])
+        match, ours = None, "the attached cluster instead, which records its work"
+    else:
+        differs = _differs(shape, spec, asked, ignored) if shape else ["a shape LocalCluster would refuse"]
+        match, ours = _match(shape, spec, ctx.command) if shape else None, \
+            f"daskprobe's cluster instead, which records its work: {_ours(spec)}"
+    say(f"your command's {call} runs on {ours}; "
         "its scheduler in a process of its own (LocalCluster's runs in your script's)"
         + (f"\n  it asked for {'; '.join(differs)}" if differs else "\n  its workers are as it asked")
         + (f"\n  to match: {match}" if match else ""))  # one write: the command's own lines stay apart
@@ -40,9 +47,19 @@ def scaled(report: dict, ctx) -> None:
     spec, via = ctx.spec, _text(report.get("via"), 40)
     n = report.get("n")
     asked = f"{n} worker(s)" if _count(n) is not None else "adaptive scaling" if "adapt" in report else "a scale"
-    say(f"your command's {via} asked for {asked}: daskprobe's cluster stays at {spec.workers} worker(s)"
-        + (f" (daskprobe run --workers {n} ... to have them)" if _count(n) and n != spec.workers else ""))
+    if spec is None:
+        say(f"your command's {via} asked for {asked}: the attached cluster stays as it is")
+    else:
+        say(f"your command's {via} asked for {asked}: daskprobe's cluster stays at {spec.workers} worker(s)"
+            + (f" (daskprobe run --workers {n} ... to have them)" if _count(n) and n != spec.workers else ""))
     _keep(ctx, {"via": via, "scale": _text(n, 20) if "n" in report else "adapt"})
+
+
+def _wanted(shape: dict) -> str:
+    """The workers LocalCluster would have made, in words."""
+    how = "processes under nannies" if shape["processes"] else "threads of your script's process, over inproc://"
+    memory = f", {_gib(shape['memory_limit'])} each" if shape["memory_limit"] else ""
+    return f"{shape['workers']} worker(s) x {shape['threads']} thread(s) as {how}{memory}"
 
 
 def _ours(spec: ClusterSpec) -> str:

@@ -275,7 +275,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     return _ended(run, signals, code, stopped_early)
 
 
-def _client_hook(run: RunDir, spec: ClusterSpec, command: list[str]):
+def _client_hook(run: RunDir, spec: ClusterSpec | None, command: list[str]):
+    """The client hook's pipe and its reports' handlers; `spec`: daskprobe's cluster (None: attached)."""
     from .client_hook import Listener  # here: it imports this module
     return Listener(run, spec, command)
 
@@ -291,7 +292,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
                     clock_anchor=clock_anchor(), config={}, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     versions={"daskprobe": _own_version(), "host": platform.platform()})
-    code, client, started = 1, None, []
+    code, client, started, hook = 1, None, [], None
     try:
         say(f"attaching to {address} ...")
         cluster.layout()
@@ -316,12 +317,15 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
             + (" while the command runs" if command else f" for {duration:g} s" if duration else "; Ctrl-C ends it"))
         follow = lambda: _follow(cluster, started, run, client, command)  # noqa: E731
         if command:
-            env = dict(cluster.env, DASK_SCHEDULER_ADDRESS=address)
+            hook = _client_hook(run, None, command)
+            env = hook.channel.env(dict(cluster.env, DASK_SCHEDULER_ADDRESS=address), address)
             client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env,
-                                                       preexec_fn=our_child, **(user.popen() if user else {}))
+                                                       preexec_fn=our_child, pass_fds=hook.channel.pass_fds,
+                                                       **(user.popen() if user else {}))
+            hook.channel.started()
             _watch(started, [_client_row(client, command)])
             run.update_meta(processes=_processes(cluster, started, client, command))
-            code = _wait(client, signals, follow)
+            code = _wait(client, signals, lambda: (follow(), hook.hear()), wake=hook.channel)
         else:
             code = _sleep(duration, signals, follow)
         record(run, command_ended_ns=time.monotonic_ns())
@@ -337,6 +341,8 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
     finally:
         signals.unwinding = False
         stopped_early = _teardown(run, signals, client, cluster, started, command)
+        if hook:
+            hook.ended()
         if said := cluster.collect_agents():
             say(said)
             record(run, processes=_processes(cluster, started, client, command))

@@ -5,8 +5,14 @@ from inside what they got: the scheduler's address, no worker processes or threa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
-from helpers import run_flow
+import pytest
+
+from daskprobe.probes.rundir import RunDir
+from helpers import daskprobe, run_flow, write_flow
 
 OPTS = ("--probes", "proxy", "--no-trace", "--workers", "2", "--threads", "1")
 
@@ -177,3 +183,38 @@ if __name__ == "__main__":
     assert "THEIRS inproc" in p.stdout
     assert "daskprobe: your command started its own Mine (not a LocalCluster daskprobe can stand in for): it runs " \
            "beside daskprobe's cluster, which records none of its work" in p.stderr, p.stderr[-3000:]
+
+
+STANDING = """
+import json, sys
+from distributed import LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster:
+        print(json.dumps({"address": cluster.scheduler_address}), flush=True)
+        sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="attach reads packets: it needs root")
+def test_attach_gives_the_commands_own_cluster_the_attached_one(tmp_path):
+    standing = subprocess.Popen([sys.executable, str(write_flow(tmp_path / "standing.py", STANDING))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = json.loads(standing.stdout.readline())["address"]
+        out = tmp_path / "run"
+        p = daskprobe("attach", address, "--out", str(out), "--no-trace", "--", sys.executable,
+                      str(write_flow(tmp_path / "flow.py", SEEN + """
+from distributed import Client
+if __name__ == "__main__":
+    with Client(n_workers=4, threads_per_worker=1) as client:
+        seen(client.scheduler.address)
+        assert client.submit(inc, 1, key="own-1").result() == 2
+""")))
+    finally:
+        standing.kill()
+    assert p.returncode == 0, p.stderr[-3000:]
+    _on_ours(p)
+    line, = _said(p)
+    assert "Client(n_workers=4, threads_per_worker=1) runs on the attached cluster instead" in line
+    assert "it asked for 4 worker(s) x 1 thread(s) as processes under nannies" in line and "to match" not in line
+    assert "own-1" in set(RunDir(out).table("attempts").key)
