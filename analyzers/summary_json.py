@@ -149,7 +149,8 @@ SUMMARY = obj("summary.json", "Every key of summary.json. A run without a job (o
     K("aot_s", float | None,
       "average overhead per task as in Böhm & Beránek: the jobs' makespans (summed; the client's time "
       "between jobs left out) / tasks, in seconds"),
-    K("compute_s", float | None, "sum over finished dispatches of the worker's compute span (stop - start), in seconds"),
+    K("compute_s", float | None,
+      "sum over finished dispatches of the worker's compute span (stop - start), in seconds"),
     K("messages", int | None, "Dask messages seen by the proxy in the makespan window (a batch counts once)"),
     K("ops", int | None, "ops in those messages (each op of a batch counts)"),
     K("ops_by_name", dict[str, int], "those ops by op", {}),
