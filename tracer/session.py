@@ -206,7 +206,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
     code, client, started, cluster, hook, local = 1, None, [], None, None, None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
-        say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' if probes else ''} ...")
+        wire = " (messages from the wire: the tap; --probes all for the proxy)" if spec.tap else ""
+        say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' + wire if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
         cluster_versions, client_python = ask_versions(spec.python, user), _client_python(command)

@@ -50,8 +50,7 @@ def main(args, command: list[str]) -> int:
     from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
-    if args.probes == "default" and "tap" in (probes := _wire(probes, args)):
-        say("messages recorded from the wire (the tap: no proxy on the data path; --probes all for the proxy)")
+    probes = _wire(probes, args) if args.probes == "default" else probes
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
     user = options.runs_as(args.user, command, [spec.python], [], "the cluster and your command")
