@@ -25,7 +25,8 @@ def heard(report: dict, ctx) -> None:
             f"{recorded}, which records none of its work, and both share the CPUs")
         _keep(ctx, {"via": via, "routed": False})
         return
-    ignored = [k for k in report.get("ignored", []) if k in asked] if isinstance(report.get("ignored"), list) else []
+    listed = report.get("ignored")
+    ignored = [k for k in listed if isinstance(k, str) and k in asked] if isinstance(listed, list) else []
     shape, spec = _shape(report.get("shape")), ctx.spec
     if spec is None:  # attach: the cluster is not daskprobe's to shape
         differs = [_wanted(shape) if shape else "a shape LocalCluster would refuse"] + \

@@ -101,3 +101,29 @@ def test_a_reported_shape_is_shown_only_if_every_field_fits():
                 {**good, "memory_limit": -5}, {**good, "threads": 10**9}, [good], None):
         assert own_cluster._shape(bad) is None, bad
     assert own_cluster._text("a\x1b[2Jb" + "c" * 100, 20) == "a?[2Jbccccccccccc..."
+
+
+def test_any_report_the_command_sends_is_said_safely_or_not_at_all(tmp_path, capsys):
+    """The command is another user's process: whatever it writes, daskprobe neither fails nor prints its
+    control characters; well-formed reports land in run.json."""
+    from daskprobe.probes.rundir import RunDir
+    from daskprobe.tracer.client_hook import Listener
+    listener = Listener(RunDir.create(str(tmp_path / "run"), ["x"]), ClusterSpec(workers=2, threads=1), ["x"])
+    reports = [
+        {"kind": "own-cluster", "routed": True, "via": "LocalCluster\x1b[31m", "asked": {"n_workers": "3"},
+         "shape": {"workers": 3, "threads": 1, "processes": True, "memory_limit": None}, "ignored": [[1], 2, None]},
+        {"kind": "own-cluster", "routed": True, "via": ["x"], "asked": [1], "shape": {"workers": "many"}},
+        {"kind": "own-cluster", "asked": {"a" * 500: {"b": 1}}, "ignored": "n_workers"},
+        {"kind": "scale", "n": 10**30}, {"kind": "scale", "adapt": {"minimum": "1"}}, {"kind": "scale", "n": -1},
+        {"kind": "hook-error", "what": {"x": 1}, "error": "e" * 1000}, {"kind": "unknown to daskprobe"},
+    ]
+    with os.fdopen(os.dup(listener.channel.pass_fds[0]), "wb") as w:
+        w.write(b"".join(json.dumps(r).encode() + b"\n" for r in reports))
+    listener.channel.started()
+    listener.ended()
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "not understood" not in err, err
+    assert "LocalCluster?[31m(n_workers=3) runs on daskprobe's cluster" in err
+    meta = listener.run.meta()
+    assert len(meta["own_clusters"]) == 6 and meta["client_hook"]["reports"] == len(reports)
+    assert len(meta["client_hook"]["errors"][0]["error"]) == 500
