@@ -89,11 +89,17 @@ _w: _Writer | None = None
 
 
 def _key(key) -> str:
-    return str(key).translate(_CLEAN)
+    text = str(key)
+    return text if text.isprintable() else text.translate(_CLEAN)  # no tab, newline or \x1f: as it is
 
 
 def _here() -> str:
-    return f"{os.getpid()}\t{threading.get_native_id()}"
+    """"PID\tTID" of the calling thread, made once per thread (each costs a system call)."""
+    try:
+        return _w.local.here
+    except AttributeError:
+        here = _w.local.here = f"{os.getpid()}\t{threading.get_native_id()}"
+        return here
 
 
 def _safe(fn):
