@@ -485,14 +485,27 @@ def _local_overhead(s: dict) -> dict | None:
     procs = "processes" in loc.get("schedulers", [])
     return _finding("local-overhead", sec, "Dask's local scheduler spent more per task than the tasks did",
                     f"Dask's own work on the critical path ({sec:.2f} s) outweighed the tasks' compute there "
-                    f"({_cat(s, 'compute'):.2f} s); {s['tasks']} tasks, each computing {mean['compute_s'] * 1e6:.0f} µs "
-                    f"on average, and from its dispatch to its result taken in: hand-over to the pool "
-                    f"{mean['hand_over_s'] * 1e6:.0f} µs, unpacking {mean['unpack_s'] * 1e6:.0f} µs, packing "
-                    f"{mean['pack_s'] * 1e6:.0f} µs, taking the result in {mean['take_in_s'] * 1e6:.0f} µs (wall "
-                    "time, waits included)",
+                    f"({_cat(s, 'compute'):.2f} s); {s['tasks']} tasks; per task, on average, "
+                    + "; ".join(_around(k) for k in _by_scheduler(loc)) + " (wall time, waits included)",
                     "fewer, bigger tasks: larger chunks or partitions, fewer delayed calls"
                     + ("; the processes scheduler pickles each task and result through a pipe: "
                        "scheduler='threads' where the tasks release the GIL" if procs else ""), s, "runtime_bookkeeping")
+
+
+def _by_scheduler(loc: dict) -> list[dict]:
+    """One job's entry (local_scheduler.by_job) per scheduler, its first; the whole run's where none has times."""
+    first = {}
+    for k in loc.get("by_job", {}).values():
+        if k.get("per_task_mean_s", {}).get("compute_s") is not None:
+            first.setdefault(k["scheduler"], k)
+    return list(first.values()) or [loc | {"scheduler": "/".join(loc.get("schedulers", []))}]
+
+
+def _around(k: dict) -> str:
+    m = k["per_task_mean_s"]
+    return (f"{k['scheduler']}: {m['compute_s'] * 1e6:.0f} µs of compute, and from its dispatch to its result taken in "
+            f"a hand-over to the pool of {m['hand_over_s'] * 1e6:.0f} µs, unpacking {m['unpack_s'] * 1e6:.0f} µs, "
+            f"packing {m['pack_s'] * 1e6:.0f} µs, taking the result in {m['take_in_s'] * 1e6:.0f} µs")
 
 
 def _local_starvation(s: dict, meta: dict) -> dict | None:

@@ -292,19 +292,29 @@ def between_jobs(jobs: pd.DataFrame, local_jobs: pd.DataFrame, procs: pd.DataFra
 
 
 def summary_of(t: dict, tasks: pd.DataFrame, meta: dict) -> dict:
-    """summary.json's local_scheduler: which scheduler ran the jobs, the pool's size, and per task the
-    split of a finished task's time from its dispatch to its result taken in."""
+    """summary.json's local_scheduler: which scheduler ran the jobs, the pool's size, and a finished task's
+    mean times from its dispatch to its result taken in, over all jobs and per job."""
     kinds = scheduler_kind(t)
+    for job, k in kinds.items():
+        _, mean, around = per_task(tasks[tasks.job == job])
+        k.update(per_task_mean_s=mean, overhead_per_task_s=around)
+    n, mean, around = per_task(tasks)
+    return {"schedulers": sorted({k["scheduler"] for k in kinds.values()}),
+            "pool": max((k["pool"] for k in kinds.values()), default=0),
+            "by_job": {str(j): k for j, k in kinds.items()}, "tasks_timed": n, "per_task_mean_s": mean,
+            "overhead_per_task_s": around}
+
+
+def per_task(tasks: pd.DataFrame) -> tuple[int, dict, float | None]:
+    """Over the finished tasks whose run was recorded: how many, their mean times by step (s), and the
+    sum of the steps around compute (OVERHEAD)."""
     f = tasks[tasks.outcome == "finished"].dropna(subset=["compute_start_ns", "compute_stop_ns", "finished_sent_ns"])
+    ready = f.ready_ns.astype("float64") / 1e9
     f = f[["compute_sent_ns", "compute_recv_ns", "compute_start_ns", "compute_stop_ns", "finished_sent_ns",
            "finished_recv_ns"]].astype("float64") / 1e9
-    per_task = {"ready_to_dispatch_s": (f.compute_sent_ns - tasks.ready_ns.reindex(f.index).astype("float64") / 1e9),
-                "hand_over_s": f.compute_recv_ns - f.compute_sent_ns, "unpack_s": f.compute_start_ns - f.compute_recv_ns,
-                "compute_s": f.compute_stop_ns - f.compute_start_ns, "pack_s": f.finished_sent_ns - f.compute_stop_ns,
-                "take_in_s": f.finished_recv_ns - f.finished_sent_ns}
-    mean = {k: float(v.mean()) if len(v) else None for k, v in per_task.items()}
-    dask = [mean[k] for k in OVERHEAD if mean[k] is not None]
-    used = sorted({k["scheduler"] for k in kinds.values()})
-    return {"schedulers": used, "pool": max((k["pool"] for k in kinds.values()), default=0),
-            "by_job": {str(j): k for j, k in kinds.items()}, "tasks_timed": len(f),
-            "per_task_mean_s": mean, "overhead_per_task_s": sum(dask) if dask else None}
+    steps = {"ready_to_dispatch_s": f.compute_sent_ns - ready, "hand_over_s": f.compute_recv_ns - f.compute_sent_ns,
+             "unpack_s": f.compute_start_ns - f.compute_recv_ns, "compute_s": f.compute_stop_ns - f.compute_start_ns,
+             "pack_s": f.finished_sent_ns - f.compute_stop_ns, "take_in_s": f.finished_recv_ns - f.finished_sent_ns}
+    mean = {k: float(v.mean()) if len(v) else None for k, v in steps.items()}
+    around = [mean[k] for k in OVERHEAD if mean[k] is not None]
+    return len(f), mean, (sum(around) if around else None)

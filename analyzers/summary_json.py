@@ -97,6 +97,8 @@ LOCAL_JOB = obj("local job", "Which local scheduler ran a job.", *(
     K("scheduler", str, "threads, processes or sync: where its tasks ran (other threads of the loop's process, "
       "other processes, the loop's own thread)"),
     K("pool", int, "threads or processes seen running its tasks"),
+    K("per_task_mean_s", dict[str, float | None], "as local_scheduler's, over its tasks", {}),
+    K("overhead_per_task_s", float | None, "as local_scheduler's, over its tasks"),
 ))
 
 LOCAL_SCHEDULER = obj("local scheduler", "A run of Dask's local schedulers (no cluster).", *(

@@ -476,7 +476,9 @@ ANALYSIS = {
         C("job", "int64", "", "its job (jobs.job); -1 outside jobs"),
         C("start_ns", "int64", MONO, "start of the segment"),
         C("end_ns", "int64", MONO, "its end"),
-        C("kind", "str", "", "network, compute, scheduler, worker, queueing, scheduler_decisions or client"),
+        C("kind", "str", "", "network, compute, scheduler, worker, queueing, scheduler_decisions or client; for "
+          "a local scheduler's job (analyzers/local.py): scheduler (its loop), pool (the task's thread around its "
+          "compute), compute or client"),
         C("part", "str", "", "what the segment is, finer"),
         C("key", "str", "", "the task it belongs to; null if none"),
         C("process", "str", "", "the process the time was in; null for network and scheduler_decisions, and "
