@@ -200,3 +200,30 @@ def test_local_tables_make_jobs_tasks_and_ready_times(tmp_path):
     assert tt.ready_by.tolist() == ["graph", "('a', 0)"] and tt.ready_ns.tolist() == [1_000, 40_000]
     assert np.array_equal(a.compute_start_ns.to_numpy("int64"), [13_000, 48_000])
     assert local.scheduler_kind(t) == {0: {"scheduler": "threads", "pool": 1}}
+
+
+def test_collect_copies_the_commands_files_and_follows_nothing_it_planted(tmp_path, monkeypatch):
+    """The command's user owns the directory: root copies only regular files of that user's, through no link,
+    never waits on a FIFO, and reads at most MAX_BYTES of one (cut at a line's end)."""
+    import os
+    from daskprobe.probes import local_scheduler as ls
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir(), dest.mkdir()
+    (src / "local_scheduler.1.tsv").write_text(line("J", t_ns=1, pid=1, tid=1, job=0, tasks=1))
+    secret = tmp_path / "secret"
+    secret.write_text("root's\n")
+    (src / "local_scheduler.2.tsv").symlink_to(secret)
+    os.mkfifo(src / "local_scheduler.3.tsv")
+    (src / "local_scheduler.4.tsv").write_text("x\n")
+    os.chown(src / "local_scheduler.4.tsv", 65534, 65534)  # another user's
+    (src / "local_scheduler.5.tsv").write_text("a\tb\n" * 10)
+    (src / "unrelated.txt").write_text("not ours to copy\n")
+    monkeypatch.setattr(ls, "MAX_BYTES", 12)
+    said = ls.collect(src, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["local_scheduler.1.tsv", "local_scheduler.5.tsv"]
+    assert (dest / "local_scheduler.5.tsv").read_text() == "a\tb\n" * 3  # 12 bytes: three whole lines
+    assert [s.split(":")[0] for s in said] == ["local_scheduler.2.tsv", "local_scheduler.3.tsv",
+                                               "local_scheduler.4.tsv", "local_scheduler.5.tsv"]
+    assert "regular file" in said[1] and "regular file" in said[2] and "cut" in said[3]
+    (tmp_path / "link").symlink_to(src)
+    assert ls.collect(tmp_path / "link", dest)  # the directory itself a link: refused, said
