@@ -23,6 +23,7 @@ class Listener:
     command: list[str]
     channel: Channel = field(default_factory=Channel)
     own_clusters: list[dict] = field(default_factory=list)  # run.json's own_clusters
+    elsewhere: set[str] = field(default_factory=set)        # other schedulers the command's Clients went to
     errors: list[dict] = field(default_factory=list)        # the hook's features that failed
 
     def hear(self) -> None:
@@ -64,5 +65,6 @@ def _error(report: dict, listener: Listener) -> None:
 HANDLERS: dict[str, Callable[[dict, Listener], None]] = {
     "own-cluster": own_cluster.heard,
     "scale": own_cluster.scaled,
+    "elsewhere": own_cluster.elsewhere,
     "hook-error": _error,
 }

@@ -43,6 +43,19 @@ def heard(report: dict, ctx) -> None:
     _keep(ctx, {"via": via, "routed": True, "asked": asked, "shape": shape, "differs": differs, "match": match})
 
 
+def elsewhere(report: dict, ctx) -> None:
+    """A Client given another scheduler than the recorded one: said once per address, kept."""
+    where = _text(report["address"], 120) if "address" in report else \
+        f"the scheduler its scheduler file names ({_text(report.get('scheduler_file'), 120)})"
+    if where in ctx.elsewhere:
+        return
+    ctx.elsewhere.add(where)
+    recorded = "the attached cluster" if ctx.spec is None else "daskprobe's cluster"
+    say(f"your command's Client connects to {where}, not {recorded}: nothing of it is recorded (a plain Client() "
+        f"connects to {recorded}; a cluster already running: daskprobe attach ADDRESS -- ...)")
+    _keep(ctx, {"via": "Client", "routed": False, "elsewhere": where})
+
+
 def scaled(report: dict, ctx) -> None:
     """scale() or adapt() on the cluster daskprobe stands in: said, kept; nothing changes."""
     spec, via = ctx.spec, _text(report.get("via"), 40)

@@ -11,8 +11,9 @@ LocalCluster would have made of them) to daskprobe, which says at once what it d
 
 Closing the DaskprobeCluster (close(), its `with` block, the Client that made it, Client.shutdown())
 closes only its connections: daskprobe's cluster runs on to the end of the run. scale() and adapt()
-are reported and change nothing. A LocalCluster subclass is not replaced (its own code may need
-its own processes): it is reported as running beside daskprobe's cluster.
+are reported and change nothing. A LocalCluster subclass, or any other cluster manager, is not
+replaced (its own code may need its own processes): it is reported as running beside daskprobe's
+cluster; so is a Client given another scheduler's address or a scheduler file.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _patch(scheduler: str) -> None:
     import inspect
 
     from distributed.client import Client
+    from distributed.deploy.cluster import Cluster
     from distributed.deploy.local import LocalCluster
 
     routed = _cluster_class(scheduler, LocalCluster)
@@ -43,10 +45,20 @@ def _patch(scheduler: str) -> None:
     def __new__(cls, *args, **kwargs):
         if cls is LocalCluster:
             return routed("LocalCluster", *args, **kwargs)  # not a LocalCluster: Python skips its __init__
-        hook.send("own-cluster", via=cls.__name__, routed=False)
         return new(cls) if new is object.__new__ else new(cls, *args, **kwargs)
 
     LocalCluster.__new__ = staticmethod(__new__)
+
+    cluster_init = Cluster.__init__
+
+    def cluster__init__(self, *args, **kwargs):
+        # any other cluster manager (a LocalCluster subclass, SpecCluster, SSHCluster...) runs as written
+        if not isinstance(self, routed):
+            hook.send("own-cluster", via=type(self).__name__, routed=False)
+        cluster_init(self, *args, **kwargs)
+
+    cluster__init__.__wrapped__ = cluster_init
+    Cluster.__init__ = cluster__init__
 
     init = Client.__init__
     signature = inspect.signature(init)
@@ -59,6 +71,7 @@ def _patch(scheduler: str) -> None:
             bound = None  # Client's own error, below
         a = bound.arguments if bound else {}
         if not (a.get(extra) and a.get("address") is None and a.get("scheduler_file") is None):
+            _elsewhere(a.get("address"), a.get("scheduler_file"), scheduler)
             return init(self, *args, **kwargs)  # a plain Client(), or one given an address: as ever
         asked = a.pop(extra)
         a["address"] = routed("Client", **{k: a[k] for k in ("asynchronous", "loop") if k in a}, **asked)
@@ -68,6 +81,22 @@ def _patch(scheduler: str) -> None:
     __init__.__wrapped__ = init
     __init__.__doc__ = init.__doc__
     Client.__init__ = __init__
+
+
+def _elsewhere(address, scheduler_file, scheduler: str) -> None:
+    """Report a Client given another scheduler's address (or a scheduler file): nothing of it is recorded."""
+    if scheduler_file is not None:
+        hook.send("elsewhere", scheduler_file=str(scheduler_file)[:200])
+    elif isinstance(address, str) and _resolved(address) != _resolved(scheduler):
+        hook.send("elsewhere", address=address[:200])
+
+
+def _resolved(address: str) -> str:
+    from distributed.comm.addressing import normalize_address, resolve_address
+    try:
+        return resolve_address(normalize_address(address))
+    except Exception:  # noqa: BLE001 - an address Dask cannot parse: the Client says so itself
+        return address
 
 
 def _cluster_class(scheduler: str, LocalCluster):

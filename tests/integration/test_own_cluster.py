@@ -168,21 +168,28 @@ with Client() as client:
     assert _tasks(run) == 8
 
 
-def test_a_local_cluster_subclass_runs_as_written_and_is_said(tmp_path):
+def test_a_local_cluster_subclass_or_another_scheduler_runs_as_written_and_is_said(tmp_path):
     """Its own code may need its own processes: not replaced, but the user hears at once that daskprobe's
-    cluster records none of it."""
+    cluster records none of it; the same for a Client given another scheduler's address, said once."""
     _, p = run_flow(tmp_path, SEEN + """
 from distributed import Client, LocalCluster
 class Mine(LocalCluster):
     pass
 if __name__ == "__main__":
-    with Mine(n_workers=1, threads_per_worker=1, processes=False) as cluster, Client(cluster) as client:
-        assert client.submit(inc, 1).result() == 2
-        print("THEIRS", cluster.scheduler_address.split(":")[0], flush=True)
+    with Mine(n_workers=1, threads_per_worker=1, processes=False) as cluster:
+        for _ in range(2):
+            with Client(cluster.scheduler_address) as client:
+                assert client.submit(inc, 1).result() == 2
+        print("THEIRS", cluster.scheduler_address, flush=True)
+    with Client(os.environ["DASK_SCHEDULER_ADDRESS"].replace("127.0.0.1", "localhost")) as client:
+        assert client.submit(inc, 2).result() == 3
 """, *OPTS)
-    assert "THEIRS inproc" in p.stdout
+    theirs = next(line.split()[1] for line in p.stdout.splitlines() if line.startswith("THEIRS inproc://"))
     assert "daskprobe: your command started its own Mine (not a LocalCluster daskprobe can stand in for): it runs " \
            "beside daskprobe's cluster, which records none of its work" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count(f"daskprobe: your command's Client connects to {theirs}, not daskprobe's cluster: "
+                          "nothing of it is recorded") == 1
+    assert p.stderr.count("Client connects to") == 1, "daskprobe's own address, by another name, is no other"
 
 
 STANDING = """
