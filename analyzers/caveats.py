@@ -19,6 +19,9 @@ def caveats(meta: dict, summary: dict, live_pid: int | None = None) -> list[str]
         out.append(f"{len(cut)} of {len(jobs)} job(s) have no recorded end ({sum(j['untold'] for j in cut)} keys "
                    f"asked for were never told to the client: job(s) {', '.join(str(j['job']) for j in cut[:10])}): "
                    "their time after their last told key is uncategorized, not the client's")
+    if n := summary.get("local_scheduler", {}).get("ignored_jobs"):
+        out.append(f"{n} job(s) of a local scheduler ({', '.join(summary['local_scheduler']['schedulers'])}) ran "
+                   "beside the cluster's and are not in the split (tables local_jobs and local_tasks have them)")
     for worker, at in summary.get("workers_ended_s", {}).items():
         out.append(f"{worker} ended at {at:.2f} s (its connections closed: it died or was retired): its idle "
                    "time counts until then")

@@ -96,6 +96,9 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
                 "stack_categories": sides["stack_categories"]}
     profile = compute_profile(seen, attempts, task_tids)
+    if local.is_local(t) and len(t["local_jobs"]):  # jobs of a local scheduler beside the cluster's: not analysed
+        summary["local_scheduler"] = {"schedulers": sorted({k["scheduler"] for k in local.scheduler_kind(t).values()}),
+                                      "ignored_jobs": len(t["local_jobs"])}
     summary["findings"] = findings(summary, seen | {"compute_profile": profile, "attempt_threads": task_tids,
                                                     "attempts": attempts}, meta)
     out |= {"attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}

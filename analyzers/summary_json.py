@@ -112,6 +112,8 @@ LOCAL_SCHEDULER = obj("local scheduler", "A run of Dask's local schedulers (no c
       "waits for the GIL or a CPU included", {}),
     K("overhead_per_task_s", float | None, "hand_over_s + unpack_s + pack_s + take_in_s: a task's time around its "
       "compute, from its dispatch to its result taken in"),
+    K("ignored_jobs", int, "in a run with a cluster's jobs too: the local jobs, not analysed (tables local_jobs, "
+      "local_tasks)", 0),
 ))
 
 SUMMARY = obj("summary.json", "Every key of summary.json. A run without a job (or whose messages could not be "

@@ -26,7 +26,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     jobs = s.get("jobs", [])
     console.print(f"[bold]session {s['session_s']:.2f} s[/]: {len(jobs)} job(s), makespan {s['makespan_s']:.2f} s, "
                   f"{s['tasks']} tasks ({s['dispatches']} dispatches), {_ms(s.get('aot_s'))} per task (AOT)")
-    if loc := s.get("local_scheduler"):
+    if (loc := s.get("local_scheduler")) and not loc.get("ignored_jobs"):
         console.print(_local_line(loc))
     console.print(_split_table("where the session went (critical path), s", s, s["session_s"]))
     if len(jobs) > 1:

@@ -227,3 +227,10 @@ def test_collect_copies_the_commands_files_and_follows_nothing_it_planted(tmp_pa
     assert "regular file" in said[1] and "regular file" in said[2] and "cut" in said[3]
     (tmp_path / "link").symlink_to(src)
     assert ls.collect(tmp_path / "link", dest)  # the directory itself a link: refused, said
+
+
+def test_local_jobs_beside_a_clusters_are_said_not_dropped():
+    from daskprobe.analyzers.caveats import caveats
+    said = caveats({}, {"local_scheduler": {"schedulers": ["threads"], "ignored_jobs": 2}})
+    assert said and "2 job(s) of a local scheduler (threads)" in said[0]
+    assert not caveats({}, {"local_scheduler": {"schedulers": ["threads"], "pool": 4}})  # a local run's own
