@@ -35,7 +35,7 @@ import pandas as pd
 from rich.console import Console
 
 from .overhead import SATURATION, print_table
-from ..probes.base import CLUSTER_ROLES, SAMPLER_NICE, native_binary
+from ..probes.base import CLUSTER_ROLES, SAMPLER_NICE, missing_binary, native_binary
 from ..probes import rates
 from ..probes.procfs import cpu_s
 from ..probes.procs import spawn, stop
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     readers = READERS if args.against is None else (("this build", None, "auto"), (str(args.against), str(args.against), "auto"))
     if native_binary("daskprobe-sampler") is None:
-        ap.error("daskprobe-sampler is not built (run ./setup.sh)")
+        ap.error(missing_binary("daskprobe-sampler"))
     out = args.out or Path("runs") / f"bench-sampler-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)
     version = subprocess.run([args.python, "-c", "import platform; print(platform.python_version())"],

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 import re
 import shutil
 import signal
-import sys
+import sysconfig
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,12 +86,36 @@ class Probe:
 
 
 def native_binary(name: str) -> str | None:
-    """A binary built by setup.sh into the venv's bin/, or on PATH."""
+    """One of daskprobe's Rust binaries (daskprobe-proxy, ...): named by $DASKPROBE_PROXY and so on, else
+    where pip installed it with daskprobe (any scheme: a venv, --user, --prefix), else this interpreter's
+    scripts directory (a checkout's .venv/bin, where setup.sh installs them too), else on PATH."""
     env = os.environ.get(name.upper().replace("-", "_"))  # daskprobe-proxy: $DASKPROBE_PROXY
-    for c in (env, str(Path(sys.prefix) / "bin" / name), shutil.which(name)):
-        if c and os.access(c, os.X_OK):
+    scripts = Path(sysconfig.get_path("scripts")) / name
+    for c in (env, installed_file(_own_distribution(), name), str(scripts), shutil.which(name)):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
+
+
+def missing_binary(name: str) -> str:
+    """What to do when native_binary found nothing."""
+    return (f"{name} is not installed: pip install daskprobe builds it (it needs cargo), "
+            "or ./setup.sh in a checkout")
+
+
+@functools.cache
+def _own_distribution() -> importlib.metadata.Distribution | None:
+    try:
+        return importlib.metadata.distribution("daskprobe")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return None
+
+
+def installed_file(dist: importlib.metadata.Distribution | None, name: str) -> str | None:
+    """The file called `name` that the installer recorded putting in place with `dist` (its RECORD;
+    a wheel's scripts land outside site-packages, in the scheme's scripts directory)."""
+    found = (f for f in (dist and dist.files or ()) if f.name == name)
+    return next((os.path.normpath(f.locate()) for f in found), None)
 
 
 def is_root() -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from . import ebpf_format
-from .base import native_binary, tsv_rows
+from .base import missing_binary, native_binary, tsv_rows
 
 SYMBOL = re.compile(r"^(.*?)(?: \[(.*)\])?$")
 EVENTS, USTACKS, MAPS = "ebpf_events.bin", "ebpf_ustacks.bin", "ebpf_maps.tsv"
@@ -25,7 +25,7 @@ def _unwinder(args: list[str], stdin: str | None = None,
     it did not read ("PATH: why") go into `unread`, else on our stderr."""
     binary = native_binary("daskprobe-unwind")
     if binary is None:
-        return {}, "daskprobe-unwind is not built (run ./setup.sh)"
+        return {}, missing_binary("daskprobe-unwind")
     done = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, errors="replace")
     frames = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
     if not done.returncode and unread is not None:

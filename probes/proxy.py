@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import HELPER_NICE, native_binary
+from .base import HELPER_NICE, missing_binary, native_binary
 from .procs import spawn, stop
 
 
@@ -24,7 +24,7 @@ class Route:
 def proxy_binary(name: str = "daskprobe-proxy") -> str:
     path = native_binary(name)
     if path is None:
-        raise FileNotFoundError(f"{name} is not built: run ./setup.sh (it builds probes/proxy-core with cargo)")
+        raise FileNotFoundError(missing_binary(name))
     return path
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import ebpf_format, procfs, pyspy, rates
-from .base import CLUSTER_ROLES, LAST_READ_TIMEOUT, SAMPLER_NICE, Probe, is_root, native_binary
+from .base import CLUSTER_ROLES, LAST_READ_TIMEOUT, SAMPLER_NICE, Probe, is_root, missing_binary, native_binary
 from .procs import spawn, stop
 from .rundir import RunDir, open_append
 
@@ -40,7 +40,7 @@ class Sampler(Probe):
 
     def available(self) -> str | None:
         if native_binary("daskprobe-sampler") is None:
-            return "daskprobe-sampler is not built (run ./setup.sh)"
+            return missing_binary("daskprobe-sampler")
         return self.partly_skipped().get("pyspy") if self.kinds == ["pyspy"] else None
 
     def partly_skipped(self) -> dict[str, str]:

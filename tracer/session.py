@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..probes import rates
 from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
+from . import dask_versions
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ..probes.local_scheduler import CommandCaptures, descendants, runs_as
 from ..probes.procs import our_child
@@ -228,6 +229,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         signals.check()
         versions["cluster"] = cluster_versions()
         run.update_meta(versions=versions)
+        for why in dask_versions.warnings(versions["cluster"]):
+            say(f"warning: the cluster's {why}")
         if client_versions:
             _check_client_python(command, client_versions(), versions["cluster"])
         phases.append(("versions", time.perf_counter()))
