@@ -57,26 +57,29 @@ def group_of(key: str) -> str:
     return key.rsplit("-", 1)[0] if key.rsplit("-", 1)[-1].isdigit() else key
 
 
-def thread_waits(tasks: pd.DataFrame, attempts: pd.DataFrame, attempt_tids: pd.DataFrame, states: pd.DataFrame,
+def task_threads(tasks: pd.DataFrame, attempts: pd.DataFrame, attempt_tids: pd.DataFrame,
                  processes: pd.DataFrame) -> pd.DataFrame:
-    """Per task (tasks' index), ns of its compute span its thread spent in each of STATES (eBPF); 0
-    where the thread or its states are unknown."""
-    out = pd.DataFrame(0, index=tasks.index, columns=list(STATES), dtype="int64")
-    if states.empty or attempt_tids.empty:
-        return out
+    """Per task (tasks' index), the pid of its worker and the tid of the thread that ran it (attempt_threads);
+    NaN where unknown."""
     a = attempts[["key", "compute_sent_ns"]].reset_index(drop=True).rename_axis("attempt").reset_index()
-    a = a.merge(attempt_tids[["attempt", "tid"]], on="attempt")
-    pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("int64")
-    t = tasks[["key", "compute_sent_ns", "worker", "compute_start_ns", "compute_stop_ns"]].reset_index()
-    t = t.merge(a[["key", "compute_sent_ns", "tid"]], on=["key", "compute_sent_ns"]).dropna(
-        subset=["compute_start_ns", "compute_stop_ns"])
-    t["pid"] = t.worker.map(pids)
-    t = t.dropna(subset=["pid"])
-    for (pid, tid), g in t.groupby([t.pid.astype("int64"), t.tid.astype("int64")]):
-        st = of_thread(states, pid, tid)
-        s0, s1 = g.compute_start_ns.to_numpy("int64"), g.compute_stop_ns.to_numpy("int64")
+    a = a.merge(attempt_tids[["attempt", "tid"]], on="attempt") if len(attempt_tids) else a.assign(tid=np.nan)
+    t = tasks[["key", "compute_sent_ns"]].reset_index().merge(a[["key", "compute_sent_ns", "tid"]], how="left")
+    pids = processes.dropna(subset=["pid"]).drop_duplicates("name").set_index("name").pid.astype("float64")
+    return pd.DataFrame({"pid": tasks.worker.map(pids).astype("float64"),
+                         "tid": t.set_index("index").tid.reindex(tasks.index).astype("float64")})
+
+
+def in_states(pid: pd.Series, tid: pd.Series, start: pd.Series, stop: pd.Series, states: pd.DataFrame) -> pd.DataFrame:
+    """Per row, ns of [start, stop) the thread (pid, tid) spent in each of STATES (eBPF); 0 where unknown."""
+    out = pd.DataFrame(0, index=pid.index, columns=list(STATES), dtype="int64")
+    known = pid.notna() & tid.notna() & start.notna() & stop.notna()
+    if states.empty or not known.any():
+        return out
+    rows = pd.DataFrame({"pid": pid, "tid": tid, "s0": start, "s1": stop})[known].astype("int64")
+    for (p, t), g in rows.groupby(["pid", "tid"]):
+        st = of_thread(states, p, t)
         for state in STATES:
-            out.loc[g["index"].to_numpy(), state] = overlap_ns(s0, s1, *st[state])
+            out.loc[g.index, state] = overlap_ns(g.s0.to_numpy(), np.maximum(g.s0, g.s1).to_numpy(), *st[state])
     return out
 
 
@@ -105,8 +108,10 @@ def _previous(by: pd.DataFrame, order: pd.Series, value: pd.Series) -> pd.Series
 def jobs_of(t: dict, workers: list[str], delay_ns: int, batch_ns: int) -> list[Job]:
     """The run's complete jobs, in order."""
     tasks = t["tasks"]
-    waits = thread_waits(tasks, t["attempts"], t.get("attempt_threads", pd.DataFrame()),
-                         t.get("thread_states", pd.DataFrame()), t["processes"])
+    states = t.get("thread_states", pd.DataFrame())
+    th = task_threads(tasks, t["attempts"], t.get("attempt_threads", pd.DataFrame()), t["processes"])
+    f = tasks[["compute_start_ns", "compute_stop_ns"]].astype("float64")
+    waits = in_states(th.pid, th.tid, f.compute_start_ns, f.compute_stop_ns, states)
     tasks = tasks.join(waits).join(worker_costs(tasks, batch_ns))
     held = _holders(tasks, workers)
     tells = told(t["messages"])
@@ -148,7 +153,7 @@ def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held:
               prio=mine.first_sent_ns.rank(method="first").to_numpy("int64"),
               worker=mine.worker.map({w: i for i, w in enumerate(workers)}).fillna(0).to_numpy("int64"),
               graph=mine.graph.map(gidx).fillna(0).to_numpy("int64"),
-              wanted=mine.key.isin(wanted_keys).to_numpy(),
+              wanted=mine.key.isin(wanted_keys).to_numpy(copy=True),
               before_ns=mine.before_ns.to_numpy("float64"), after_ns=mine.after_ns.to_numpy("float64"),
               told_before=len(wanted_keys - set(index)))
     for g in graphs.itertuples():

@@ -45,12 +45,13 @@ def layout(t: dict, meta: dict) -> tuple[list[str], int, int, float]:
     return workers, threads, cores, float(c.get("proxy_delay_us") or 0) * 1e3
 
 
-def measure(t: dict, meta: dict, spans: list[tuple[int, int]], graph_ns: float, n_tasks: int) -> Costs:
-    """`spans`: the jobs' windows; `graph_ns`: the scheduler's time on their graphs, charged apart."""
+def measure(t: dict, meta: dict, spans: list[tuple[int, int]], n_tasks: int) -> Costs:
+    """`spans`: the jobs' windows. The scheduler's time on graphs (from one's last byte to its first
+    dispatch) is charged apart, per graph, as measured: not per task."""
     workers, threads, cores, delay = layout(t, meta)
     msgs = t["messages"]
     busy, gil = _scheduler_busy(t, spans)
-    per_task = max(0.0, busy - graph_ns) / max(1, n_tasks)
+    per_task = max(0.0, busy - _scheduler_busy(t, _graph_spans(t))[0]) / max(1, n_tasks)
     share = _decision_share(t.get("cpu_samples"), spans)
     lat = _latencies(msgs, delay)
     x = exchanges(msgs)
@@ -111,6 +112,14 @@ def _scheduler_busy(t: dict, spans: list[tuple[int, int]]) -> tuple[float, float
     if st:
         return float((s1 - s0).sum() - overlap_ns(s0, s1, *st["blocked"]).sum()), gil
     return 0.0, 0.0
+
+
+def _graph_spans(t: dict) -> list[tuple[int, int]]:
+    """Per graph, from its last byte to its first task's dispatch."""
+    first = t["tasks"].dropna(subset=["graph"]).groupby("graph").first_sent_ns.min()
+    g = t["graphs"].set_index("graph_id").t_last_ns
+    both = pd.concat([g.rename("a"), first.rename("b")], axis=1, join="inner")
+    return [(int(a), int(b)) for a, b in zip(both.a, both.b) if b > a]
 
 
 def _decision_share(cpu: pd.DataFrame | None, spans: list[tuple[int, int]]) -> float:

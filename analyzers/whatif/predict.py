@@ -4,8 +4,8 @@ A draw is the run's own durations (draw 0) or durations resampled within each ta
 workers' per-task costs resampled from the run's (the others). A job's prediction is its changed
 replay times the ratio of its measured makespan to its unchanged replay, in the same draw: the
 model predicts what a change does, the run says where it starts from. The interval spans the
-draws' predictions (5th to 95th percentile). Time outside the jobs (the client's between them)
-is kept as measured."""
+draws' predictions (5th to 95th percentile), widened by the unchanged replay's own error. Time
+outside the jobs (the client's between them) is kept as measured."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from .replay import Draw, Setup, replay
 CATEGORIES = ("compute", "gil_contention", "cpu_starvation", "network", "scheduler_decisions",
               "runtime_bookkeeping", "client")
 SAMPLES = 10
+UNSTARVED = 0.05  # tasks that waited less than this share of their time for a CPU: no load besides them
+FEW_CPUS = 0.1  # tasks that wanted a CPU less than this on average (cores): too little to tell a load from
+MAX_LOAD = 4  # at most this many times the cores of load besides the tasks
 
 
 class NotModelled(ValueError):
@@ -55,6 +58,8 @@ class Model:
     scheduler: str  # the run's policy
     contention: bool  # the run has thread states: compute is replayed less its waits, which the model adds
     measured_split_s: dict
+    background: float  # cores' worth of work besides the tasks' (_background)
+    run_rate: float  # share of a CPU the tasks got while they wanted one
 
 
 def model(t: dict, meta: dict) -> Model:
@@ -74,12 +79,11 @@ def model(t: dict, meta: dict) -> Model:
     if not contention:
         for j in jobs:  # no thread states: compute as measured, no contention added
             j.own_ns, j.blocked_ns = j.own_ns + j.gil_ns + j.starved_ns + j.blocked_ns, np.zeros(len(j.keys))
-    spans = _spans(t["jobs"], jobs)
-    graph_ns = sum(g.process_ns for j in jobs for g in j.graphs)
-    costs = measure(t, meta, spans, graph_ns, sum(len(j.keys) for j in jobs))
+    costs = measure(t, meta, _spans(t["jobs"], jobs), sum(len(j.keys) for j in jobs))
     measured = int(t["jobs"].end_ns.max() - t["jobs"].start_ns.min())
     return Model(jobs, costs, measured, measured - sum(j.measured_ns for j in jobs), cluster.get("scheduler") or "ws",
-                 contention, _measured_split(t.get("attribution"), measured / 1e9))
+                 contention, _measured_split(t.get("attribution"), measured / 1e9),
+                 *(_background(jobs, costs.cores) if contention else (0.0, 1.0)))
 
 
 def predict(t: dict, meta: dict, changes: Changes, samples: int = SAMPLES) -> dict:
@@ -121,13 +125,19 @@ def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
         splits.append(split)
     replayed = (m.outside_ns + sum(b.makespan_ns for b in base[0])) / 1e9
     raw = (m.outside_ns + sum(r.makespan_ns for r in raw0)) / 1e9
-    lo, hi = (np.percentile(preds, [5, 95]) if len(preds) > 1 else (preds[0], preds[0]))
+    error = replayed / (m.measured_ns / 1e9) - 1
     return {"changes": c.text(), "measured_s": m.measured_ns / 1e9, "makespan_s": preds[0],
-            "interval_s": [float(min(lo, preds[0])), float(max(hi, preds[0]))],
-            "replay_s": replayed, "replay_error": replayed / (m.measured_ns / 1e9) - 1, "raw_s": raw,
+            "interval_s": _interval(preds, abs(error)), "replay_s": replayed, "replay_error": error, "raw_s": raw,
             "offset_s": m.measured_ns / 1e9 + raw - replayed,
             "split_s": {k: splits[0].get(k, 0.0) / 1e9 for k in CATEGORIES},
             "measured_split_s": m.measured_split_s, "samples": len(preds), "notes": _notes(m, c)}
+
+
+def _interval(preds: list[float], error: float) -> list[float]:
+    """The replays' 5th to 95th percentile, widened to the point prediction give or take the unchanged
+    replay's own error: how far the model was from the run before any change."""
+    lo, hi = np.percentile(preds, [5, 95]) if len(preds) > 1 else (preds[0], preds[0])
+    return [float(min(lo, preds[0] / (1 + error))), float(max(hi, preds[0] * (1 + error)))]
 
 
 def _setup(m: Model, c: Changes, seed: int) -> Setup:
@@ -135,7 +145,7 @@ def _setup(m: Model, c: Changes, seed: int) -> Setup:
     loop = 1 - k.loop_gil if not c.gil else 1.0
     bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
     return Setup(workers=c.workers or len(k.workers), threads=c.threads or k.threads,
-                 cores=k.cores if m.contention else math.inf, lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
+                 cores=k.cores if m.contention else math.inf, background=m.background, run_rate=m.run_rate, lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
                  serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping,
                  decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions),
                  batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,
@@ -167,6 +177,20 @@ def _within_groups(groups: list[str], rng) -> np.ndarray:
         idx = np.flatnonzero(codes == g)
         pick[idx] = rng.choice(idx, len(idx))
     return pick
+
+
+def _background(jobs: list[Job], cores: int) -> tuple[float, float]:
+    """The machine's load besides the tasks, in cores, as processor sharing would explain the tasks' own
+    waits for a CPU: their threads got own / (own + runnable) of a CPU (the run's rate, returned too)
+    while on average (own + runnable) / makespan of them wanted one. None where they hardly waited or
+    hardly wanted a CPU (the load is then not identifiable)."""
+    own = sum(float(j.own_ns.sum()) for j in jobs)
+    starved = sum(float(j.starved_ns.sum()) for j in jobs)
+    wanted = (own + starved) / sum(j.measured_ns for j in jobs)
+    if starved < UNSTARVED * (own + starved) or wanted < FEW_CPUS or own <= 0:
+        return 0.0, 1.0
+    rate = own / (own + starved)
+    return min(MAX_LOAD * cores, max(0.0, cores / rate - wanted)), rate
 
 
 def _spans(jobs: pd.DataFrame, replayed: list[Job]) -> list[tuple[int, int]]:

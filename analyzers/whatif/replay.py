@@ -39,6 +39,7 @@ class Setup:
     workers: int
     threads: int
     cores: float  # math.inf: no contention for cores
+    background: float  # cores' worth of other work on the machine (the run's, as its tasks' CPU waits show)
     lat_ns: dict
     ns_per_byte: float
     serve_ns: float
@@ -51,6 +52,7 @@ class Setup:
     network: float = 1.0  # factor on wire times (uploads included)
     bookkeeping: float = 1.0  # factor on the runtime's own time (workers', graphs', batching)
     seed: int = 0
+    run_rate: float = 1.0  # share of a CPU the run's tasks got while they wanted one (own / (own + runnable))
 
 
 @dataclass
@@ -279,7 +281,12 @@ class _Replay:
             _, i = heapq.heappop(self.queue[w])
             self.free[w] -= 1
             self.held_by[i] = freed_by if t > self.t["inputs"][i] else None
-            self.at(t + self.d.before_ns[i] * self.s.bookkeeping, self.compute_starts, i, w)  # the thread's handoff
+            self.at(t + self.worker_time(self.d.before_ns[i]), self.compute_starts, i, w)  # the thread's handoff
+
+    def worker_time(self, ns: float) -> float:
+        """A worker's own time: as measured, stretched as much more (or less) as the tasks' CPU time is
+        stretched now than it was in the run on average (`run_rate`)."""
+        return ns * self.s.bookkeeping * self.s.run_rate / self._rates[0]
 
     # -- compute: processor sharing of the cores, and of each worker's GIL -------------------------
     def compute_starts(self, t: float, i: int, w: int) -> None:
@@ -305,6 +312,7 @@ class _Replay:
             f = self.cpu_fraction(i)
             demand += f
             gil[w] = gil.get(w, 0.0) + f * self.s.gil_share
+        demand += self.s.background
         rho = min(1.0, self.s.cores / demand) if demand > 0 else 1.0
         return rho, {w: min(1.0, 1.0 / g) if g > 0 else 1.0 for w, g in gil.items()}
 
@@ -336,7 +344,7 @@ class _Replay:
         self.t["stop"][i] = t
         self.free[w] += 1
         self.start_next(t, w, i)
-        self.at(t + self.d.after_ns[i] * self.s.bookkeeping, self.report, i, w)
+        self.at(t + self.worker_time(self.d.after_ns[i]), self.report, i, w)
 
     def report(self, t: float, i: int, w: int) -> None:
         """The worker has its task-finished ready: it leaves on the worker's batched stream."""

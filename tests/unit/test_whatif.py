@@ -103,3 +103,28 @@ def test_a_sweep_is_every_combination_and_renders():
     t = tables(two_task_chain(Scenario()))
     text = render([predict(t, ONE, c, samples=2) for c in made])
     assert "workers=1, threads=1, network=0.0, gil=0" in text and "measured makespan 0.056 s" in text
+
+
+def test_a_graph_sent_after_a_result_follows_that_result_in_the_replay():
+    """A futures loop on a worker with 2 threads: c-2 runs 30 ms beside a-0; the client sends b-1 3 ms
+    after a-0 is told, while c-2 is still running (one job). With 5 ms links all after the first graph
+    moves with a-0's telling."""
+    s = Scenario()
+    s.graph(10, 11, ["a-0", "c-2"])
+    s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
+    s.task("c-2", "worker-0", 20, 21, 22, 52, 55, 56, thread=2)
+    s.told("a-0", 37, 38)
+    s.graph(41, 42, ["b-1"])  # 3 ms after the telling
+    s.task("b-1", "worker-0", 45, 46, 47, 57, 60, 61)
+    s.told("c-2", 57, 58)
+    s.told("b-1", 62, 63)
+    t = tables(s, workers=1)
+    t["tasks"]["key"] = t["tasks"].key.astype("str")  # as read from parquet
+    p = predict(t, META | {"cluster": {"threads": 2}}, Changes(delay_ms=5))
+    assert p["measured_s"] == pytest.approx(53 * MS)
+    # unchanged: graph 0-1, scheduler to 10; a-0 out 10, in 11, computes 12-22, its finish out 25, in 26,
+    # told 27; the client 3 ms, graph 30-31, scheduler 3 ms, b-1 out 34, in 35, computes 36-46, finish
+    # out 49, in 50, told 51 (c-2 is told at 47)
+    assert p["replay_s"] == pytest.approx(51 * MS)
+    # 5 ms more on each of: graph, compute-task, task-finished, told, twice
+    assert p["raw_s"] == pytest.approx(91 * MS)

@@ -99,7 +99,8 @@ def render(out: list[dict]) -> str:
     rows = [["", "makespan s", "90% interval", "vs run", *cats]]
     measured = first["measured_split_s"]
     if measured:
-        rows.append(["measured", f"{first['measured_s']:.3f}", "", "1.00", *(f"{measured.get(c, 0):.3f}" for c in cats)])
+        rows.append(["measured", f"{first['measured_s']:.3f}", "", "1.00",
+                     *(f"{measured.get(c, 0):.3f}" for c in cats)])
     for p in out:
         lo, hi = p["interval_s"]
         rows.append([p["changes"], f"{p['makespan_s']:.3f}", f"{lo:.3f}-{hi:.3f}",
