@@ -128,3 +128,13 @@ def test_a_graph_sent_after_a_result_follows_that_result_in_the_replay():
     assert p["replay_s"] == pytest.approx(51 * MS)
     # 5 ms more on each of: graph, compute-task, task-finished, told, twice
     assert p["raw_s"] == pytest.approx(91 * MS)
+
+
+def test_a_finding_quotes_what_its_advice_would_save():
+    from daskprobe.analyzers.whatif.advice import savings
+    t = tables(fan_in(), workers=1)
+    out = savings(t, ONE, [{"id": "worker-saturation"}, {"id": "hot-function"}], samples=2)
+    assert [p["id"] for p in out] == ["worker-saturation"]  # a hot function's advice is not a change it replays
+    # twice the workers: the fan-in by hand above
+    assert out[0]["change"] == "workers=2" and out[0]["makespan_s"] == pytest.approx(55 * 81 / 73 * MS)
+    assert out[0]["saving_s"] == pytest.approx((81 - 55 * 81 / 73) * MS)

@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   daskprobe whatif runs/x --delay-ms 5 --network x2      # 5 ms links, wire times doubled
   daskprobe whatif runs/x --decisions 0 --bookkeeping x0.5 --gil 0 --json
   daskprobe whatif runs/x --scheduler random
+  daskprobe whatif runs/x --findings                     # what each finding's advice would save
 what it models and how well: docs/whatif.md
 """
 TABLES = {"tasks": None, "jobs": None, "graphs": None, "processes": None, "attempts": None,
@@ -55,6 +56,9 @@ def add_arguments(p) -> None:
     p.add_argument("--runtime", choices=["dask", "rsds"], help="the runtime (only dask is modelled)")
     p.add_argument("--samples", type=options.bounded(int, 1, 200), default=10,
                    help="replays per prediction: the run's durations, then resampled ones (default 10)")
+    p.add_argument("--findings", action="store_true",
+                   help="instead: what each finding of summary.json would save, where the model can replay its "
+                        "advice")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON, one object per line")
 
 
@@ -80,15 +84,30 @@ def main(args, command: list[str]) -> int:
         raise SystemExit(f"daskprobe: {run.path} has no analysis tables: run 'daskprobe build {run.path}' first")
     t = {name: run.table(name, missing_ok=True, columns=cols) for name, cols in TABLES.items()}
     try:
-        out = sweep(t, run.meta(), changes(args), args.samples)
+        out = _findings(run, t, args.samples) if args.findings else sweep(t, run.meta(), changes(args), args.samples)
     except NotModelled as e:
         raise SystemExit(f"daskprobe: whatif: {e}")
     if args.json:
         for p in out:
             print(json.dumps(p))
-        return 0
-    print(render(out))
+    else:
+        print(render_savings(out) if args.findings else render(out))
     return 0
+
+
+def _findings(run, t: dict, samples: int) -> list[dict]:
+    from ...analyzers.whatif.advice import savings
+    path = run / "summary.json"
+    if not path.exists():
+        raise SystemExit(f"daskprobe: no summary.json in {run.path}: run 'daskprobe report {run.path}' first")
+    return savings(t, run.meta(), json.loads(path.read_text()).get("findings", []), samples)
+
+
+def render_savings(out: list[dict]) -> str:
+    if not out:
+        return "no finding whose advice the model replays (docs/whatif.md)"
+    return "\n".join(f"{p['id']}: {p['change']}: {p['measured_s']:.2f} s -> {p['makespan_s']:.2f} s predicted (90% "
+                     f"interval {p['interval_s'][0]:.2f}-{p['interval_s'][1]:.2f} s)" for p in out)
 
 
 def render(out: list[dict]) -> str:
