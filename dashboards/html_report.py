@@ -18,6 +18,7 @@ from ..analyzers import summary_json
 from ..analyzers.categories import UNCATEGORIZED
 from ..analyzers.transfers import MIN_WIRE_S, rate
 from ..probes.rundir import RunDir
+from .terminal import local_line
 
 # Per figure, so that a 100K-task page draws in seconds: each bar is an SVG element (a browser
 # draws about 2,500 a second), a line point costs far less. Larger runs keep their longest
@@ -172,7 +173,9 @@ def headline(summary: dict) -> str:
     jobs = summary.get("jobs", [])
     return (f"<p class='headline'><b>{summary['session_s']:.2f} s</b> session, {len(jobs)} job(s), makespan "
             f"<b>{summary['makespan_s']:.2f} s</b>, {summary['tasks']} tasks ({summary['dispatches']} dispatches), "
-            f"<b>{1e3 * (summary.get('aot_s') or 0):.2f} ms</b> of makespan per task (AOT).</p>")
+            f"<b>{1e3 * (summary.get('aot_s') or 0):.2f} ms</b> of makespan per task (AOT).</p>"
+            + (f"<p class='headline'>{html.escape(local_line(loc))}.</p>" if (loc := summary.get("local_scheduler"))
+               and not loc.get("ignored_jobs") else ""))
 
 
 def caveats_section(summary: dict) -> str:

@@ -27,7 +27,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console.print(f"[bold]session {s['session_s']:.2f} s[/]: {len(jobs)} job(s), makespan {s['makespan_s']:.2f} s, "
                   f"{s['tasks']} tasks ({s['dispatches']} dispatches), {_ms(s.get('aot_s'))} per task (AOT)")
     if (loc := s.get("local_scheduler")) and not loc.get("ignored_jobs"):
-        console.print(_local_line(loc))
+        console.print(local_line(loc))
     console.print(_split_table("where the session went (critical path), s", s, s["session_s"]))
     if len(jobs) > 1:
         console.print(_jobs_table(jobs))
@@ -51,7 +51,7 @@ def _print_findings(console: Console, found: list[dict], session: float) -> None
                       f"{f['evidence'][:1].upper()}{f['evidence'][1:]}.\n  [green]try[/]: {f['advice']}")
 
 
-def _local_line(loc: dict) -> str:
+def local_line(loc: dict) -> str:
     """Which local scheduler ran the jobs (no cluster: Dask's threads, processes or sync), and its cost per task."""
     mean = loc.get("per_task_mean_s") or {}
     return (f"local scheduler {', '.join(loc['schedulers']) or '?'} (pool of {loc['pool']}): per task, "

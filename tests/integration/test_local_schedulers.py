@@ -13,7 +13,7 @@ import pytest
 
 from daskprobe.probes.local_scheduler import PREFIX, read_local
 from daskprobe.probes.rundir import RunDir
-from helpers import run_flow, write_flow
+from helpers import drawn, run_flow, write_flow
 
 SPIN = """
 import os
@@ -59,6 +59,18 @@ if __name__ == "__main__":
 """
 
 
+def trace_events(run: RunDir) -> dict[str, int]:
+    """Track events in the run's trace by name."""
+    from collections import Counter
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    trace = pb.Trace()
+    trace.ParseFromString((run / "trace.pftrace").read_bytes())
+    names = {e.iid: e.name for p in trace.packet if p.HasField("interned_data") for e in p.interned_data.event_names}
+    return Counter(names.get(p.track_event.name_iid, p.track_event.name) for p in trace.packet
+                   if p.HasField("track_event"))
+
+
 def summary_of(run: RunDir) -> dict:
     return json.loads((run / "summary.json").read_text())
 
@@ -82,7 +94,14 @@ def test_threads_pure_python_tasks_are_serialised_on_the_gil(tmp_path):
     assert s["critical_path_s"]["gil_contention"] > 0.1 * s["session_s"]
     assert [f["id"] for f in s["findings"]][:2].count("local-gil") == 1, s["findings"]
     assert "local scheduler threads" in p.stderr  # the terminal's line
-    assert (run / "trace.pftrace").stat().st_size > 0 and (run / "report.html").exists()
+    page = (run / "report.html").read_text()
+    assert "serialised on the GIL" in page and "local scheduler threads" in page  # as the terminal said
+    body = drawn(tmp_path, run / "report.html")
+    plots = (run / "report.html").read_text().count('class="plotly-graph-div"')
+    assert "data-errors" not in body and f'data-figures="{plots}"' in body and plots >= 3, body
+    trace = trace_events(run)
+    assert trace["spin"] == 16, "a compute slice per task, on its thread's track"
+    assert any(name.startswith("local scheduler:") for name in trace), "the critical path's track"
 
 
 def test_threads_numpy_tasks_do_not_fire_the_gil_finding(tmp_path):
