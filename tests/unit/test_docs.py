@@ -28,4 +28,5 @@ def test_usage_says_the_default_rates():
     rows = {line.split("`")[1].split()[0]: line for line in
             (reference.ROOT / "docs/usage.md").read_text().splitlines() if line.startswith("| `--")}
     assert f"(default {rates.SAMPLE_RATE:g})" in rows["--sample-rate"]
+    assert f"default is {rates.PYSPY_SAMPLE_RATE:g} where py-spy" in rows["--sample-rate"]
     assert f"(default {rates.CPU_HZ:g})" in rows["--cpu-hz"]

@@ -65,3 +65,22 @@ def test_bench_workers_are_each_checked_and_read_as_integers(capsys):
     assert parse("bench", "--workers", "1,2,4").workers == [1, 2, 4]
     assert "not an integer" in refused("bench", "--workers", "2,x", capsys)
     assert "out of range" in refused("bench", "--workers", "2,1000", capsys)
+
+
+def test_runs_default_sample_rate_is_lower_where_py_spy_reads_the_cluster(monkeypatch):
+    """py-spy's reader (an interpreter ours does not know, or --native) costs 4-5 times the CPU per
+    sample: run's default rate drops to PYSPY_SAMPLE_RATE there, and says so; nowhere else."""
+    import sys
+    from daskprobe.probes import rates
+    from daskprobe.tracer import cluster
+    from daskprobe.tracer.commands.run_verb import _default_rate
+    said = []
+    assert _default_rate(["pyspy"], False, sys.executable, None, said.append) == rates.SAMPLE_RATE and not said
+    assert _default_rate(["proc"], True, sys.executable, None, said.append) == rates.SAMPLE_RATE and not said
+    assert _default_rate(["pyspy"], True, sys.executable, None, said.append) == rates.PYSPY_SAMPLE_RATE
+    assert "--native" in said.pop()
+    for version, rate in (("3.9.18", rates.PYSPY_SAMPLE_RATE), ("3.14.0", rates.PYSPY_SAMPLE_RATE),
+                          ("3.12.1", rates.SAMPLE_RATE)):  # the interpreter's own answer, as ask_versions reads it
+        monkeypatch.setattr(cluster, "ask_versions", lambda python, user, v=version: lambda: {"python": v})
+        assert _default_rate(["pyspy"], False, "/opt/py/bin/python", None, said.append) == rate, version
+    assert [s for s in said if "CPython 3.9.18" in s] and [s for s in said if "CPython 3.14.0" in s]

@@ -37,12 +37,14 @@ def add_arguments(p) -> None:
 def main(args, command: list[str]) -> int:
     from ...probes import registry
     from ...probes.base import is_root
+    from ...probes import rates
     from ...probes.rundir import RunDir
     from ..attached import Attached, AttachSpec
     from ..build import finalize
     from ..session import Signals, attach, say
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
+    rate = args.sample_rate or rates.SAMPLE_RATE
     if not re.fullmatch(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
         raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT or "
                          "tls://HOST:PORT (its messages cannot be read: samples and Dask's task stream only)")
@@ -55,8 +57,8 @@ def main(args, command: list[str]) -> int:
     with Signals() as signals:
         cluster = Attached(AttachSpec(args.address, tap=is_root(), agents=not args.no_agents), run_dir)
         code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.unread else []), *probes],
-                      registry.make(probes, args.sample_rate, False, args.cpu_hz), signals,
-                      sample_rate=args.sample_rate, cpu_hz=args.cpu_hz, user=user)
+                      registry.make(probes, rate, False, args.cpu_hz), signals,
+                      sample_rate=rate, cpu_hz=args.cpu_hz, user=user)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
             shutil.rmtree(run_dir.path, ignore_errors=True)
             return code

@@ -82,9 +82,10 @@ def probes(p: argparse.ArgumentParser, default: str) -> None:
 
 def sampling(p: argparse.ArgumentParser) -> None:
     """The samplers' rates, their defaults defined once (probes/rates.py)."""
-    p.add_argument("--sample-rate", type=bounded(*SAMPLE_RATE), default=rates.SAMPLE_RATE,
+    p.add_argument("--sample-rate", type=bounded(*SAMPLE_RATE), default=None,
                    help=f"Python stack samples per second and process, {span(SAMPLE_RATE)} "
-                        f"(default {rates.SAMPLE_RATE:g})")
+                        f"(default {rates.SAMPLE_RATE:g}; {rates.PYSPY_SAMPLE_RATE:g} where py-spy reads the "
+                        "cluster's interpreter, which costs more)")
     p.add_argument("--cpu-hz", type=bounded(*CPU_HZ), default=rates.CPU_HZ,
                    help=f"eBPF CPU samples per second per CPU, {span(CPU_HZ)} (default {rates.CPU_HZ})")
 
