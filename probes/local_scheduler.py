@@ -160,6 +160,10 @@ class CommandCaptures:
     def env(self) -> dict[str, str]:
         return {ENV_DIR: str(self.dir)}
 
+    def writes(self, pid: int) -> bool:
+        """Process `pid` has begun its capture (it imported Dask's local scheduler)."""
+        return os.path.lexists(self.dir / f"{PREFIX}{pid}{SUFFIX}")
+
     def collect(self, captures: Path) -> list[str]:
         """Copy them into `captures` and remove the directory; what was refused or cut."""
         import shutil

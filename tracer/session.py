@@ -260,7 +260,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         _watch(started, [_client_row(client, command)])
         run.update_meta(processes=_processes(cluster, started, client, command))
         code = _wait(client, signals, lambda: (hook.hear(), _follow_children(client, started, run, cluster, command,
-                                                                             user)), wake=hook.channel)
+                                                                             user, local)), wake=hook.channel)
         record(run, command_ended_ns=time.monotonic_ns())  # a full disk by now must not cost the exit code
     except StartError as e:
         say(f"cluster failed to start: {e}")
@@ -438,12 +438,13 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
 
 
 def _follow_children(client: subprocess.Popen, started: list[Probe], run: RunDir, cluster: Cluster, command,
-                     user: User | None) -> None:
-    """The command's new descendants of its user's (a local processes scheduler's pool: its tasks run
-    there), watched by the probes as the command is, and named in run.json's processes."""
+                     user: User | None, local: CommandCaptures) -> None:
+    """The command's new descendants of its user's that imported Dask's local scheduler (a processes
+    scheduler's pool: its tasks run there; its hook writes a capture file at once), watched by the probes
+    as the command is, and named in run.json's processes. Other children are left alone."""
     uid = user.uid if user else os.geteuid()
     seen = {row["pid"] for row in getattr(client, "followed", [])}
-    new = [p for p in descendants(client.pid) if p not in seen and runs_as(p, uid)]
+    new = [p for p in descendants(client.pid) if p not in seen and local.writes(p) and runs_as(p, uid)]
     if not new:
         return
     rows = [{"name": f"client child {p}", "role": "client", "pid": p, "listen": None, "contact": None,

@@ -186,7 +186,8 @@ def _wrap(execute_task):
 def _dask_local(module) -> None:
     if not getattr(module.execute_task, "__wrapped__", None):
         module.execute_task = _wrap(module.execute_task)
-        _w.add(f"H\t{time.monotonic_ns()}\t{os.getpid()}\t{os.getppid()}\n")  # a process that uses no dask writes none
+        # a process that uses no dask writes none; a pool's process says so at once (daskprobe follows it then)
+        _w.add(f"H\t{time.monotonic_ns()}\t{os.getpid()}\t{os.getppid()}\n", urgent=not _w.running)
 
 
 def _dask_callbacks(module) -> None:
