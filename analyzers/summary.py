@@ -139,8 +139,8 @@ def _nothing(t: dict, meta: dict) -> str:
         return "no messages were captured: nothing to measure"
     if not ((t["messages"].src_role == "client") & (t["messages"].op == "update-graph")).any():
         if meta.get("attached"):
-            return ("no client submitted a computation while recording (no update-graph reached the scheduler): "
-                    "nothing to measure")
+            return ("no client submitted a computation while recording (no update-graph reached the scheduler), "
+                    "and no local scheduler (threads, processes, sync) ran a job in the command: nothing to measure")
         if meta.get("exit_code"):
             return (f"the command failed (exit code {meta['exit_code']}, see its output above) before a client "
                     "submitted a computation through daskprobe's proxy: nothing to measure")

@@ -296,7 +296,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
                     clock_anchor=clock_anchor(), config={}, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     versions={"daskprobe": _own_version(), "host": platform.platform()})
-    code, client, started, hook = 1, None, [], None
+    code, client, started, hook, local = 1, None, [], None, None
     try:
         say(f"attaching to {address} ...")
         cluster.layout()
@@ -322,14 +322,16 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         follow = lambda: _follow(cluster, started, run, client, command)  # noqa: E731
         if command:
             hook = _client_hook(run, None, command)
-            env = hook.channel.env(dict(cluster.env, DASK_SCHEDULER_ADDRESS=address), address)
+            local = CommandCaptures(user)  # the command's local schedulers, as in run
+            env = hook.channel.env(dict(cluster.env, DASK_SCHEDULER_ADDRESS=address) | local.env(), address)
             client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env,
                                                        preexec_fn=our_child, pass_fds=hook.channel.pass_fds,
                                                        **(user.popen() if user else {}))
             hook.channel.started()
             _watch(started, [_client_row(client, command)])
             run.update_meta(processes=_processes(cluster, started, client, command))
-            code = _wait(client, signals, lambda: (follow(), hook.hear()), wake=hook.channel)
+            code = _wait(client, signals, lambda: (follow(), hook.hear(), _follow_children(
+                client, started, run, cluster, command, user, local)), wake=hook.channel)
         else:
             code = _sleep(duration, signals, follow)
         record(run, command_ended_ns=time.monotonic_ns())
@@ -344,7 +346,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
             record(run, interrupted_after_s=round(took, 3))
     finally:
         signals.unwinding = False
-        stopped_early = _teardown(run, signals, client, cluster, started, command)
+        stopped_early = _teardown(run, signals, client, cluster, started, command, local)
         if hook:
             hook.ended()
         if said := cluster.collect_agents():

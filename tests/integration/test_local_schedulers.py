@@ -14,6 +14,7 @@ import pytest
 from daskprobe.probes.local_scheduler import PREFIX, read_local
 from daskprobe.probes.rundir import RunDir
 from helpers import drawn, run_flow, write_flow
+from test_attach import attach_while, standing  # noqa: F401 (a fixture)
 
 SPIN = """
 import os
@@ -159,3 +160,25 @@ def test_the_hook_writes_what_the_reader_reads(tmp_path):
     assert (t.loaded_ns <= t.computed_ns).all() and (t.computed_ns <= t.exit_ns).all() and (t.exit_ns <= t.done_ns).all()
     assert (t.exec_tid != t.tid).all() and not t.failed.any()
     assert len(t[t.key.str.startswith("sum")].deps.iloc[0]) == 20
+
+
+LOCAL_ONLY = """
+import dask
+
+def inc(x):
+    return x + 1
+
+if __name__ == "__main__":
+    print(dask.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(100)]), scheduler="threads")[0])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="attach reads packets: it needs root")
+def test_attach_records_a_commands_local_scheduler(tmp_path, standing):
+    """attach's command, like run's, gets its local schedulers recorded (before: nothing to measure)."""
+    _, info = standing
+    out, p = attach_while(tmp_path, info["address"], LOCAL_ONLY)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = summary_of(RunDir(out))
+    check_split(s)
+    assert s["local_scheduler"]["schedulers"] == ["threads"] and s["tasks"] == 101
