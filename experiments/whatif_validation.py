@@ -84,7 +84,7 @@ def pairs(out: Path, workloads: list[str], samples: int) -> pd.DataFrame:
             real = measured(runs[b])
             rows.append({"workload": w, "from": a, "to": b, "measured_a_s": p["measured_s"], "measured_b_s": real,
                          "predicted_s": p["makespan_s"], "lo_s": p["interval_s"][0], "hi_s": p["interval_s"][1],
-                         "raw_s": p["raw_s"], "offset_s": p["offset_s"], "replay_error_a": p["replay_error"]})
+                         "scaled_s": p["scaled_s"], "offset_s": p["offset_s"], "replay_error_a": p["replay_error"]})
             print(json.dumps(rows[-1]), flush=True)
     return pd.DataFrame(rows)
 
@@ -92,7 +92,7 @@ def pairs(out: Path, workloads: list[str], samples: int) -> pd.DataFrame:
 def report(df: pd.DataFrame) -> str:
     noise = df[df.to == "w2again"]
     df = df[df.to != "w2again"]
-    df = df.assign(error=df.predicted_s / df.measured_b_s - 1, raw_error=df.raw_s / df.measured_b_s - 1,
+    df = df.assign(error=df.predicted_s / df.measured_b_s - 1, scaled_error=df.scaled_s / df.measured_b_s - 1,
                    offset_error=df.offset_s / df.measured_b_s - 1,
                    inside=(df.lo_s <= df.measured_b_s) & (df.measured_b_s <= df.hi_s))
     lines = ["| workload | A | B | A measured s | B measured s | B predicted s | 90% interval | error |",
@@ -102,9 +102,10 @@ def report(df: pd.DataFrame) -> str:
     replay = df.drop_duplicates(["workload", "from"]).replay_error_a.abs()
     lines += ["", f"pairs: {len(df)}; |error| median {_q(df.error, 50)}, p90 {_q(df.error, 90)}; "
               f"B inside the 90% interval: {int(df.inside.sum())} of {len(df)}",
-              f"uncalibrated replay: |error| median {_q(df.raw_error, 50)}, p90 {_q(df.raw_error, 90)}; "
-              f"offset-calibrated: median {_q(df.offset_error, 50)}, p90 {_q(df.offset_error, 90)}",
-              f"replay of the unchanged run A (uncalibrated), over {len(replay)} runs: |error| median "
+              f"scaled by measured / unchanged replay: |error| median {_q(df.scaled_error, 50)}, p90 "
+              f"{_q(df.scaled_error, 90)}; shifted by their difference: median {_q(df.offset_error, 50)}, p90 "
+              f"{_q(df.offset_error, 90)}",
+              f"replay of the unchanged run A, over {len(replay)} runs: |error| median "
               f"{_q(replay, 50)}, max {replay.max():.1%}",
               "the same settings run twice (w2 again): " + ", ".join(
                   f"{r.workload} {r.measured_b_s / r.measured_a_s - 1:+.1%}" for _, r in noise.iterrows())]

@@ -156,16 +156,27 @@ def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held:
               wanted=mine.key.isin(wanted_keys).to_numpy(copy=True),
               before_ns=mine.before_ns.to_numpy("float64"), after_ns=mine.after_ns.to_numpy("float64"),
               told_before=len(wanted_keys - set(index)))
-    for g in graphs.itertuples():
-        job.graphs.append(_graph(g, first.get(g.graph_id), tells, index, int(j.start_ns), delay_ns))
+    service = _graph_service(graphs.t_last_ns, graphs.graph_id.map(first))
+    for g, cost in zip(graphs.itertuples(), service):
+        job.graphs.append(_graph(g, cost, tells, index, int(j.start_ns), delay_ns))
     for g in job.graphs:  # the client sent it once told of its trigger: the replay tells it too
         if g.trigger is not None:
             job.wanted[g.trigger] = True
     return job
 
 
-def _graph(g, first_sent, tells: pd.DataFrame, index: dict, start_ns: int, delay_ns: int) -> Graph:
-    process = max(0.0, float(first_sent - g.t_last_ns)) if first_sent is not None and pd.notna(first_sent) else 0.0
+def _graph_service(arrived: pd.Series, first_sent: pd.Series) -> list[float]:
+    """The scheduler's own time on each graph (in arrival order), ns: from the later of its last byte and
+    the previous graph's first dispatch to its own first dispatch. A graph queued behind another (a futures
+    loop's submits) waited for it: that wait is the other's cost, not its own."""
+    out, done = [], -np.inf
+    for a, f in zip(arrived.to_numpy("float64"), first_sent.to_numpy("float64", na_value=np.nan)):
+        out.append(0.0 if np.isnan(f) else max(0.0, f - max(a, done)))
+        done = max(done, f) if not np.isnan(f) else done
+    return out
+
+
+def _graph(g, process: float, tells: pd.DataFrame, index: dict, start_ns: int, delay_ns: int) -> Graph:
     mine = tells[(tells.dst == g.src) & (tells.t_last_ns <= g.t_first_ns) & (tells.t_last_ns >= start_ns)]
     last = mine.loc[mine.t_last_ns.idxmax()] if len(mine) else None
     trigger = index.get(last.key) if last is not None else None

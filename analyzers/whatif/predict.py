@@ -1,11 +1,10 @@
 """Predictions: each job replayed as the run had it and as changed, with the same draws.
 
 A draw is the run's own durations (draw 0) or durations resampled within each task group and the
-workers' per-task costs resampled from the run's (the others). A job's prediction is its changed
-replay times the ratio of its measured makespan to its unchanged replay, in the same draw: the
-model predicts what a change does, the run says where it starts from. The interval spans the
-draws' predictions (5th to 95th percentile), widened by the unchanged replay's own error. Time
-outside the jobs (the client's between them) is kept as measured."""
+workers' per-task costs resampled from the run's (the others). The prediction is the changed replay
+of draw 0; the interval spans the draws' (5th to 95th percentile), widened by the unchanged replay's
+own error (how far the model is from the run before any change). Time outside the jobs (the client's
+between them) is kept as measured."""
 
 from __future__ import annotations
 
@@ -109,28 +108,28 @@ def _check(c: Changes) -> None:
 
 
 def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
-    preds, splits, raw0 = [], [], []
+    """The changed replay as it comes (makespan_s), scaled by measured / unchanged (scaled_s) and shifted
+    by their difference (offset_s); the validation found the first the closest (docs/whatif.md)."""
+    raw, scaled, split = [], [], {"client": m.outside_ns}
     for r, ds in enumerate(draws):
-        setup = _setup(m, c, r)
-        total, split = m.outside_ns, {"client": m.outside_ns}
-        for job, d, b in zip(m.jobs, ds, base[r]):
-            got = replay(job, setup, d)
-            if r == 0:
-                raw0.append(got)
-            ratio = job.measured_ns / b.makespan_ns if b.makespan_ns > 0 else 1.0
-            total += got.makespan_ns * ratio
-            for k, v in got.split_ns.items():
-                split[k] = split.get(k, 0.0) + v * ratio
-        preds.append(total / 1e9)
-        splits.append(split)
+        got = [replay(job, _setup(m, c, r), d) for job, d in zip(m.jobs, ds)]
+        raw.append((m.outside_ns + sum(g.makespan_ns for g in got)) / 1e9)
+        scaled.append((m.outside_ns + sum(g.makespan_ns * _ratio(j, b) for g, j, b in zip(got, m.jobs, base[r]))) / 1e9)
+        for g in got if r == 0 else ():
+            for k, v in g.split_ns.items():
+                split[k] = split.get(k, 0.0) + v
+    measured = m.measured_ns / 1e9
     replayed = (m.outside_ns + sum(b.makespan_ns for b in base[0])) / 1e9
-    raw = (m.outside_ns + sum(r.makespan_ns for r in raw0)) / 1e9
-    error = replayed / (m.measured_ns / 1e9) - 1
-    return {"changes": c.text(), "measured_s": m.measured_ns / 1e9, "makespan_s": preds[0],
-            "interval_s": _interval(preds, abs(error)), "replay_s": replayed, "replay_error": error, "raw_s": raw,
-            "offset_s": m.measured_ns / 1e9 + raw - replayed,
-            "split_s": {k: splits[0].get(k, 0.0) / 1e9 for k in CATEGORIES},
-            "measured_split_s": m.measured_split_s, "samples": len(preds), "notes": _notes(m, c)}
+    error = replayed / measured - 1
+    return {"changes": c.text(), "measured_s": measured, "makespan_s": raw[0], "interval_s": _interval(raw, abs(error)),
+            "replay_s": replayed, "replay_error": error, "scaled_s": scaled[0],
+            "offset_s": measured + raw[0] - replayed,
+            "split_s": {k: split.get(k, 0.0) / 1e9 for k in CATEGORIES},
+            "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c)}
+
+
+def _ratio(job: Job, unchanged) -> float:
+    return job.measured_ns / unchanged.makespan_ns if unchanged.makespan_ns > 0 else 1.0
 
 
 def _interval(preds: list[float], error: float) -> list[float]:
@@ -145,7 +144,8 @@ def _setup(m: Model, c: Changes, seed: int) -> Setup:
     loop = 1 - k.loop_gil if not c.gil else 1.0
     bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
     return Setup(workers=c.workers or len(k.workers), threads=c.threads or k.threads,
-                 cores=k.cores if m.contention else math.inf, background=m.background, run_rate=m.run_rate, lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
+                 cores=k.cores if m.contention else math.inf, background=m.background, run_rate=m.run_rate,
+                 lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
                  serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping,
                  decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions),
                  batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,

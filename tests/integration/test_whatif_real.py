@@ -29,7 +29,6 @@ def test_whatif_predicts_a_second_worker_within_a_quarter():
     assert p.returncode == 0, p.stderr[-2000:]
     same, two = (json.loads(line) for line in p.stdout.splitlines())
     assert abs(same["replay_error"]) <= 0.25, same  # the model's replay of the run as it was
-    assert same["makespan_s"] == same["measured_s"]
     real = _makespan(_run(d / "two", 2))
     # half the sleeps on each worker: a model blind to workers would be off by about 2x
     assert two["makespan_s"] < 0.8 * same["measured_s"]

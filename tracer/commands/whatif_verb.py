@@ -113,7 +113,7 @@ def render_savings(out: list[dict]) -> str:
 def render(out: list[dict]) -> str:
     first = out[0]
     head = (f"measured makespan {first['measured_s']:.3f} s; the model's replay of the run unchanged "
-            f"{first['replay_s']:.3f} s ({first['replay_error']:+.1%}): predictions are scaled by that ratio")
+            f"{first['replay_s']:.3f} s ({first['replay_error']:+.1%}), the error a prediction may have before any other")
     cats = list(first["split_s"])
     rows = [["", "makespan s", "90% interval", "vs run", *cats]]
     measured = first["measured_split_s"]
