@@ -170,43 +170,48 @@ def _woke(blocked: tuple[np.ndarray, np.ndarray], after, before) -> int | None:
     return int(min(ends.max(), before)) if len(ends) else None
 
 
+TIMES = ("compute_sent_ns", "compute_recv_ns", "compute_start_ns", "compute_stop_ns", "finished_sent_ns",
+         "finished_recv_ns", "exec_pid", "exec_tid", "loop_pid")
+
+
 def _walk(j, a: pd.DataFrame, loop: str | None, blocked=_NONE) -> list[tuple]:
     w = _Walk(j.job, j.start_ns, j.end_ns)
     a = a.reset_index(drop=True)
-    done = a.dropna(subset=["finished_recv_ns"]).sort_values("finished_recv_ns", kind="stable")
-    done_t = done.finished_recv_ns.to_numpy("int64")
-    if done.empty:
+    c = {name: a[name].to_numpy("float64", na_value=np.nan) for name in TIMES}  # NaN: not recorded
+    key, worker = a.key.to_numpy(object), a.worker.to_numpy(object)
+    done = np.flatnonzero(~np.isnan(c["finished_recv_ns"]))
+    done = done[np.argsort(c["finished_recv_ns"][done], kind="stable")]
+    done_t = c["finished_recv_ns"][done]
+    if not len(done):
         w.back_to(j.start_ns, "scheduler", "local scheduler: a job without results", process=loop)
         return w.rows
-    first_of = a.dropna(subset=["compute_recv_ns"]).groupby("exec_pid").compute_recv_ns.min()
-    k = done.index[-1]
-    w.back_to(done_t[-1], "scheduler", "local scheduler: ending the job", a.key[k], loop)
+    ahead, new = _ahead_in_batch(c), _first_of_process(c)
+    k = done[-1]
+    w.back_to(_ns(done_t[-1]), "scheduler", "local scheduler: ending the job", key[k], loop)
     for _ in range(2 * len(a)):  # each step goes to an earlier task: at most every task twice
-        r = a.loc[k]
-        woke = _woke(blocked, _ns(r.finished_sent_ns), _ns(r.finished_recv_ns))
+        at = {name: _ns(v[k]) for name, v in c.items()}
+        woke = _woke(blocked, at["finished_sent_ns"], at["finished_recv_ns"])
         if woke is not None:  # the result reached the loop when its thread woke: the pool's until then
-            w.back_to(woke, "scheduler", "local scheduler: taking the result in", r.key, loop)
-            w.back_to(_ns(r.finished_sent_ns), "pool", "handing the result over", r.key, r.worker)
+            w.back_to(woke, "scheduler", "local scheduler: taking the result in", key[k], loop)
+            w.back_to(at["finished_sent_ns"], "pool", "handing the result over", key[k], worker[k])
         else:
-            w.back_to(_ns(r.finished_sent_ns), "scheduler", "local scheduler: taking the result in", r.key, loop)
-        w.back_to(_ns(r.compute_stop_ns), "pool", "packing the result", r.key, r.worker)
-        w.back_to(_ns(r.compute_start_ns), "compute", "compute", r.key, r.worker)
-        w.back_to(_ns(r.compute_recv_ns), "pool", "unpacking the task", r.key, r.worker)
-        ahead = _ahead_in_batch(a, r)
-        if ahead is not None:
-            w.back_to(_ns(a.finished_sent_ns[ahead]), "pool", "the next task of its batch", r.key, r.worker)
-            k = ahead
+            w.back_to(at["finished_sent_ns"], "scheduler", "local scheduler: taking the result in", key[k], loop)
+        w.back_to(at["compute_stop_ns"], "pool", "packing the result", key[k], worker[k])
+        w.back_to(at["compute_start_ns"], "compute", "compute", key[k], worker[k])
+        w.back_to(at["compute_recv_ns"], "pool", "unpacking the task", key[k], worker[k])
+        if ahead[k] >= 0:
+            w.back_to(_ns(c["finished_sent_ns"][ahead[k]]), "pool", "the next task of its batch", key[k], worker[k])
+            k = ahead[k]
             continue
-        new = pd.notna(r.exec_pid) and r.exec_pid != r.loop_pid and first_of.get(r.exec_pid) == r.compute_recv_ns
-        w.back_to(_ns(r.compute_sent_ns), "pool", "hand-over to the pool" + (NEW_PROCESS if new else ""), r.key,
-                  r.worker)
-        i = np.searchsorted(done_t, r.compute_sent_ns, side="left") - 1  # the latest result before the dispatch
+        w.back_to(at["compute_sent_ns"], "pool", "hand-over to the pool" + (NEW_PROCESS if new[k] else ""), key[k],
+                  worker[k])
+        i = np.searchsorted(done_t, c["compute_sent_ns"][k], side="left") - 1  # the latest result before it
         if i < 0:
-            w.back_to(j.start_ns, "scheduler", "local scheduler: ordering the graph to the first dispatch", r.key,
+            w.back_to(j.start_ns, "scheduler", "local scheduler: ordering the graph to the first dispatch", key[k],
                       loop)
             break
-        k = done.index[i]
-        w.back_to(done_t[i], "scheduler", "local scheduler: from a result to the next dispatch", r.key, loop)
+        w.back_to(_ns(done_t[i]), "scheduler", "local scheduler: from a result to the next dispatch", key[k], loop)
+        k = done[i]
     w.back_to(j.start_ns, "scheduler", "local scheduler: ordering the graph to the first dispatch", process=loop)
     return w.rows
 
@@ -215,15 +220,32 @@ def _ns(v) -> int | None:
     return None if pd.isna(v) else int(v)
 
 
-def _ahead_in_batch(a: pd.DataFrame, r) -> int | None:
-    """The task the same pool thread ran just before this one, if it was still running when this one was
-    dispatched (they went in one batch): this one waited for it."""
-    if pd.isna(r.exec_tid) or pd.isna(r.compute_recv_ns):
-        return None
-    left = a.finished_sent_ns.astype("float64")  # a run not recorded left at no time
-    same = (a.exec_pid.astype("float64") == r.exec_pid) & (a.exec_tid.astype("float64") == r.exec_tid)
-    same &= (left <= r.compute_recv_ns) & (left > r.compute_sent_ns)
-    return int(left[same].idxmax()) if same.any() else None
+def _ahead_in_batch(c: dict) -> np.ndarray:
+    """Per task (c: _walk's columns), the task the same pool thread ran just before it if that one was still
+    running when this one was dispatched (they went in one batch: this one waited for it); else -1."""
+    out = np.full(len(c["exec_tid"]), -1)
+    left, took, sent = c["finished_sent_ns"], c["compute_recv_ns"], c["compute_sent_ns"]
+    ran = ~np.isnan(c["exec_tid"]) & ~np.isnan(left) & ~np.isnan(took)
+    thread = c["exec_pid"] * (1 << 32) + c["exec_tid"]
+    for t in np.unique(thread[ran]):
+        mine = np.flatnonzero(ran & (thread == t))
+        mine = mine[np.argsort(left[mine], kind="stable")]
+        before = np.searchsorted(left[mine], took[mine], side="right") - 1  # the latest to leave before it came
+        prev = np.where(before >= 0, mine[np.maximum(before, 0)], -1)
+        waited = (prev >= 0) & (prev != mine) & (left[np.maximum(prev, 0)] > sent[mine])
+        out[mine[waited]] = prev[waited]
+    return out
+
+
+def _first_of_process(c: dict) -> np.ndarray:
+    """Per task, whether it was the first a pool process other than the loop's took (its start is in its
+    hand-over)."""
+    pid, took = c["exec_pid"], c["compute_recv_ns"]
+    other = ~np.isnan(pid) & ~np.isnan(took) & (pid != c["loop_pid"])
+    first = pd.Series(took[other]).groupby(pid[other]).transform("min").to_numpy()
+    out = np.zeros(len(pid), bool)
+    out[np.flatnonzero(other)] = took[other] == first
+    return out
 
 
 def analyze(t: dict, meta: dict, base: dict, sides: dict):
