@@ -56,6 +56,24 @@ def elsewhere(report: dict, ctx) -> None:
     _keep(ctx, {"via": "Client", "routed": False, "elsewhere": where})
 
 
+def remind(run) -> None:
+    """After the summary: its figures are of the cluster the command got, not of the one it asked for (said
+    at once too, but scrolled away since), nor of what ran elsewhere. From run.json, as written above."""
+    said = []
+    for e in run.meta().get("own_clusters", []):
+        if e.get("routed") is True and e.get("differs"):
+            line = (f"note: the figures above are of the cluster your command got, not of its {e.get('via')} as asked "
+                    f"({'; '.join(e['differs'])})" + (f"; to match: {e['match']}" if e.get("match") else ""))
+        elif e.get("routed") is False:
+            line = f"note: your command's {e.get('elsewhere') or e.get('via')} is not in the figures above (it ran " \
+                   "beside the recorded cluster)"
+        else:
+            continue
+        if line not in said:
+            said.append(line)
+            say(line)
+
+
 def scaled(report: dict, ctx) -> None:
     """scale() or adapt() on the cluster daskprobe stands in: said, kept; nothing changes."""
     spec, via = ctx.spec, _text(report.get("via"), 40)

@@ -85,6 +85,10 @@ if __name__ == "__main__":  # a LocalCluster's processes (without daskprobe) imp
     assert "to match: daskprobe run --workers 3 --threads 1 --nanny -- " in line
     assert p.stderr.index(line) < p.stderr.index("AFTER CLUSTER"), "said at once, while the command runs"
     assert "(LocalCluster's runs in your script's)\n  it asked for 3 worker(s); its workers under nannies" in line
+    # and again after the summary, whose figures are of the cluster it got
+    note = "daskprobe: note: the figures above are of the cluster your command got, not of its LocalCluster as asked " \
+           "(3 worker(s); its workers under nannies"
+    assert p.stderr.index("where the session went") < p.stderr.index(note) < p.stderr.index("run directory:")
     entry, = run.meta()["own_clusters"]
     assert entry["routed"] and entry["shape"]["workers"] == 3 and entry["shape"]["threads"] == 1
     assert entry["shape"]["processes"] is True
@@ -163,7 +167,7 @@ with Client() as client:
     assert sum(client.gather(client.map(inc, range(8)))) == 36
 """, *OPTS)
     _on_ours(p)
-    assert not _said(p) and "client hook" not in p.stderr, p.stderr[-3000:]
+    assert not _said(p) and "client hook" not in p.stderr and "note: " not in p.stderr, p.stderr[-3000:]
     assert "own_clusters" not in run.meta() and run.meta()["client_hook"]["reports"] == 0
     assert _tasks(run) == 8
 
@@ -190,6 +194,8 @@ if __name__ == "__main__":
     assert p.stderr.count(f"daskprobe: your command's Client connects to {theirs}, not daskprobe's cluster: "
                           "nothing of it is recorded") == 1
     assert p.stderr.count("Client connects to") == 1, "daskprobe's own address, by another name, is no other"
+    assert "daskprobe: note: your command's Mine is not in the figures above" in p.stderr
+    assert f"daskprobe: note: your command's {theirs} is not in the figures above" in p.stderr
 
 
 STANDING = """

@@ -41,6 +41,7 @@ def main(args, command: list[str]) -> int:
     from ...probes.rundir import RunDir
     from ..attached import Attached, AttachSpec
     from ..build import finalize
+    from ..own_cluster import remind
     from ..session import Signals, attach, say
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
@@ -64,6 +65,7 @@ def main(args, command: list[str]) -> int:
             return code
         try:
             finalize(run_dir, trace=not args.no_trace)
+            remind(run_dir)
         finally:
             options.hand_over(run_dir.path, made)
     say(f"run directory: {run_dir.path}")

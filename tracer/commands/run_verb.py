@@ -49,6 +49,7 @@ def main(args, command: list[str]) -> int:
     from ...probes import registry
     from ...probes.rundir import RunDir
     from ..build import finalize, warm_up
+    from ..own_cluster import remind
     from ..session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
@@ -66,6 +67,7 @@ def main(args, command: list[str]) -> int:
                    signals, sample_rate=rate, cpu_hz=args.cpu_hz, warm_up=warm_up, user=user)
         try:
             finalize(run_dir, trace=not args.no_trace)
+            remind(run_dir)
         finally:
             _reap(run_dir, signals.grace)
             options.hand_over(run_dir.path, made)
