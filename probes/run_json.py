@@ -108,6 +108,27 @@ CLIENT_HOOK = obj("client_hook", "The client hook in the command (a run): what i
     K("errors", list[dict[str, str]], "its features that failed: what, and the error", []),
 ))
 
+OWN_SHAPE = obj("own_cluster_shape", "The workers LocalCluster would have made of the keywords the command gave.", *(
+    K("workers", int, "worker count"),
+    K("threads", int | None, "threads per worker; null for no workers"),
+    K("processes", bool, "true: worker processes (under nannies); false: threads of the command's process"),
+    K("memory_limit", int | None, "bytes per worker; null: no limit"),
+))
+
+OWN_CLUSTER = obj("own_cluster", "A cluster the command made itself (the client hook's own-cluster feature; "
+                  "tracer/own_cluster.py), a scale of it, or another scheduler one of its Clients was given.", *(
+    K("via", str, "what made it: LocalCluster, Client (with LocalCluster's keywords), or another cluster "
+      "manager's class"),
+    K("routed", bool, "true: it was given the recorded cluster instead; false: it ran as written, beside the "
+      "recorded cluster, unrecorded"),
+    K("asked", dict[str, str], "the keywords as the command wrote them (their reprs, cut short)"),
+    K("shape", OWN_SHAPE | None, "the workers it asked for; null if LocalCluster would refuse the keywords"),
+    K("differs", list[str], "what it asked for that the recorded cluster is not; [] if nothing"),
+    K("match", str | None, "the run command whose cluster would be as asked; null if it is already (or attach)"),
+    K("elsewhere", str, "the other scheduler a Client was given: its address, or its scheduler file"),
+    K("scale", str, "a scale() on it (the workers asked for) or 'adapt': the recorded cluster stayed as it was"),
+))
+
 TRACE = obj("trace", "What writing the trace found.", *(
     K("samples_without_native_tid", int, "samples of a thread whose kernel tid was unknown"),
 ))
@@ -159,8 +180,8 @@ RUN_JSON = obj("run.json", "Every key of run.json. All may be absent: a run cut 
     K("lost", dict[str, LOST], "recorder (proxy or tap): what its capture lost; {} if nothing", {}),
     K("both_ends_error", str | None, "why the agents' messages could not be merged with ours"),
     K("trace", TRACE, "what writing the trace found", {}),
-    K("own_clusters", list[dict[str, Any]], "clusters the command made itself (LocalCluster(...)) and was given "
-      "daskprobe's instead: how, what it asked for, what differs, the run options that would match", []),
+    K("own_clusters", list[OWN_CLUSTER], "clusters the command made itself (LocalCluster(...), Client(n_workers=...)), "
+      "given the recorded cluster instead or run beside it, and other schedulers its Clients were given", []),
     K("client_hook", CLIENT_HOOK, "what the client hook in the command reported", {}),
     K("finalize_errors", dict[str, str], "each stage of the last build that failed: its error", {}),
     K("finalize_seconds", dict[str, float], "each stage of the last build: its wall seconds (the trace's, written in "
