@@ -104,7 +104,8 @@ def scheduler_kind(t: dict) -> dict:
 
 def jobs_table(local_jobs: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
     """Table jobs for a local run: one per compute, from its start callback to its finish (without
-    one: its last result). Its requested keys are the graph's sinks (no task of it depends on them)."""
+    one: its last result; incomplete, its untold the graph's tasks without a result). Its requested keys
+    are the graph's sinks (no task of it depends on them)."""
     rows = []
     for j in local_jobs.itertuples():
         mine = a[a.job == j.job]
@@ -113,9 +114,10 @@ def jobs_table(local_jobs: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
         last = mine.dropna(subset=["finished_recv_ns"])
         last = last.loc[last.finished_recv_ns.idxmax()] if len(last) else None
         end = j.end_ns if pd.notna(j.end_ns) else (int(last.finished_recv_ns) if last is not None else j.start_ns)
+        untold = 0 if pd.notna(j.end_ns) else max(0, j.graph_tasks - int(mine.finished_recv_ns.notna().sum()))
         rows.append({"job": j.job, "start_ns": j.start_ns, "end_ns": int(end), "graphs": 1, "graph_bytes": 0,
                      "requested": len(sinks), "end_key": None if last is None else last.key, "end_told": pd.NA,
-                     "complete": pd.notna(j.end_ns), "untold": 0, "last_told_ns": int(end)})
+                     "complete": pd.notna(j.end_ns), "untold": untold, "last_told_ns": int(end)})
     out = pd.DataFrame(rows, columns=JOB_COLUMNS)
     return out.astype({"job": "int64", "start_ns": "int64", "end_ns": "int64", "end_told": "Int64"})
 

@@ -78,6 +78,9 @@ def test_a_run_entered_after_the_result_is_another_dispatchs(tmp_path):
     jobs, tasks = read_local([tmp_path / "local_scheduler.100.tsv"])
     assert tasks.job.tolist() == [0, 1] and tasks.enter_ns.tolist()[0] == 11 and pd.isna(tasks.enter_ns[1])
     assert jobs.errored.tolist() == [False, True]
+    j = local.jobs_table(jobs.assign(end_ns=jobs.end_ns.where(jobs.job == 0)), local.attempts(tables(
+        jobs, tasks.assign(prefix="x"))))
+    assert j.complete.tolist() == [True, False] and j.untold.tolist() == [0, 1]  # job 1 never ended: x untold
 
 
 def path_of(tmp_path, **kw) -> pd.DataFrame:
