@@ -10,11 +10,13 @@ What it models, in the order a task meets it:
 - each worker: `threads` threads taking ready tasks by priority, each start after the worker's measured
   handoff time, each task-finished after its measured time from the compute's end; and an event loop
   that serves other workers' get_data one at a time;
-- the machine: tasks computing share its cores (processor sharing of their CPU time, not of their
-  blocked time), and the threads of one worker share its GIL for the share of CPU that holds it.
+- the machine: tasks computing share its cores with its other load (`background`: processor sharing
+  of their CPU time, not of their blocked time); the workers' own times stretch as the tasks' CPU
+  time does, relative to the run; the threads of one worker share its GIL for the share of CPU that
+  holds it.
 
 What it does not: work stealing, spilling, the client's own work (kept as measured), retries,
-heartbeats, the event loops' CPU competing with the tasks, memory. The walk back along its own
+heartbeats, the event loops' CPU as it changes with the change (only the run's average load), memory. The walk back along its own
 critical path (`split`) gives the predicted time its categories."""
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ class _Replay:
         self.rootish = _rootish(job, W * s.threads) if s.policy == "ws" else [False] * n
         self.expected = _expected(job, d)
         self.turn = 0
-        self.t = {name: [math.nan] * n for name in ("ready", "sent", "arr", "loop", "inputs", "start", "stop", "fsent",
-                                                    "farr", "done", "told")}
+        self.t = {name: [math.nan] * n for name in ("ready", "sent", "arr", "inputs", "start", "stop", "fsent", "farr",
+                                                    "done", "told")}
         self.trigger, self.held_by = [None] * n, [None] * n
         self.slow = {"gil": [0.0] * n, "cpu": [0.0] * n}
         self.running, self.ps_last, self.version = {}, 0.0, [0] * n
@@ -254,7 +256,7 @@ class _Replay:
         return self.loop_free[w]
 
     def task_arrives(self, t: float, i: int, w: int) -> None:
-        self.t["arr"][i] = self.t["loop"][i] = t
+        self.t["arr"][i] = t
         sources = {}
         for dep in self.job.deps[i]:
             if w not in self.where[dep]:
@@ -429,8 +431,7 @@ def _finish(w: _Back, r: _Replay, i: int):
         i = r.held_by[i]
         _compute(w, r, i)
     w.back(t["inputs"][i], "runtime_bookkeeping")
-    w.back(t["loop"][i], "network")  # fetching inputs (their serving included)
-    w.back(t["arr"][i], "runtime_bookkeeping")
+    w.back(t["arr"][i], "network")  # fetching inputs (their serving included)
     w.back(t["sent"][i], "network")
     trig = r.trigger[i]
     if trig is None:
