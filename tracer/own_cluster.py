@@ -1,8 +1,9 @@
 """The command made its own cluster (LocalCluster(...), Client(n_workers=...)) and the client hook
-(probes/client_hook/daskprobe_hook_own_cluster.py) gave it daskprobe's instead: said at once, with
-what differs from what it asked and the `run` options that would match; kept in run.json's
-`own_clusters`. A report comes from the command (its user's process): every field is checked, and
-what is shown is cut short and stripped of control characters."""
+(probes/client_hook/daskprobe_hook_own_cluster.py) gave it the recorded cluster instead: said at once,
+with what differs from what it asked and the `run` options that would match, and again after the
+summary; kept in run.json's `own_clusters`. So are the clusters and schedulers it used beside the
+recorded one, and its scale() calls. A report comes from the command (its user's process): every
+field is checked, and what is shown is cut short and stripped of control characters."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ def heard(report: dict, ctx) -> None:
     via, asked = _text(report.get("via"), 40), _asked(report.get("asked"))
     call = f"{via}({', '.join(f'{k}={v}' for k, v in asked.items())})"
     if report.get("routed") is not True:
-        recorded = "the attached cluster" if ctx.spec is None else "daskprobe's cluster"
         say(f"your command started its own {via} (not a LocalCluster daskprobe can stand in for): it runs beside "
-            f"{recorded}, which records none of its work, and both share the CPUs")
+            f"{_recorded(ctx)}, which records none of its work, and both share the CPUs")
         _keep(ctx, {"via": via, "routed": False})
         return
     listed = report.get("ignored")
@@ -50,9 +50,8 @@ def elsewhere(report: dict, ctx) -> None:
     if where in ctx.elsewhere:
         return
     ctx.elsewhere.add(where)
-    recorded = "the attached cluster" if ctx.spec is None else "daskprobe's cluster"
-    say(f"your command's Client connects to {where}, not {recorded}: nothing of it is recorded (a plain Client() "
-        f"connects to {recorded}; a cluster already running: daskprobe attach ADDRESS -- ...)")
+    say(f"your command's Client connects to {where}, not {_recorded(ctx)}: nothing of it is recorded (a plain "
+        f"Client() connects to {_recorded(ctx)}; a cluster already running: daskprobe attach ADDRESS -- ...)")
     _keep(ctx, {"via": "Client", "routed": False, "elsewhere": where})
 
 
@@ -85,6 +84,10 @@ def scaled(report: dict, ctx) -> None:
         say(f"your command's {via} asked for {asked}: daskprobe's cluster stays at {spec.workers} worker(s)"
             + (f" (daskprobe run --workers {n} ... to have them)" if _count(n) and n != spec.workers else ""))
     _keep(ctx, {"via": via, "scale": _text(n, 20) if "n" in report else "adapt"})
+
+
+def _recorded(ctx) -> str:
+    return "the attached cluster" if ctx.spec is None else "daskprobe's cluster"
 
 
 def _wanted(shape: dict) -> str:
