@@ -119,6 +119,7 @@ def jobs_table(local_jobs: pd.DataFrame, a: pd.DataFrame) -> pd.DataFrame:
                      "requested": len(sinks), "end_key": None if last is None else last.key, "end_told": pd.NA,
                      "complete": pd.notna(j.end_ns), "untold": untold, "last_told_ns": int(end)})
     out = pd.DataFrame(rows, columns=JOB_COLUMNS)
+    out["end_key"] = pd.Series([r["end_key"] for r in rows], index=out.index, dtype=object)  # None, not NaN: null
     return out.astype({"job": "int64", "start_ns": "int64", "end_ns": "int64", "end_told": "Int64"})
 
 

@@ -81,6 +81,7 @@ def test_a_run_entered_after_the_result_is_another_dispatchs(tmp_path):
     j = local.jobs_table(jobs.assign(end_ns=jobs.end_ns.where(jobs.job == 0)), local.attempts(tables(
         jobs, tasks.assign(prefix="x"))))
     assert j.complete.tolist() == [True, False] and j.untold.tolist() == [0, 1]  # job 1 never ended: x untold
+    assert j.end_key.tolist() == ["x", None]  # no result in job 1: null in summary.json, not NaN
 
 
 def path_of(tmp_path, **kw) -> pd.DataFrame:
