@@ -64,6 +64,12 @@ def gil_holder(t: dict, roles: list[str] | None = None) -> str | None:
     """The function most often on top of a non-main thread's GIL-holding samples (the sampler reads the
     holder's stack at each read of it: a tick on it, and every 200 ms), with its process; only of the
     processes of `roles` (a thread holds its own process's GIL only)."""
+    held = gil_holder_thread(t, roles)
+    return held[1] if held else None
+
+
+def gil_holder_thread(t: dict, roles: list[str] | None = None) -> tuple[int, str] | None:
+    """gil_holder's thread: its tid and the description gil_holder gives."""
     smp = t["samples"]
     if smp.empty or "owns_gil" not in smp:
         return None
@@ -75,12 +81,12 @@ def gil_holder(t: dict, roles: list[str] | None = None) -> str | None:
     held = smp[smp.owns_gil.fillna(False).astype(bool) & (smp.tid != smp.pid)]
     if held.empty:
         return None
-    process, thread, stack_id = held.groupby(["process", "thread_name", "stack_id"]).size().idxmax()
+    process, tid, thread, stack_id = held.groupby(["process", "tid", "thread_name", "stack_id"]).size().idxmax()
     frames = t["stacks"].set_index("stack_id").frame_ids.get(stack_id)
     if frames is None or not len(frames):
-        return f"thread '{thread}' of {process}"
+        return int(tid), f"thread '{thread}' of {process}"
     f = t["frames"].set_index("frame_id").loc[frames[0]]
-    return f"thread '{thread}' of {process}, in {f.function} ({f.filename.rsplit('/', 1)[-1]}:{f.line})"
+    return int(tid), f"thread '{thread}' of {process}, in {f.function} ({f.filename.rsplit('/', 1)[-1]}:{f.line})"
 
 
 def bookkeeping_per_task(s: dict) -> float | None:

@@ -8,9 +8,9 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, gil_holder, heaviest_graphs,
-                       hot_functions, imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path,
-                       spills_on_path, stragglers, why_slow)
+from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, gil_holder, gil_holder_thread,
+                       heaviest_graphs, hot_functions, imports_on_path, loops_in_user_code, oversubscribed_s,
+                       p2p_on_path, spills_on_path, stragglers, why_slow)
 from .task_threads import TASK_BLOCKED
 
 MIN_SHARE = 0.10
@@ -178,7 +178,8 @@ def _gil_by_process(s: dict, task_threads: bool) -> dict[str, float]:
 
 def _gil(s: dict, t: dict, meta: dict) -> dict | None:
     where = _gil_by_process(s, task_threads=False)
-    if _loops_held_by_tasks(s, t):  # the tasks' own Python held it: the hot function's finding says so
+    # the tasks' own Python held it, or a thread of its own that also held the tasks up: their finding's
+    if _loops_held_by_tasks(s, t) or (_task_gil_s(s) and _loops_held_by_other(s, t)):
         where.pop("worker")
     sec = sum(where.values())
     if not sec:
@@ -201,11 +202,24 @@ def _gil(s: dict, t: dict, meta: dict) -> dict | None:
                     + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""), advice)
 
 
+def _task_gil_s(s: dict) -> float:
+    return sum(_gil_by_process(s, task_threads=True).values())
+
+
 def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
-    sec = sum(_gil_by_process(s, task_threads=True).values())
+    sec = _task_gil_s(s)
     if not sec:
         return None
     c = meta.get("cluster", {})
+    if _worker_gil_holder(t) == "other":  # no task's thread held it: a thread of a plugin's, a library's, the user's
+        loops = _loops_held_by_other(s, t)
+        return _finding("task-gil", sec + loops, "tasks waited for the GIL held by a thread that runs no task",
+                        f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
+                        f"as compute, and the workers' event loops {loops:.2f} s; meanwhile it was most often "
+                        f"held by {gil_holder(t, roles=['worker'])}, which ran no task",
+                        "a thread beside the tasks (a plugin's, a library's, your own) holds the GIL: make it "
+                        "sleep or block between its work, move it out of the worker process, or have it release "
+                        "the GIL (numpy, C); more threads or processes for the tasks would not help")
     hot = hot_functions(t, top=1)
     return _finding("task-gil", sec, "tasks waited for the GIL held by other tasks",
                     f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
@@ -344,10 +358,25 @@ def _python_hot(t: dict) -> dict | None:
     return hot[0] if hot and hot[0]["share"] >= 0.3 and (hot[0]["python"] or 0) >= 0.5 else None
 
 
+def _worker_gil_holder(t: dict) -> str | None:
+    """Who held the workers' GIL most often in their samples: 'tasks' (a thread that ran tasks), 'other'
+    (a thread that ran none: a plugin's, a library's, the user's), or None (no holder seen)."""
+    holder, tids = gil_holder_thread(t, roles=["worker"]), t.get("attempt_threads")
+    if holder is None or tids is None:
+        return None
+    return "tasks" if holder[0] in set(tids.tid) else "other"
+
+
 def _loops_held_by_tasks(s: dict, t: dict) -> float:
     """The workers' event loops' waits for the GIL on the path, when the tasks ran their own Python: the
     task threads held it, so they are the hot function's cost (the loop cannot run while it computes)."""
-    return _gil_by_process(s, task_threads=False).get("worker", 0.0) if _python_hot(t) else 0.0
+    by_tasks = _worker_gil_holder(t) == "tasks" and _python_hot(t)
+    return _gil_by_process(s, task_threads=False).get("worker", 0.0) if by_tasks else 0.0
+
+
+def _loops_held_by_other(s: dict, t: dict) -> float:
+    """The workers' event loops' waits for the GIL on the path, when a thread that runs no task held it."""
+    return _gil_by_process(s, task_threads=False).get("worker", 0.0) if _worker_gil_holder(t) == "other" else 0.0
 
 
 def _hot_function(s: dict, t: dict) -> dict | None:

@@ -234,6 +234,19 @@ def test_task_threads_waiting_for_the_gil_are_named_first_not_counted_as_compute
     assert quiet["critical_path_s"]["compute"] == pytest.approx(0.020)
 
 
+def test_tasks_waiting_for_the_gil_of_a_thread_that_runs_no_task_name_that_thread():
+    """A thread of the user's spins in pure Python in the worker: the tasks' GIL waits are its doing,
+    and more processes for the tasks is not the advice."""
+    meta = META | {"cluster": {"workers": 1, "threads": 4}}
+    s = gil_bound_tasks(True)
+    for t in range(15, 39):
+        s.sample("worker-0", t + 0.5, "spin", "/home/me/monitor.py", tid=301, name="progress-monitor")
+    first = analyze(s.tables(), meta).summary["findings"][0]
+    assert first["id"] == "task-gil" and "runs no task" in first["title"], first
+    assert "'progress-monitor' of worker-0, in spin (monitor.py:1)" in first["evidence"]
+    assert "threads_per_worker=1" not in first["advice"]
+
+
 def test_gil_advice_never_asks_for_one_thread_per_worker_where_there_is_one():
     s = Scenario()
     s.message("client", "scheduler", 9, 9.5, "register-client")
