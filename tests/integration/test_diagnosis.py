@@ -9,10 +9,10 @@ import pytest
 
 from daskprobe.experiments import diagnosis
 
-NAMED_FIRST = ["client_think", "data_in_graph"]
+NAMED_FIRST = ["client_think", "data_in_graph", "gil", "blocked_io"]
 
 
-@pytest.mark.timeout(1800)  # 4 runs of 10-40 s each, with every probe, and their finalization
+@pytest.mark.timeout(2400)  # 8 runs of 5-40 s each, with every probe, and their finalization
 def test_first_finding_names_the_planted_cause_and_the_twin_has_none(tmp_path):
     out = tmp_path / "diagnosis"
     assert diagnosis.main(["--flows", ",".join(NAMED_FIRST), "--out", str(out)]) == 0
