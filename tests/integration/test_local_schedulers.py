@@ -131,8 +131,8 @@ def test_sync_and_processes_jobs(tmp_path):
     meta = run.meta()
     children = [r["pid"] for r in meta["processes"] if r["name"].startswith("client child")]
     assert set(procs.exec_pid.astype(int)) <= set(children)  # the pool's processes were followed
-    if "pyspy" not in meta.get("skipped", {}):
-        sampled = set(run.table("samples").pid)
+    if "pyspy" not in meta.get("skipped", {}) and os.geteuid() == 0:  # Yama lets a user's sampler read
+        sampled = set(run.table("samples").pid)  # only processes that named it (the command, not its children)
         assert set(procs.exec_pid.astype(int)) & sampled, "no sample of the pool's processes"
 
 
