@@ -138,3 +138,22 @@ def test_a_finding_quotes_what_its_advice_would_save():
     # twice the workers: the fan-in by hand above
     assert out[0]["change"] == "workers=2" and out[0]["makespan_s"] == pytest.approx(55 * MS)
     assert out[0]["saving_s"] == pytest.approx((81 - 55) * MS)
+
+
+def test_root_tasks_wait_for_a_slot_unless_the_scheduler_is_random():
+    """4 tasks of 1 ms, shorter than a round trip to the scheduler: Dask's queuing costs time here."""
+    s = Scenario()
+    s.graph(10, 11, ["s-0"])
+    for i in range(4):
+        s.task(f"x-{i}", "worker-0", 20, 21, 22 + i, 23 + i, 26 + i, 27 + i)
+    s.task("s-0", "worker-0", 40, 41, 42, 43, 46, 47, deps=[f"x-{i}" for i in range(4)])
+    s.told("s-0", 48, 49)
+    t = tables(s, workers=1)
+    ws, random = (predict(t, ONE, Changes(scheduler=p)) for p in ("ws", "random"))
+    # ws: x-0, x-1 out at 10 (2 slots), in 11, compute 12-13 and 13-14, finishes out 16 and 18 (batched), in
+    # 17 and 19; x-2 out 17, computes 18-19, in 23; x-3 out 22 (the stream sent at 17), computes 23-24,
+    # in 28; s-0 out 28, computes 30-31, in 35, told 36
+    assert ws["replay_s"] == pytest.approx(36 * MS)
+    # random: all four out at 10, compute 12-16 back to back; x-3's finish in at 21; s-0 computes 23-24,
+    # in 28, told 29
+    assert random["makespan_s"] == pytest.approx(29 * MS)
