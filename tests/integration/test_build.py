@@ -1,4 +1,5 @@
-"""tracer/build.py: the analysis stage works out the samples' side in a child, beside the rest."""
+"""tracer/build.py: the analysis stage works out the samples' side in a child, beside the rest; the
+tables stage (tracer/tables.py) reads the samplers' captures in a child, beside the messages."""
 
 import json
 
@@ -9,7 +10,9 @@ from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
 from daskprobe.analyzers.summary_json import dumps
 from daskprobe.tracer.build import _hosted, analysis, report
+from daskprobe.tracer.tables import build
 from scenario import META, Scenario, two_task_chain
+from test_decode import DEEP, make_run
 
 
 def test_the_stage_split_over_two_processes_says_what_one_process_says(tmp_path):
@@ -52,3 +55,10 @@ def test_report_prints_the_summary_on_stdout_and_a_finalizing_run_on_stderr(tmp_
     analysis(run)
     out, err = capfd.readouterr()
     assert "where the session went" in err and "where the session went" not in out
+
+
+def test_build_counts_what_it_could_not_decode_in_run_json(tmp_path):
+    # the decoding itself: tests/unit/test_decode.py; here the whole stage, its samplers' child included
+    run = make_run(tmp_path, [(1, 0, 0, {"op": "update-graph", "keys": ["x"]}), (1, 0, 1, b"\xc1"), (1, 0, 2, DEEP)])
+    assert build(run)["undecodable_messages"] == 2
+    assert run.meta()["capture"]["undecodable_messages"] == 2

@@ -39,6 +39,19 @@ def make_run(tmp_path, messages) -> RunDir:
     return run
 
 
+def decoded(run: RunDir) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The messages and attempts tables.build makes of the run's capture, written through their schemas
+    (which accept whatever was decoded), here: build reads the samplers' captures in a child."""
+    meta = run.meta()
+    cap = read_capture(run.proxy_capture)
+    msgs, events = messages_table(cap, tables.connections_table(cap, tables.processes_table(meta)))
+    attempts = tables.task_tables(events, msgs, meta["clock_anchor"])
+    graphs = tables.graphs_table(events["graphs"], msgs)
+    for name, df in (("messages", msgs), ("attempts", attempts), ("graphs", graphs)):
+        run.write_table(name, df)
+    return msgs, attempts
+
+
 def finished(key, start, stop, **extra):
     return {"op": "task-finished", "key": key, "run_id": 1, "nbytes": 8, "thread": 1,
             "startstops": ({"action": "compute", "start": start, "stop": stop},), "status": "OK", **extra}
@@ -57,13 +70,10 @@ def test_what_a_peer_can_send_is_undecodable_rows_and_the_rest_decodes(tmp_path)
         (2, 0, 7, {"op": "task-erred", "key": ("a", {"b": 1}), "run_id": "not a number"}),
         (2, 1, 8, {"op": "compute-task", "run_id": 2}),    # no key: dispatches nothing (found by fuzz_decode)
     ])
-    stats = tables.build(run)
-    m = run.table("messages")
+    m, a = decoded(run)
     bad = m[m.op == "undecodable"]
     assert len(bad) == 3 and bad.error.str.len().gt(0).all(), bad
-    assert stats["undecodable_messages"] == 3
     assert set(m.op) >= {"update-graph", "compute-task", "task-finished", "task-erred"}
-    a = run.table("attempts")
     assert a.set_index("key").outcome["x"] == "finished"
     assert a.compute_start_ns.isna().all(), "the impossible start is unknown, not an overflow"
 
@@ -82,9 +92,8 @@ def test_any_msgpack_value_is_decoded_or_reported(tmp_path):
             "keys": value, "run_id": value, "startstops": value, "who_has": value, "stimulus_id": value}))
 
     run = make_run(tmp_path, [])
-    meta = run.meta()
 
-    @hypothesis.settings(max_examples=150, deadline=None, database=None)  # 1M: experiments/fuzz_decode.py
+    @hypothesis.settings(max_examples=40, deadline=None, database=None)  # 1M: experiments/fuzz_decode.py
     @hypothesis.given(st.lists(st.one_of(msg, st.binary(max_size=40)), min_size=1, max_size=8))
     def decodes(items):
         frames = [i if isinstance(i, bytes) else msgpack.packb(i, use_bin_type=True) for i in items]
@@ -95,12 +104,7 @@ def test_any_msgpack_value_is_decoded_or_reported(tmp_path):
             for i, frame in enumerate(frames):
                 w.message(1 + i % 2, i % 2, T0 + i, None, frame0=frame)
             w.f.flush()
-        cap = read_capture(run.proxy_capture)
-        conns = tables.connections_table(cap, tables.processes_table(meta))
-        msgs, events = messages_table(cap, conns)
-        run.write_table("messages", msgs)  # the schemas accept whatever was decoded
-        run.write_table("attempts", tables.task_tables(events, msgs, meta["clock_anchor"]))
-        run.write_table("graphs", tables.graphs_table(events["graphs"], msgs))
+        msgs, _ = decoded(run)
         assert set(msgs.msg_id) == set(range(len(frames))), "every message became at least one row"
     decodes()
 
