@@ -95,7 +95,7 @@ def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -
         _check(c)
     m = model(t, meta)
     draws = [[_draw(j, r) for j in m.jobs] for r in range(max(1, samples))]
-    base = [[replay(j, _setup(m, Changes(), r), d) for j, d in zip(m.jobs, ds)] for r, ds in enumerate(draws)]
+    base = [replay(j, _setup(m, Changes(), 0), d) for j, d in zip(m.jobs, draws[0])]  # the run's durations
     return [_predict(m, c, draws, base) for c in changes]
 
 
@@ -110,20 +110,20 @@ def _check(c: Changes) -> None:
 def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
     """The changed replay as it comes (makespan_s), scaled by measured / unchanged (scaled_s) and shifted
     by their difference (offset_s); the validation found the first the closest (docs/whatif.md)."""
-    raw, scaled, split = [], [], {"client": m.outside_ns}
-    for r, ds in enumerate(draws):
-        got = [replay(job, _setup(m, c, r), d) for job, d in zip(m.jobs, ds)]
-        raw.append((m.outside_ns + sum(g.makespan_ns for g in got)) / 1e9)
-        scaled.append((m.outside_ns + sum(g.makespan_ns * _ratio(j, b) for g, j, b in zip(got, m.jobs, base[r]))) / 1e9)
-        for g in got if r == 0 else ():
-            for k, v in g.split_ns.items():
-                split[k] = split.get(k, 0.0) + v
+    first = [replay(job, _setup(m, c, 0), d) for job, d in zip(m.jobs, draws[0])]
+    raw = [(m.outside_ns + sum(g.makespan_ns for g in first)) / 1e9]
+    raw += [(m.outside_ns + sum(replay(job, _setup(m, c, r), d).makespan_ns for job, d in zip(m.jobs, ds))) / 1e9
+            for r, ds in enumerate(draws) if r]
+    split = {"client": m.outside_ns}
+    for g in first:
+        for k, v in g.split_ns.items():
+            split[k] = split.get(k, 0.0) + v
     measured = m.measured_ns / 1e9
-    replayed = (m.outside_ns + sum(b.makespan_ns for b in base[0])) / 1e9
+    replayed = (m.outside_ns + sum(b.makespan_ns for b in base)) / 1e9
+    scaled = (m.outside_ns + sum(g.makespan_ns * _ratio(j, b) for g, j, b in zip(first, m.jobs, base))) / 1e9
     error = replayed / measured - 1
     return {"changes": c.text(), "measured_s": measured, "makespan_s": raw[0], "interval_s": _interval(raw, abs(error)),
-            "replay_s": replayed, "replay_error": error, "scaled_s": scaled[0],
-            "offset_s": measured + raw[0] - replayed,
+            "replay_s": replayed, "replay_error": error, "scaled_s": scaled, "offset_s": measured + raw[0] - replayed,
             "split_s": {k: split.get(k, 0.0) / 1e9 for k in CATEGORIES},
             "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c)}
 

@@ -16,8 +16,8 @@ What it models, in the order a task meets it:
   holds it.
 
 What it does not: work stealing, spilling, the client's own work (kept as measured), retries,
-heartbeats, the event loops' CPU as it changes with the change (only the run's average load), memory. The walk back along its own
-critical path (`split`) gives the predicted time its categories."""
+heartbeats, memory, the event loops' CPU as a change changes it (only the run's average load).
+The walk back along its own critical path (`split`) gives the predicted time its categories."""
 
 from __future__ import annotations
 
