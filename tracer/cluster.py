@@ -76,6 +76,7 @@ class ClusterSpec:
     start_timeout: float = 60.0
     scheduler: str = "ws"
     worker: str = "normal"
+    memory: int | None = None  # bytes per worker (0: no limit); None: as LocalCluster, see memory_limit
 
     def __post_init__(self):
         x = experiments()
@@ -91,11 +92,16 @@ class ClusterSpec:
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
 
     def memory_limit(self) -> int:
-        """Bytes per worker, as LocalCluster: the machine's memory shared out evenly (`dask worker`
-        alone would give each worker memory in proportion to its threads, whatever the worker count)."""
-        with open("/proc/meminfo") as f:
-            total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-        return total_kib * 1024 // self.workers
+        """Bytes per worker (0: no limit): --memory-limit, else as LocalCluster, the machine's memory
+        shared out evenly (`dask worker` alone would give each worker memory in proportion to its
+        threads, whatever the worker count)."""
+        return self.memory if self.memory is not None else machine_memory() // self.workers
+
+
+def machine_memory() -> int:
+    """The machine's memory, bytes (MemTotal)."""
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) * 1024
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from .cluster import ClusterSpec
+from .cluster import ClusterSpec, machine_memory
 from .session import record, say
 
 MAX_TEXT = 80
@@ -34,7 +34,7 @@ def heard(report: dict, ctx) -> None:
         match, ours = None, "the attached cluster instead, which records its work"
     else:
         differs = _differs(shape, spec, asked, ignored) if shape else ["a shape LocalCluster would refuse"]
-        match, ours = _match(shape, spec, ctx.command) if shape else None, \
+        match, ours = _match(shape, spec, ctx.command, asked) if shape else None, \
             f"daskprobe's cluster instead, which records its work: {_ours(spec)}"
     say(f"your command's {call} runs on {ours}; "
         "its scheduler in a process of its own (LocalCluster's runs in your script's)"
@@ -93,13 +93,12 @@ def _recorded(ctx) -> str:
 def _wanted(shape: dict) -> str:
     """The workers LocalCluster would have made, in words."""
     how = "processes under nannies" if shape["processes"] else "threads of your script's process, over inproc://"
-    memory = f", {_gib(shape['memory_limit'])} each" if shape["memory_limit"] else ""
-    return f"{shape['workers']} worker(s) x {shape['threads']} thread(s) as {how}{memory}"
+    return f"{shape['workers']} worker(s) x {shape['threads']} thread(s) as {how}, {_size(shape['memory_limit'])} each"
 
 
 def _ours(spec: ClusterSpec) -> str:
     return (f"{spec.workers} worker process(es) x {spec.threads} thread(s), {'under nannies' if spec.nanny else 'no nanny'}, "
-            f"{_gib(spec.memory_limit())} each, over tcp://")
+            f"{_size(spec.memory_limit())} each, over tcp://")
 
 
 def _differs(shape: dict, spec: ClusterSpec, asked: dict, ignored: list[str]) -> list[str]:
@@ -113,28 +112,42 @@ def _differs(shape: dict, spec: ClusterSpec, asked: dict, ignored: list[str]) ->
                    "of their own, each profiled)")
     elif not spec.nanny:
         out.append("its workers under nannies (as LocalCluster's processes)")
-    # what daskprobe's workers get with the options that match: the machine's memory shared out, as "auto"
-    matched = spec.memory_limit() * spec.workers // (shape["workers"] or spec.workers)
-    if shape["memory_limit"] is None and "memory_limit" in asked:
-        out.append("no memory limit (no run option sets that)")
-    elif shape["memory_limit"] and abs(shape["memory_limit"] - matched) > 0.02 * matched:
-        out.append(f"{_gib(shape['memory_limit'])} per worker (daskprobe's: the machine's memory / workers; "
-                   "no run option sets it)")
+    # both the machine's memory / workers ("auto"): --workers makes them the same
+    if (_memory_option(shape, asked) is not None or spec.memory is not None) and \
+            not _near(shape["memory_limit"] or 0, spec.memory_limit()):
+        out.append(f"{_size(shape['memory_limit'])} per worker")
     if ignored:
         out.append(f"{', '.join(f'{k}={asked[k]}' for k in ignored)} (ignored)")
     return out
 
 
-def _match(shape: dict, spec: ClusterSpec, command: list[str]) -> str | None:
+def _match(shape: dict, spec: ClusterSpec, command: list[str], asked: dict) -> str | None:
     """The run options that give the workers asked for (as near as daskprobe goes: its workers are
     always processes), or None if they are those already."""
     workers = shape["workers"] or spec.workers
     threads = shape["threads"] or spec.threads
     nanny = shape["processes"]
-    if (workers, threads, nanny) == (spec.workers, spec.threads, spec.nanny):
+    memory = _memory_option(shape, asked)
+    same_memory = memory == spec.memory or (memory is not None and spec.memory is not None and _near(memory, spec.memory))
+    if (workers, threads, nanny) == (spec.workers, spec.threads, spec.nanny) and same_memory:
         return None
-    opts = f"--workers {workers} --threads {threads}" + (" --nanny" if nanny else "")
+    opts = f"--workers {workers} --threads {threads}" + (" --nanny" if nanny else "") + \
+        (f" --memory-limit {memory}" if memory is not None else "")
     return f"daskprobe run {opts} -- {_text(shlex.join(command), 200)}"
+
+
+def _memory_option(shape: dict, asked: dict) -> int | None:
+    """--memory-limit's value for the memory asked for (0: none), or None where run's default (the
+    machine's memory / workers, LocalCluster's "auto") gives it."""
+    if shape["memory_limit"] is None:
+        return 0 if "memory_limit" in asked else None
+    auto = machine_memory() // (shape["workers"] or 1)
+    return None if _near(shape["memory_limit"], auto) else shape["memory_limit"]
+
+
+def _near(a: int, b: int) -> bool:
+    # Dask's memory is cgroup-aware, ours /proc/meminfo's: the same share differs by a little
+    return abs(a - b) <= 0.02 * max(a, b)
 
 
 def _keep(ctx, entry: dict) -> None:
@@ -169,5 +182,5 @@ def _text(value, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
+def _size(nbytes: int | None) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes else "no memory limit"

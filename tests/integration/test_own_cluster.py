@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from daskprobe.probes.rundir import RunDir
-from helpers import daskprobe, run_flow, write_flow
+from helpers import daskprobe, run_flow, searchable_dir, write_flow
 
 OPTS = ("--probes", "proxy", "--no-trace", "--workers", "2", "--threads", "1")
 
@@ -231,3 +231,25 @@ if __name__ == "__main__":
     assert "Client(n_workers=4, threads_per_worker=1) runs on the attached cluster instead" in line
     assert "it asked for 4 worker(s) x 1 thread(s) as processes under nannies" in line and "to match" not in line
     assert "own-1" in set(RunDir(out).table("attempts").key)
+
+
+def test_the_run_options_said_give_the_workers_asked_for(tmp_path):
+    """Following the 'to match' options: the command's LocalCluster gets workers as it asked, threads and
+    memory limit as its workers report them, and nothing is said to differ."""
+    flow = SEEN + """
+from distributed import Client, LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=2, memory_limit="1GiB") as cluster, Client(cluster) as c:
+        seen(cluster.scheduler_address)
+        print("WORKERS", json.dumps(sorted((w["nthreads"], w["memory_limit"])
+                                           for w in c.scheduler_info()["workers"].values())), flush=True)
+"""
+    _, first = run_flow(tmp_path, flow, *OPTS)
+    match = _said(first)[0].split("to match: daskprobe run ", 1)[1].split(" -- ")[0]
+    assert match == f"--workers 1 --threads 2 --nanny --memory-limit {2**30}"
+    again = searchable_dir("again")
+    _, p = run_flow(again, flow, "--probes", "proxy", "--no-trace", *match.split())
+    _on_ours(p)
+    line, = _said(p)
+    assert "its workers are as it asked" in line and "to match" not in line and "note: " not in p.stderr
+    assert json.loads(p.stdout.split("WORKERS", 1)[1]) == [[2, 2**30]]

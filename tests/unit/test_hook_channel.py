@@ -85,13 +85,36 @@ def test_what_differs_from_the_local_cluster_asked_for_and_the_options_that_matc
     differs = own_cluster._differs(shape, spec, asked, ["dashboard_address"])
     assert differs == ["4 worker(s)", "2 thread(s) each", "its workers under nannies (as LocalCluster's processes)",
                        "dashboard_address=':9999' (ignored)"]
-    small = own_cluster._differs({**shape, "memory_limit": 2**30}, spec, {**asked, "memory_limit": "'1GiB'"}, [])
-    assert "1.0 GiB per worker (daskprobe's: the machine's memory / workers; no run option sets it)" in small
-    assert own_cluster._match(shape, spec, ["python", "my flow.py"]) == \
+    assert own_cluster._match(shape, spec, ["python", "my flow.py"], asked) == \
         "daskprobe run --workers 4 --threads 2 --nanny -- python 'my flow.py'"
+    # a memory limit of its own: said, and matched by --memory-limit (0: none)
+    small, mine = {**shape, "memory_limit": 2**30}, {**asked, "memory_limit": "'1GiB'"}
+    assert own_cluster._differs(small, spec, mine, [])[-1] == "1.0 GiB per worker"
+    assert own_cluster._match(small, spec, ["x"], mine) == "daskprobe run --workers 4 --threads 2 --nanny " \
+        "--memory-limit 1073741824 -- x"
+    unlimited = {**shape, "memory_limit": None}
+    assert own_cluster._differs(unlimited, spec, mine, [])[-1] == "no memory limit per worker"
+    assert own_cluster._match(unlimited, spec, ["x"], mine).endswith("--memory-limit 0 -- x")
+    given = ClusterSpec(workers=4, threads=2, nanny=True, memory=2**30)
+    assert own_cluster._differs(small, given, mine, []) == [] and own_cluster._match(small, given, ["x"], mine) is None
     same = {"workers": 2, "threads": 1, "processes": True, "memory_limit": spec.memory_limit()}
     nanny = ClusterSpec(workers=2, threads=1, nanny=True)
-    assert own_cluster._differs(same, nanny, {}, []) == [] and own_cluster._match(same, nanny, ["x"]) is None
+    assert own_cluster._differs(same, nanny, {}, []) == [] and own_cluster._match(same, nanny, ["x"], {}) is None
+
+
+def test_memory_limit_option_reads_sizes_as_dask_writes_them():
+    import argparse
+
+    import pytest
+
+    from daskprobe.tracer.commands.options import byte_size
+    assert [byte_size(t) for t in ("4GB", "4 GiB", "4e9", "0", "1.5kb", "512MiB")] == \
+        [4 * 10**9, 4 * 2**30, 4 * 10**9, 0, 1500, 512 * 2**20]
+    for bad in ("", "4 GX", "-1GB", "lots", "2PiB", "1e400"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            byte_size(bad)
+    assert ClusterSpec(workers=2, memory=0).memory_limit() == 0
+    assert ClusterSpec(workers=2, memory=5 * 2**30).memory_limit() == 5 * 2**30
 
 
 def test_a_reported_shape_is_shown_only_if_every_field_fits():

@@ -52,6 +52,24 @@ RUN_TIMEOUT_S = (float, 0, 7 * 86400, True)
 REPEAT = (int, 1, 1000)
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: bytes as Dask writes them (4GB, 4 GiB, 4e9; 0: no limit), at most 1 PiB."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not m or m[2] not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (4GB, 4GiB, 4000000000; 0: no limit)")
+    try:
+        value = int(float(m[1]) * _UNITS[m[2]])
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size") from None
+    if value > 2**50:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: at most 1 PiB")
+    return value
+
+
 def span(bounds: tuple) -> str:
     """The range a help text gives: "1-1000", or "up to 3600" where the low bound is open."""
     _, low, high, *above = bounds

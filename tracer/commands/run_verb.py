@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--workers", type=options.bounded(*options.WORKERS), default=2,
                    help=f"number of worker processes, {options.span(options.WORKERS)} (default 2)")
     options.cluster(p)
+    p.add_argument("--memory-limit", type=options.byte_size, default=None, metavar="SIZE",
+                   help="memory limit per worker, e.g. 4GB or 4GiB; 0: none (default: as LocalCluster, the "
+                        "machine's memory / workers)")
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
@@ -121,6 +124,7 @@ def _spec(args, probes: list[str]):
         return ClusterSpec(workers=args.workers, threads=args.threads, nanny=args.nanny, python=args.python,
                            server_cmd=args.server_cmd, config=options.parse_config(args.config),
                            proxy="proxy" in probes, tap="tap" in probes, proxy_delay_us=round(args.delay_ms * 1000),
-                           start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker)
+                           start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker,
+                           memory=args.memory_limit)
     except ValueError as e:
         raise SystemExit(f"daskprobe: {e}")
