@@ -102,7 +102,8 @@ def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -
 def _check(c: Changes) -> None:
     if c.runtime not in (None, "dask"):
         raise NotModelled(f"--runtime {c.runtime} is not modelled: the replay knows Dask's runtime only (its "
-                          "per-message costs are the run's); record a run with --server-cmd to measure it")
+                          "costs per message are the run's); to see it, record a run on it (daskprobe run "
+                          "--server-cmd)")
     if c.scheduler not in (None, "ws", "random"):
         raise NotModelled(f"--scheduler {c.scheduler}: only ws and random are modelled")
 
