@@ -75,6 +75,8 @@ def attempts(t: dict) -> pd.DataFrame:
     where = names(t["processes"], pd.concat([lt.exec_pid, lt.pid]))
     run = lt.exec_pid.fillna(lt.pid).astype("int64")
     failed = lt.failed.fillna(False).astype(bool)
+    # a task that raised has no posttask: the loop raised its error, and the job ended, once it had it
+    raised = lt.job.map(t["local_jobs"].set_index("job").end_ns).where(failed).astype("Int64")
     outcome = np.where(failed, "erred", np.where(lt.done_ns.notna(), "finished", "unfinished"))
     n = len(lt)
     none = pd.array([pd.NA] * n, dtype="Int64")
@@ -82,7 +84,7 @@ def attempts(t: dict) -> pd.DataFrame:
         "key": lt.key, "attempt": lt.groupby(["job", "key"]).cumcount(), "run_id": none, "worker": run.map(where),
         "deps": lt.deps, "compute_sent_ns": lt.sent_ns.astype("int64"),
         "compute_recv_ns": lt.enter_ns.fillna(lt.sent_ns).astype("int64"), "finished_sent_ns": lt.exit_ns,
-        "finished_recv_ns": lt.done_ns, "nbytes": none, "thread": lt.ident, "compute_start_ns": lt.loaded_ns,
+        "finished_recv_ns": lt.done_ns.fillna(raised), "nbytes": none, "thread": lt.ident, "compute_start_ns": lt.loaded_ns,
         "compute_stop_ns": lt.computed_ns.fillna(lt.exit_ns.where(failed)), "transfer_start_ns": none,
         "transfer_stop_ns": none, "outcome": outcome, "moved_ns": none, "prefix": lt.prefix,
         "scheduler_delay_ns": np.zeros(n, dtype="int64"), "job": lt.job.astype("int64")})

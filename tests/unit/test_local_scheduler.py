@@ -238,3 +238,21 @@ def test_local_jobs_beside_a_clusters_are_said_not_dropped():
     said = caveats({}, {"local_scheduler": {"schedulers": ["threads"], "ignored_jobs": 2}})
     assert said and "2 job(s) of a local scheduler (threads)" in said[0]
     assert not caveats({}, {"local_scheduler": {"schedulers": ["threads"], "pool": 4}})  # a local run's own
+
+
+def test_a_task_that_raised_ends_its_jobs_path(tmp_path):
+    """No posttask for a task that raised: the loop raised its error and the job ended. Before, such a job's
+    path was one stretch of the loop's, without the task."""
+    text = (line("J", t_ns=0, pid=100, tid=LOOP, job=0, tasks=1)
+            + line("P", t_ns=10, pid=100, tid=LOOP, job=0, key="boom", deps="")
+            + line("X", pid=100, tid=POOL, ident=1, key="boom", enter_ns=12, loaded_ns=13, computed_ns=0, exit_ns=50,
+                   failed=1)
+            + line("F", t_ns=60, pid=100, tid=LOOP, job=0, errored=1))
+    (tmp_path / "local_scheduler.100.tsv").write_text(text)
+    jobs, tasks = read_local([tmp_path / "local_scheduler.100.tsv"])
+    t = tables(jobs, tasks.assign(prefix="boom"))
+    a = local.attempts(t)
+    assert a.outcome.tolist() == ["erred"] and a.compute_stop_ns.tolist() == [50]
+    path = local.critical_path(local.jobs_table(jobs, a), a, tasks, jobs, local.processes(t))
+    assert path.kind.tolist() == ["scheduler", "pool", "pool", "compute", "scheduler"]
+    assert path.start_ns.iloc[0] == 0 and path.end_ns.iloc[-1] == 60
