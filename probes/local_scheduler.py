@@ -86,7 +86,8 @@ def read_local(paths: list[Path], malformed: Counter | None = None) -> tuple[pd.
                 bad += 1
         if malformed is not None and bad:
             malformed[path.name] += bad
-    frame = {k: pd.DataFrame(v, columns=[n for n, _ in _FIELDS[k]]) for k, v in rows.items()}
+    frame = {k: pd.DataFrame(v, columns=[n for n, _ in _FIELDS[k]]).astype(
+        {n: {"int": "int64", "flag": "bool"}.get(t, object) for n, t in _FIELDS[k]}) for k, v in rows.items()}
     jobs = _jobs(frame["J"], frame["F"])
     return jobs, _tasks(frame["P"], frame["X"], frame["T"], jobs)
 
