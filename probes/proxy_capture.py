@@ -21,33 +21,16 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-OPEN, PEER, MESSAGE, CLOSE, MALFORMED, LOST, SKIP, GAP, DROPS = 1, 2, 3, 4, 5, 6, 7, 8, 9
-# Each kind's body, field by field. u8, u32, i32, u64: fixed widths; str: u16 byte length, then
-# UTF-8; T[n]: n of T, n an earlier field; frame: u32 frame index, u32 length, that many bytes.
-# The proxy writes them (probes/proxy-core/src/record.rs), the reader and CaptureWriter below are
-# built from them, and tests/unit/test_formats.py holds all three to one file the proxy's code wrote.
-# Trailing fields were added later (upstream_local in 0.1): an older record ends before them.
-RECORDS = {
-    OPEN: ("open", "conn:u32 opened_ns:u64 label:str listen:str peer_addr:str upstream:str upstream_local:str"),
-    PEER: ("peer", "conn:u32 peer_pid:i32"),
-    MESSAGE: ("message", "conn:u32 direction:u8 framing:u8 truncated:u8 t_first_ns:u64 t_last_ns:u64 nframes:u32 "
-                         "lens:u64[nframes] nkept:u32 kept:frame[nkept]"),
-    CLOSE: ("close", "conn:u32 direction:u8 closed_ns:u64 bytes:u64"),
-    MALFORMED: ("malformed", "conn:u32 direction:u8 t_ns:u64 offset:u64 reason:str"),
-    LOST: ("lost", "t_ns:u64 label:str reason:str"),
-    SKIP: ("skip", "conn:u32 direction:u8 t_ns:u64 offset:u64 bytes:u64"),
-    GAP: ("gap", "conn:u32 direction:u8 t_ns:u64 offset:u64 bytes:u64"),
-    DROPS: ("drops", "t_ns:u64 packets:u64"),
-}
-FRAMINGS = {1: "current", 2: "legacy"}
-# Beside each capture, FILE.status: one line `STATE T_NS BYTES REASON` padded with spaces to
-# STATUS_LEN bytes (probes/proxy-core/src/capture.rs writes it whole when the capture opens, then
-# over itself: no new space needed on a full disk). STATE: capturing (or killed while it was),
-# ended (every record written), stopped (writing failed at BYTES, REASON says why).
-STATUS_LEN = 512
+from .capture_records import (CLOSE, DROPS, GAP, LOST, MALFORMED, MESSAGE, OPEN, PEER, RECORDS,  # noqa: F401
+                              SKIP)
+from .capture_records import CODES as _CODES
+from .capture_records import FIELDS as _FIELDS
+from .capture_records import HEAD as _HEAD
+from .capture_records import STATUS_LEN  # noqa: F401
+from .capture_records import encode as _encode
 
-_FIELDS = {kind: [tuple(f.split(":")) for f in spec.split()] for kind, (_, spec) in RECORDS.items()}
-_CODES = {"u8": "B", "u32": "I", "i32": "i", "u64": "Q"}
+FRAMINGS = {1: "current", 2: "legacy"}
+# The status beside each capture (capture_records.STATUS_LEN): probes/proxy-core/src/capture.rs writes it.
 
 
 def _fixed(fields: list[tuple[str, str]]) -> tuple[list[str], struct.Struct]:
@@ -82,7 +65,6 @@ class Capture:
         return list(_lens(n).unpack_from(self.data, at))
 
 
-_HEAD = struct.Struct("<IB")
 _MSG = _FIXED[MESSAGE][1]
 _U32, _II, _H = (struct.Struct(f) for f in ("<I", "<II", "<H"))
 _LENS: dict[int, struct.Struct] = {}
@@ -256,28 +238,3 @@ class CaptureWriter:
         frame0 = msgpack.packb(msg, use_bin_type=True) if frame0 is None else frame0
         self.record(MESSAGE, conn=conn, direction=direction, framing=1, truncated=0, t_first_ns=t_first,
                     t_last_ns=t_first + latency_ns, lens=[len(frame0)] + [100] * opaque, kept=[(0, frame0)])
-
-
-def _packer(t: str):
-    """How a field of type t is written."""
-    item, array, _ = t.partition("[")
-    if item == "str":
-        return lambda s: _H.pack(len(s.encode())) + s.encode()
-    if item == "frame":
-        return lambda frames: b"".join(_II.pack(idx, len(b)) + b for idx, b in frames)
-    if array:
-        return lambda xs: struct.pack(f"<{len(xs)}{_CODES[item]}", *xs)
-    return struct.Struct("<" + _CODES[item]).pack
-
-
-def _packers(fields: list[tuple[str, str]]) -> list[tuple]:
-    """(name, the array it counts or None, its packer) per field."""
-    counted = {t.partition("[")[2][:-1]: name for name, t in fields if "[" in t}
-    return [(name, counted.get(name), _packer(t)) for name, t in fields]
-
-
-_PACKERS = {kind: _packers(fields) for kind, fields in _FIELDS.items()}
-
-
-def _encode(kind: int, values: dict) -> bytes:
-    return b"".join(pack(len(values[array]) if array else values[name]) for name, array, pack in _PACKERS[kind])

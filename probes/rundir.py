@@ -66,6 +66,11 @@ class RunDir:
         return self.path / "captures" / "tap.bin"
 
     @property
+    def comm_capture(self) -> Path:
+        """The comm tap's capture (probes/comm_capture.py merges its files into it): a tls:// run's."""
+        return self.path / "captures" / "comm.bin"
+
+    @property
     def task_stream(self) -> Path:
         """Dask's own task stream, as the scheduler gave it (a JSON object per line): an attached
         recording's that cannot read the messages (tls://, no root)."""
@@ -73,8 +78,11 @@ class RunDir:
 
     @property
     def messages_capture(self) -> Path:
-        """The run's messages: the proxy's capture, or the tap's (the same format) in a proxy-less run."""
-        return self.tap_capture if self.tap_capture.exists() and not self.proxy_capture.exists() else self.proxy_capture
+        """The run's messages: the proxy's capture, or the tap's or the comm tap's (the same format) in a
+        proxy-less run."""
+        if self.proxy_capture.exists():
+            return self.proxy_capture
+        return next((p for p in (self.tap_capture, self.comm_capture) if p.exists()), self.proxy_capture)
 
     @property
     def trace(self) -> Path:

@@ -26,6 +26,8 @@ from .registry import experiments
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 PEER_GUARD = Path(__file__).with_name("peer_guard.py")
+COMM_TAP = Path(__file__).parent.parent / "probes" / "comm_tap.py"
+PROTOCOLS = ("tcp", "tls")
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
 # 0.2 s of CPU per process, while the run is being finalized. Any interpreter runs it (-c, not a file
@@ -77,6 +79,8 @@ class ClusterSpec:
     scheduler: str = "ws"
     worker: str = "normal"
     memory: int | None = None  # bytes per worker (0: no limit); None: as LocalCluster, see memory_limit
+    protocol: str = "tcp"  # tls: encrypted with certificates made for the run
+    comm_tap: bool = False  # record the messages inside Dask's comms (probes/comm_tap.py): what reads tls://
 
     def __post_init__(self):
         x = experiments()
@@ -86,8 +90,12 @@ class ClusterSpec:
         if self.server_cmd and self.scheduler != "ws":
             raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
                              "with --server-cmd, choose the policy in the server's own command instead")
-        if self.proxy and self.tap:
-            raise ValueError("proxy and tap both record the messages: choose one")
+        if self.proxy + self.tap + self.comm_tap > 1:
+            raise ValueError("the proxy, the tap and the comm tap each record the messages: choose one")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
+        if self.protocol == "tls" and (self.proxy or self.tap):
+            raise ValueError("the proxy and the tap cannot read tls://: its messages are the comm tap's")
         self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
 
@@ -193,6 +201,22 @@ class Cluster:
             "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]", "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]"}
         self.members: list[Member] = []
         self.recorder: subprocess.Popen | None = None  # the proxy or the tap: what records the messages
+        self.comm_dir = self._comm_tap() if spec.comm_tap else None
+        if spec.protocol == "tls":
+            self.env |= tls_env(self._own_dir("tls"), user)
+
+    def _own_dir(self, name: str) -> Path:
+        """A new directory of the cluster's user in its scratch space."""
+        d = self.scratch / name
+        d.mkdir(mode=0o700)
+        if self.user and not self.user.is_us:
+            os.chown(d, self.user.uid, self.user.gid)
+        return d
+
+    def _comm_tap(self) -> Path:
+        d = self._own_dir("comm")
+        self.env |= {"DASKPROBE_COMM_TAP_DIR": str(d)}
+        return d
 
     @property
     def scheduler(self) -> Member:
@@ -252,29 +276,34 @@ class Cluster:
             s.command = shlex.split(self.spec.server_cmd.format(host=host, port=port))
         else:
             s.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "distributed.cli.dask_scheduler",
-                         "--host", host, "--port", port, "--no-dashboard", "--dashboard-address", f"{HOST}:0",
-                         *_preloads([PEER_GUARD, *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
+                         "--host", host, "--port", port, "--protocol", self.spec.protocol,
+                         "--no-dashboard", "--dashboard-address", f"{HOST}:0",
+                         *_preloads([*self._own_preloads(), *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user)
         s.pid = s.proc.pid
 
     def _start_worker(self, w: Member) -> None:
         w.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "--gated", "distributed.cli.dask_worker",
-                     f"tcp://{self.scheduler.contact}", "--name", w.name,
-                     "--listen-address", f"tcp://{w.listen}", "--contact-address", f"tcp://{w.contact}",
+                     f"{self.spec.protocol}://{self.scheduler.contact}", "--name", w.name,
+                     "--listen-address", f"{self.spec.protocol}://{w.listen}",
+                     "--contact-address", f"{self.spec.protocol}://{w.contact}",
                      "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
                      "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                      "--local-directory", str(self.scratch),
-                     *_preloads([PEER_GUARD, *experiments().WORKERS[self.spec.worker].preload_files()])]
+                     *_preloads([*self._own_preloads(), *experiments().WORKERS[self.spec.worker].preload_files()])]
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
             w.command += ["--nanny", "--nanny-port", str(nanny.port),
                           "--preload-nanny", str(NANNY_PRELOAD), "--preload-nanny", str(PEER_GUARD)]
-            env = dict(env, DASKPROBE_NANNY_CONTACT=f"tcp://{nanny.contact}")
+            env = dict(env, DASKPROBE_NANNY_CONTACT=f"{self.spec.protocol}://{nanny.contact}")
         else:
             w.command.append("--no-nanny")
         w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE, user=self.user)
         w.pid = w.proc.pid
+
+    def _own_preloads(self) -> list[Path]:
+        return [PEER_GUARD, *([COMM_TAP] if self.spec.comm_tap else [])]
 
     def _find_nanny_child(self, w: Member) -> None:
         """Under a nanny the worker runs in a child the nanny spawned
@@ -295,7 +324,7 @@ class Cluster:
             time.sleep(0.05)
 
     def client_address(self) -> str:
-        return f"tcp://{self.scheduler.contact}"
+        return f"{self.spec.protocol}://{self.scheduler.contact}"
 
     def stop(self, grace: float = 5.0) -> list[subprocess.Popen]:
         """Workers first, then the scheduler, the proxy (or tap) last so it sees them go. A Dask process
@@ -306,9 +335,19 @@ class Cluster:
         killed += stop([self.scheduler.proc] if self.members and self.scheduler.proc else [], grace,
                        done=self._logged("End scheduler"))
         killed += stop_proxy(self.recorder, grace) if self.recorder else []
+        if self.comm_dir:
+            self._merge_comm_tap()
         if self.scratch != self.run.scratch:  # rmtree follows no link the cluster's user left there
             shutil.rmtree(self.scratch, ignore_errors=True)
         return killed
+
+    def _merge_comm_tap(self) -> None:
+        from ..probes.comm_capture import merge  # here: it imports pandas, which starting a run needs not
+        said = merge(self.comm_dir, self.run.comm_capture, self.user.uid if self.user else os.geteuid(),
+                     {m.pid: m.name for m in self.members if m.pid})
+        if said:
+            from .session import say
+            say(f"comm tap: {'; '.join(said[:5])}" + (f" (and {len(said) - 5} more)" if len(said) > 5 else ""))
 
     def _logged(self, end: str):
         """Whether a member's process has logged `end` (a --server-cmd scheduler never does: it is
@@ -331,6 +370,25 @@ def describe(members: list[Member], recorder: subprocess.Popen | None, tap: bool
         rows.append({"name": name, "role": role, "pid": recorder.pid, "listen": None, "contact": None,
                      "command": recorder.args})
     return rows
+
+
+def tls_env(d: Path, user: User | None) -> dict[str, str]:
+    """Dask's TLS settings for every process (and the command) with a self-signed certificate and key
+    made for the run by openssl in `d` (the cluster's user's, 0600), as Security.temporary() would (it
+    needs the `cryptography` package, which the cluster's interpreter may not have): each end checks
+    the other's certificate against it, and unencrypted comms are refused."""
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dask-internal",
+                    "-days", "7", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    for f in (cert, key):
+        os.chmod(f, 0o600)
+        if user and not user.is_us:
+            os.chown(f, user.uid, user.gid)
+    env = {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(cert), "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+    for role in ("scheduler", "worker", "client"):
+        env |= {f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__CERT": str(cert),
+                f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__KEY": str(key)}
+    return env
 
 
 def _ungate(proc: subprocess.Popen) -> None:

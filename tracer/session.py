@@ -202,7 +202,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
                              "memory_limit": spec.memory_limit(),
-                             "proxy_delay_us": spec.proxy_delay_us,
+                             "proxy_delay_us": spec.proxy_delay_us, "protocol": spec.protocol,
                              "scheduler": spec.scheduler, "worker": spec.worker,
                              "server_cmd": spec.server_cmd, "python": spec.python,
                              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
@@ -408,7 +408,7 @@ def _teardown(run: RunDir, signals: Signals, client, cluster: Cluster | None, st
     """Stop everything, each step whatever the others did: no orphans, whatever failed.
     True if a probe (or the proxy's capture) stopped before the end: the run is partial."""
     died = {p.name: why for p in started if (why := p.died())}  # before stopping: then all have ended
-    recorder = "tap" if cluster and cluster.spec.tap else "proxy"
+    recorder = "tap" if cluster and cluster.spec.tap else "comm" if cluster and cluster.spec.comm_tap else "proxy"
     if cluster and (why := ended_early(cluster.recorder)):
         died[recorder] = why
     killed = []
@@ -466,7 +466,7 @@ def _capture_stopped(run: RunDir, recorder: str) -> str | None:
     """The proxy forwards on (and the tap reads on) when its capture cannot be written: its status
     file says why it stopped capturing (its log too, unless the full disk refused that line)."""
     from ..probes.proxy_capture import read_status  # here: it imports pandas, which starting a run needs not
-    status = read_status(run.tap_capture if recorder == "tap" else run.proxy_capture)
+    status = read_status({"tap": run.tap_capture, "comm": run.comm_capture}.get(recorder, run.proxy_capture))
     if status and status["state"] == "stopped":
         return f"capture stopped at {status['bytes']:,} bytes: {status['reason']}"
     try:

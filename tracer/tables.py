@@ -56,7 +56,7 @@ def build(run: RunDir) -> dict:
              "malformed_streams": len(cap.malformed), "undecodable_messages": int(msgs.error.notna().sum()),
              "torn_bytes": cap.torn_bytes, "lost_connections": len(cap.lost),
              "arrived_before_sent": _arrived_before_sent(msgs), "malformed_lines": probed["malformed_lines"]}
-    recorder = "tap" if run.messages_capture == run.tap_capture else "proxy"
+    recorder = {run.tap_capture: "tap", run.comm_capture: "comm"}.get(run.messages_capture, "proxy")
     lost = losses(cap, read_status(run.messages_capture))
     run.update_meta(capture=stats, lost={recorder: lost} if lost else {})
     _tell(stats)

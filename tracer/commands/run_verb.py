@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
                         "machine's memory / workers)")
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
+    p.add_argument("--protocol", choices=["tcp", "tls"], default="tcp",
+                   help="the cluster's comms: tcp, or tls with a certificate made for the run, its messages "
+                        "recorded by the comm tap inside Dask's processes (the proxy and the tap cannot read "
+                        "them) (default tcp)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "default")
     options.sampling(p)
@@ -57,6 +61,7 @@ def main(args, command: list[str]) -> int:
 
     probes = options.parse_probes(args.probes)
     probes = _wire(probes, args) if args.probes == "default" else probes
+    probes = _comm_tap(probes, args, say)
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
     user = options.runs_as(args.user, command, [spec.python], [], "the cluster and your command")
@@ -114,6 +119,20 @@ def _wire(probes: list[str], args) -> list[str]:
     return ["tap" if p == "proxy" else p for p in probes]
 
 
+def _comm_tap(probes: list[str], args, say) -> list[str]:
+    """On tls:// the comm tap records the messages in place of the proxy or the tap (which asked for)."""
+    from ...probes.registry import WIRE
+    if args.protocol != "tls":
+        return probes
+    if args.delay_ms or args.server_cmd:
+        raise SystemExit("daskprobe: --delay-ms and --server-cmd need the proxy, which cannot read tls://")
+    if any(p in WIRE for p in probes):
+        say("tls://: the messages are recorded by the comm tap inside Dask's processes (the proxy and the tap "
+            "cannot read them)")
+        return [p for p in probes if p not in WIRE] + ["comm"]
+    return probes
+
+
 def _spec(args, probes: list[str]):
     from ...probes.base import is_root
     from ..cluster import ClusterSpec
@@ -125,6 +144,6 @@ def _spec(args, probes: list[str]):
                            server_cmd=args.server_cmd, config=options.parse_config(args.config),
                            proxy="proxy" in probes, tap="tap" in probes, proxy_delay_us=round(args.delay_ms * 1000),
                            start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker,
-                           memory=args.memory_limit)
+                           memory=args.memory_limit, protocol=args.protocol, comm_tap="comm" in probes)
     except ValueError as e:
         raise SystemExit(f"daskprobe: {e}")

@@ -1,0 +1,113 @@
+"""The comm tap's files (probes/comm_tap.py: one per cluster process, in a directory of the cluster's
+user) merged into one capture of the proxy's format (captures/comm.bin), read by root as data only:
+each file opened under a directory opened without following links, a regular file of that user's, at
+most MAX_BYTES read; records are walked by their length, nothing in them is run or unpickled.
+
+Connections are numbered anew over all files. An accepting end's `open` is kept, labelled with the
+member whose pid wrote the file; a connecting end's (label "connect") names the pid at the other end
+of the accepted connection with the same two addresses (a `peer` record), and is dropped."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import struct
+import time
+from pathlib import Path
+
+from .capture_records import HEAD, OPEN, PEER, STATUS_LEN, WITH_CONN, record
+from .proxy_capture import _decode
+
+MAX_BYTES = 1 << 30  # per file
+MAX_FILES = 4096
+NAME = re.compile(r"comm-(\d+)\.bin")
+_CONN = struct.Struct("<I")
+
+
+def merge(src: Path, dest: Path, uid: int, names: dict[int, str]) -> list[str]:
+    """Merge the comm tap's files in `src` (a directory of the cluster's user, `uid`) into `dest`, with
+    `dest`.status; `names`: member name by pid. What was refused, cut or lost ("NAME: why")."""
+    said, files = [], []
+    try:
+        dir_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        return [f"{src}: {e.strerror}"]
+    try:
+        found = sorted(n for n in os.listdir(dir_fd) if NAME.fullmatch(n))
+        said += [f"{len(found) - MAX_FILES} more files: not read"] if len(found) > MAX_FILES else []
+        for name in found[:MAX_FILES]:
+            data, why = _read(dir_fd, name, uid, MAX_BYTES)
+            status, _ = _read(dir_fd, name + ".status", uid, STATUS_LEN)
+            state = status.decode("utf-8", "replace").split(" ")[0] if status else "missing"
+            if why:
+                said.append(f"{name}: {why}")
+            if state != "ended":
+                said.append(f"{name}: its writer's status is {state!r} (records after its last write may be lost)")
+            files.append((int(NAME.fullmatch(name)[1]), data))
+    finally:
+        os.close(dir_fd)
+    _write(dest, _merged(files, names), said)
+    return said
+
+
+def _read(dir_fd: int, name: str, uid: int, cap: int) -> tuple[bytes, str | None]:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as e:
+        return b"", e.strerror
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return b"", "not a regular file of the cluster's user: not read"
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(cap)
+        return data, f"cut at {cap} bytes" if st.st_size > cap else None
+    finally:
+        os.close(fd)
+
+
+def _records(data: bytes):
+    """(kind, start, end of body) of each whole record; a torn last one is left out."""
+    pos = 0
+    while pos + HEAD.size <= len(data):
+        length, kind = HEAD.unpack_from(data, pos)
+        end = pos + 4 + length
+        if length < 1 or end > len(data):
+            return
+        yield kind, pos + HEAD.size, end
+        pos = end
+
+
+def _merged(files: list[tuple[int, bytes]], names: dict[int, str]) -> list[bytes]:
+    opens, rest, connects, numbers = [], [], {}, {}
+    for pid, data in files:
+        for kind, body, end in _records(data):
+            if kind not in WITH_CONN or end - body < 4:
+                continue
+            key = (pid, _CONN.unpack_from(data, body)[0])
+            if kind == OPEN:
+                r = _decode(OPEN, data, body, end)
+                if r["label"] == "connect":
+                    connects[(r["listen"], r["peer_addr"])] = pid
+                    continue
+                numbers[key] = conn = len(numbers) + 1
+                opens.append((conn, pid, r))
+            elif key in numbers:
+                rest.append(data[body - HEAD.size:body] + _CONN.pack(numbers[key]) + data[body + 4:end])
+    out = []
+    for conn, pid, r in opens:
+        out.append(record(OPEN, **(r | {"conn": conn, "label": names.get(pid, f"pid {pid}"),
+                                        "upstream_local": r["upstream_local"] or ""})))
+        out.append(record(PEER, conn=conn, peer_pid=connects.get((r["listen"], r["peer_addr"]), -1)))
+    return out + rest
+
+
+def _write(dest: Path, records: list[bytes], said: list[str]) -> None:
+    from .rundir import open_new
+    with open_new(dest) as f:
+        f.write(b"".join(records))
+    state, reason = ("stopped", "; ".join(said)) if said else ("ended", "-")
+    line = f"{state} {time.monotonic_ns()} {dest.stat().st_size} {reason}".encode()[:STATUS_LEN - 1]
+    with open_new(Path(f"{dest}.status")) as f:
+        f.write(line.ljust(STATUS_LEN - 1) + b"\n")
