@@ -4,16 +4,11 @@ under analyzers/rules/) that classify CPU samples."""
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI (pyproject.toml asks for it there)
-    import tomli as tomllib
 
 RULES_DIR = Path(__file__).with_name("rules")
 CATEGORIES = ("scheduler_decisions", "runtime_bookkeeping", "gil_contention", "cpu_starvation", "network",

@@ -1,15 +1,10 @@
 """The Dask versions daskprobe supports: one range, which pip's lower bound and run's warning share."""
 
-import sys
+import tomllib
 from pathlib import Path
 
 from daskprobe.tracer import dask_versions
 from daskprobe.tracer.dask_versions import NEWEST, OLDEST, outside, release
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
