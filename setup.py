@@ -7,14 +7,18 @@ from setuptools import find_packages, setup
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70.1
-    from wheel.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's, there when a wheel is built
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel to build (an sdist)
+        bdist_wheel = None
 
-
-class any_python_wheel(bdist_wheel):
-    def get_tag(self):
-        return ("py3", "none", super().get_tag()[2])
-
+cmdclass = {}
+if bdist_wheel:
+    class any_python_wheel(bdist_wheel):
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+    cmdclass["bdist_wheel"] = any_python_wheel
 
 setup(packages=["daskprobe", *(f"daskprobe.{p}" for p in find_packages(exclude=["tests", "tests.*", "build", "build.*"]))],
-      cmdclass={"bdist_wheel": any_python_wheel})
+      cmdclass=cmdclass)

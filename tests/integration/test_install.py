@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -108,3 +109,15 @@ def test_a_run_from_the_installed_venv_uses_its_python(venv):
     assert not meta["skipped"], meta["skipped"]
     assert (run.table("messages").op == "compute-task").sum() >= 1
     assert len(run.table("samples")) > 0
+
+
+def test_the_sdist_carries_the_rust_workspace(tmp_path):
+    """A wheel built from the sdist (pip's route from an archive) builds the binaries from what it holds."""
+    # egg_info anew: one left by an earlier build would list its files whatever MANIFEST.in says
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path),
+                    "sdist", "-d", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    with tarfile.open(next(tmp_path.glob("daskprobe-*.tar.gz"))) as t:
+        held = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    tracked = subprocess.run(["git", "ls-files", "probes/*.rs", "probes/**/Cargo.toml", "probes/Cargo.*"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert tracked and not [f for f in tracked if f not in held]
