@@ -66,7 +66,32 @@ def for_samples(t: dict) -> dict:
     return t | {"attempts": attempts(t), "processes": procs.assign(role=procs.role.replace("client", "local"))}
 
 
-def attempts(t: dict) -> pd.DataFrame:
+def other_loops(local_jobs: pd.DataFrame, procs: pd.DataFrame) -> dict[tuple[int, int], str]:
+    """Loops that ran in a thread other than their process's main one (compute called from a thread):
+    (pid, tid) -> the name their time goes under ("client thread TID")."""
+    named = names(procs, local_jobs.pid)
+    return {(int(r.pid), int(r.tid)): f"{named.get(r.pid)} thread {r.tid}" for r in local_jobs.itertuples()
+            if r.tid != r.pid}
+
+
+def as_processes(loops: dict, procs: pd.DataFrame, states: pd.DataFrame, cpu: pd.DataFrame,
+                 threads: pd.DataFrame) -> tuple:
+    """(processes, states, cpu samples, threads) with each of `loops`' threads as a process of its own
+    (its pid its tid: no process has a thread's id as its pid), of which it is the main thread: the
+    attribution splits time inside a process by its main thread's state, here the loop's."""
+    if not loops:
+        return procs, states, cpu, threads
+
+    def moved(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.copy()
+        for pid, tid in loops:
+            df.loc[(df.pid == pid) & (df.tid == tid), "pid"] = tid
+        return df
+    own = pd.DataFrame({"pid": [tid for _, tid in loops], "name": list(loops.values()), "role": "client"})
+    return pd.concat([procs, own], ignore_index=True), moved(states), moved(cpu), moved(threads)
+
+
+def attempts(t: dict, loops: dict | None = None) -> pd.DataFrame:
     """local_tasks as attempts rows (one per dispatch, same order), with their job: the dispatch is the
     loop's pretask, the task reaching the worker its thread entering execute_task, the compute span
     from its inputs unpacked to its function's return, the result leaving when execute_task did and
@@ -74,6 +99,7 @@ def attempts(t: dict) -> pd.DataFrame:
     lt = t["local_tasks"].reset_index(drop=True)
     where = names(t["processes"], pd.concat([lt.exec_pid, lt.pid]))
     run = lt.exec_pid.fillna(lt.pid).astype("int64")
+    on_loop = [(loops or {}).get((p, th)) for p, th in zip(run, lt.exec_tid.fillna(-1).astype("int64"))]
     failed = lt.failed.fillna(False).astype(bool)
     # a task that raised has no posttask: the loop raised its error, and the job ended, once it had it
     raised = lt.job.map(t["local_jobs"].set_index("job").end_ns).where(failed).astype("Int64")
@@ -81,7 +107,8 @@ def attempts(t: dict) -> pd.DataFrame:
     n = len(lt)
     none = pd.array([pd.NA] * n, dtype="Int64")
     return pd.DataFrame({
-        "key": lt.key, "attempt": lt.groupby(["job", "key"]).cumcount(), "run_id": none, "worker": run.map(where),
+        "key": lt.key, "attempt": lt.groupby(["job", "key"]).cumcount(), "run_id": none,
+        "worker": pd.Series(on_loop, dtype=object).fillna(run.map(where)),
         "deps": lt.deps, "compute_sent_ns": lt.sent_ns.astype("int64"),
         "compute_recv_ns": lt.enter_ns.fillna(lt.sent_ns).astype("int64"), "finished_sent_ns": lt.exit_ns,
         "finished_recv_ns": lt.done_ns.fillna(raised), "nbytes": none, "thread": lt.ident, "compute_start_ns": lt.loaded_ns,
@@ -149,17 +176,18 @@ def task_threads(a: pd.DataFrame, lt: pd.DataFrame, threads: pd.DataFrame) -> pd
 
 
 def critical_path(jobs: pd.DataFrame, a: pd.DataFrame, lt: pd.DataFrame, local_jobs: pd.DataFrame,
-                  processes: pd.DataFrame, states: pd.DataFrame | None = None) -> pd.DataFrame:
+                  processes: pd.DataFrame, states: pd.DataFrame | None = None, loops: dict | None = None) -> pd.DataFrame:
     """Every job's critical path (module doc). `a`: attempts(t), row for row with `lt` (local_tasks);
     `states`: thread_states, where eBPF had them (when the loop's thread woke for a result)."""
-    loops = names(processes, pd.concat([lt.pid, local_jobs.pid]))
+    named = names(processes, pd.concat([lt.pid, local_jobs.pid]))
     a = a.assign(exec_pid=lt.exec_pid.to_numpy(), exec_tid=lt.exec_tid.to_numpy(), loop_pid=lt.pid.to_numpy())
     by_job = local_jobs.set_index("job")
     rows = []
     for j in jobs.itertuples():
         loop = by_job.loc[j.job]
         blocked = of_thread(states, loop.pid, loop.tid)["blocked"] if states is not None else _NONE
-        rows += _walk(j, a[a.job == j.job], loops.get(loop.pid), blocked)
+        name = (loops or {}).get((int(loop.pid), int(loop.tid))) or named.get(loop.pid)
+        rows += _walk(j, a[a.job == j.job], name, blocked)
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["job", "start_ns"], kind="stable", ignore_index=True)
 
 
@@ -265,15 +293,16 @@ def analyze(t: dict, meta: dict, base: dict, sides: dict):
     from .whole_run import cpu_check, in_flight, task_overhead
     lt = t["local_tasks"].reset_index(drop=True)
     procs = processes(t)
-    a = attempts(t)
+    loops = other_loops(t["local_jobs"], procs)
+    a = attempts(t, loops)
     jobs = jobs_table(t["local_jobs"], a)
     tasks = tasks_table(a, jobs)
     states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]
-    path = pd.concat([critical_path(jobs, a, lt, t["local_jobs"], procs, states),
+    path = pd.concat([critical_path(jobs, a, lt, t["local_jobs"], procs, states, loops),
                       between_jobs(jobs, t["local_jobs"], procs)],
                      ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
     task_tids = task_threads(a, lt, threads)
-    attr = attribute(path, procs, states, cpu, threads, a, task_tids)
+    attr = attribute(path, *as_processes(loops, procs, states, cpu, threads), a, task_tids)
     window = (int(jobs.start_ns.min()), int(jobs.end_ns.max()))
     again = recomputed(a)
     ran = procs[procs.pid.isin(pd.concat([lt.pid, lt.exec_pid]).dropna().astype("int64"))]

@@ -256,3 +256,24 @@ def test_a_task_that_raised_ends_its_jobs_path(tmp_path):
     path = local.critical_path(local.jobs_table(jobs, a), a, tasks, jobs, local.processes(t))
     assert path.kind.tolist() == ["scheduler", "pool", "pool", "compute", "scheduler"]
     assert path.start_ns.iloc[0] == 0 and path.end_ns.iloc[-1] == 60
+
+
+def test_a_loop_in_another_thread_than_the_main_one_is_split_by_its_own_state(tmp_path):
+    """compute called from a thread: its loop's time goes under that thread, a process of its own for the
+    attribution (whose main thread it is), not the process's main thread (blocked in a join, say: idle)."""
+    jobs, tasks = chain(tmp_path)
+    jobs = jobs.assign(tid=555)
+    tasks = tasks.assign(tid=555)
+    procs = pd.DataFrame({"pid": [100], "name": ["client"], "role": ["client"]})
+    loops = local.other_loops(jobs, procs)
+    assert loops == {(100, 555): "client thread 555"}
+    t = tables(jobs, tasks, procs)
+    a = local.attempts(t, loops)
+    path = local.critical_path(local.jobs_table(jobs, a), a, tasks, jobs, procs, None, loops)
+    assert set(path.process[path.kind == "scheduler"]) == {"client thread 555"}
+    assert set(path.process[path.kind != "scheduler"]) == {"client"}  # the pool's threads stay the process's
+    states = pd.DataFrame({"pid": [100, 100], "tid": [555, 100], "start_ns": [0, 0], "end_ns": [9, 9],
+                           "state": ["gil", "blocked"]})
+    p2, s2, _, _ = local.as_processes(loops, procs, states, states.iloc[:0], states.iloc[:0])
+    assert p2.set_index("name").pid.to_dict() == {"client": 100, "client thread 555": 555}
+    assert s2[["pid", "tid", "state"]].values.tolist() == [[555, 555, "gil"], [100, 100, "blocked"]]
