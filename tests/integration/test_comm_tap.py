@@ -1,0 +1,82 @@
+"""tls:// runs: the comm tap inside Dask's processes records the messages the proxy cannot read. The same
+workload on tcp:// through the proxy and on tls:// through the comm tap gives the same messages."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from daskprobe.probes.proxy_capture import read_capture, read_status
+
+from helpers import PINNED_FLOW, run_flow, searchable_dir
+
+N = 20
+# Sent on a timer (heartbeat_worker every 0.5-1 s and the scheduler's reply to each), not for the
+# workload: their count follows how long the run took, which TLS's handshakes and a loaded machine change.
+TIMED = {"heartbeat_worker"}
+# Told the client once per key, and again for some when a replica was added (the final sum fetched them):
+# how many, the race of that fetch with the client's release decides. Compared by the keys told.
+REPEATED = {"key-in-memory"}
+# Sent while the cluster stops (the scheduler's goodbye to a worker that is closing its end meanwhile): it
+# reaches the worker's comm or not, a race of the shutdown (seen either way on both).
+TEARDOWN = {"remove-worker"}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    flow = PINNED_FLOW.format(n=N)
+    tcp, _ = run_flow(searchable_dir("comm-tap-tcp"), flow, "--workers", "2", "--probes", "proxy", "--no-trace")
+    tls, p = run_flow(searchable_dir("comm-tap-tls"), flow, "--workers", "2", "--probes", "proxy", "--no-trace",
+                      "--protocol", "tls")
+    return tcp, tls, p
+
+
+def _counts(run) -> pd.Series:
+    m = run.table("messages")
+    timed_replies = m.reply_to.isin(m.msg_id[m.op.isin(TIMED)])
+    return m[~m.op.isin(TIMED | REPEATED | TEARDOWN) & ~timed_replies].groupby(["src_role", "dst_role", "op"]).size()
+
+
+def test_tls_run_is_on_tls_with_the_comm_tap(runs):
+    _, tls, p = runs
+    meta = tls.meta()
+    assert meta["scheduler_address"].startswith("tls://") and meta["cluster"]["protocol"] == "tls"
+    assert "comm tap" in p.stderr
+    assert not tls.proxy_capture.exists() and tls.messages_capture == tls.comm_capture
+    assert read_status(tls.comm_capture)["state"] == "ended"
+    cap = read_capture(tls.comm_capture)
+    assert cap.torn_bytes == 0 and len(cap.malformed) == 0
+    # every member's log says it listened on tls://
+    for name in ("scheduler", "worker-0", "worker-1"):
+        assert "tls://127.0.0.1:" in tls.log(name).read_text()
+
+
+def test_tls_messages_match_tcp(runs):
+    """Every op the workload causes, counted per sender and receiver role, is the same on both: exactly, since
+    both see every message of the run once (the proxy at the listener's door, the comm tap at the
+    listener's comm). The tolerance is nil but for three ops whose count the run's timing decides: the
+    timed heartbeats and their replies (present on both), key-in-memory told again (each key told on
+    both), and remove-worker at the end (at most one per worker)."""
+    tcp, tls, _ = runs
+    a, b = _counts(tcp), _counts(tls)
+    pd.testing.assert_series_equal(a, b, check_names=False)
+    told = []
+    for run in (tcp, tls):
+        m = run.table("messages")
+        assert (m.op == "heartbeat_worker").sum() >= 1
+        told.append(set(m.key[m.op == "key-in-memory"]))
+        assert (m.op == "remove-worker").sum() <= 2
+    assert len(told[0]) == len(told[1]) == N + 1  # the keys are named afresh each run (tokens of __main__'s inc)
+    assert (_counts(tls).loc[("scheduler", "worker", "compute-task")]) == N + 1
+
+
+def test_tls_has_network_time_and_critical_path(runs):
+    _, tls, _ = runs
+    s = json.loads((tls / "summary.json").read_text())
+    assert s["critical_path_s"]["network"] > 0
+    assert any(k.startswith("network: compute-task") for k in s["critical_path_parts_s"])
+    conns = tls.table("connections")
+    # the peers are named from the comm tap's own records of who connected (a client has none)
+    assert set(conns.peer) >= {"worker-0", "worker-1", "client"}
+    attempts = tls.table("attempts")
+    assert len(attempts) == N + 1 and (attempts.outcome == "finished").all()
