@@ -200,6 +200,8 @@ def _at_compute(w: _Walk, ix: _Index, ref, holding: bool = False):
     w.back_to(r.compute_start_ns, "compute", SATURATED_COMPUTE if holding else "compute", r.key, r.worker)
     held, stop = ix.same_thread.latest((r.worker, r.thread), r.compute_start_ns + HANDOVER_SLACK_NS,
                                        r.compute_recv_ns, exclude=ref)
+    if held is not None and not _row(ix, held).compute_start_ns < r.compute_start_ns:
+        held = None  # it stopped within the slack but started after this one: it ran next, not before
     if held is not None:
         stop = min(stop, r.compute_start_ns)
         w.back_to(stop, "worker", "worker saturation (waiting for a thread)", r.key, r.worker)
