@@ -39,4 +39,11 @@ WORKERS = {
                     "remains (the paper's zero worker)", "zero_worker"),
 }
 DEMO_MODULE = "daskprobe.experiments.demo"  # run as `python -m`: 1,000 tasks and a sum
+
+
+def worker_host() -> Path:
+    """The script that runs many workers in one process (--workers-per-process), run by path."""
+    return Path(importlib.util.find_spec("daskprobe.experiments.worker_host").origin)
+
+
 VERBS = {"bench": "daskprobe.experiments.bench_verb"}

@@ -29,6 +29,8 @@ CLUSTER = obj("cluster", "The cluster as asked for (run) or found (attach).", *(
     K("workers", int, "number of workers"),
     K("threads", int | None, "threads per worker; null if the workers differ (attach)"),
     K("nanny", bool | None, "workers under nannies; null if not known (attach)"),
+    K("workers_per_process", int, "workers sharing one process (run --workers-per-process; its others' processes "
+      "rows have no pid)", 1),
     K("memory_limit", int | None, "bytes per worker, 0 for none (run: --memory-limit, else the machine's memory / "
       "workers); null if not known (attach)"),
     K("proxy_delay_us", int, "delay the proxy added to each message, µs (--delay-ms)", 0),

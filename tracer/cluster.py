@@ -21,6 +21,7 @@ from ..probes.procs import log_tail, our_child, spawn, stop
 from ..probes.rundir import RunDir
 from ..probes.users import User
 from ..probes.sockets import host_of, listening, split_address
+from .commands.options import MAX_PROCESSES
 from .registry import experiments
 
 HOST = "127.0.0.1"
@@ -81,6 +82,7 @@ class ClusterSpec:
     memory: int | None = None  # bytes per worker (0: no limit); None: as LocalCluster, see memory_limit
     protocol: str = "tcp"  # tls: encrypted with certificates made for the run
     comm_tap: bool = False  # record the messages inside Dask's comms (probes/comm_tap.py): what reads tls://
+    workers_per_process: int = 1  # >1: that many workers share a process (experiments/worker_host.py)
 
     def __post_init__(self):
         x = experiments()
@@ -96,6 +98,12 @@ class ClusterSpec:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
         if self.protocol == "tls" and (self.proxy or self.tap):
             raise ValueError("the proxy and the tap cannot read tls://: its messages are the comm tap's")
+        if self.workers > MAX_PROCESSES and self.workers_per_process == 1:
+            raise ValueError(f"more than {MAX_PROCESSES} workers need --workers-per-process (each process "
+                             "costs ~70 MB and its own CPU)")
+        if self.workers_per_process < 1 or (self.workers_per_process > 1 and self.nanny):
+            raise ValueError("--workers-per-process must be 1 or more, and 1 with --nanny (a nanny restarts "
+                             "one worker's process)")
         self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
 
@@ -103,7 +111,15 @@ class ClusterSpec:
         """Bytes per worker (0: no limit): --memory-limit, else as LocalCluster, the machine's memory
         shared out evenly (`dask worker` alone would give each worker memory in proportion to its
         threads, whatever the worker count)."""
+        if self.memory is None and self.workers_per_process > 1:
+            return 0  # a worker's memory is its process's, all its neighbours' too: a limit would pause them all
         return self.memory if self.memory is not None else machine_memory() // self.workers
+
+
+def hosted_address(i: int) -> str:
+    """Worker i's own loopback address when workers share a process: it listens there and connects from
+    there, so its connections are told from its neighbours' (connections_table names them by it)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
 
 
 def machine_memory() -> int:
@@ -125,6 +141,7 @@ class Member:
     command: list[str] = field(default_factory=list)
     machine: str = "local"                # the host it runs on: local (daskprobe's) or its address's host
     found_ns: int | None = None           # when an attached recording found it (None: there from the start)
+    process_of: str | None = None         # the member whose process it shares (--workers-per-process), or None
     left_ns: int | None = None            # when an attached recording saw it gone
 
     @property
@@ -222,10 +239,10 @@ class Cluster:
     def scheduler(self) -> Member:
         return self.members[0]
 
-    def _member(self, name: str, role: str) -> Member:
+    def _member(self, name: str, role: str, host: str = HOST) -> Member:
         port = free_port()
-        contact = free_port() if self.spec.proxy else port
-        m = Member(name, role, f"{HOST}:{port}", f"{HOST}:{contact}")
+        contact = f"{HOST}:{free_port()}" if self.spec.proxy else f"{host}:{port}"
+        m = Member(name, role, f"{host}:{port}", contact)
         self.members.append(m)
         return m
 
@@ -233,7 +250,7 @@ class Cluster:
         """Choose every address up front, so the proxy can start first."""
         self._member("scheduler", "scheduler")
         for i in range(self.spec.workers):
-            self._member(f"worker-{i}", "worker")
+            self._member(f"worker-{i}", "worker", hosted_address(i) if self.spec.workers_per_process > 1 else HOST)
             if self.spec.nanny:
                 self._member(f"nanny-{i}", "nanny")
 
@@ -251,16 +268,51 @@ class Cluster:
             ports = {m.port: m.name for m in self.members}
             self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
         self._start_scheduler()
+        if self.spec.workers_per_process > 1:
+            for group in self._groups():
+                self._start_host(group)
+            return
         for w in self.workers:
             self._start_worker(w)
+
+    def _groups(self) -> list[list[Member]]:
+        k = self.spec.workers_per_process
+        return [self.workers[i:i + k] for i in range(0, len(self.workers), k)]
+
+    def _start_host(self, group: list[Member]) -> None:
+        """One process for the group's workers (experiments/worker_host.py): the first member is that
+        process (its pid, its log), the others name it in process_of and have no pid of their own, so
+        the process is sampled once."""
+        lead = group[0]
+        spec = {"workers": [{"name": m.name, "listen": m.listen, "contact": m.contact} for m in group],
+                "protocol": self.spec.protocol, "nthreads": self.spec.threads,
+                "memory_limit": self.spec.memory_limit(), "local_directory": str(self.scratch),
+                "preload": [str(f) for f in [*self._own_preloads(),
+                                             *experiments().WORKERS[self.spec.worker].preload_files()]]}
+        path = self.scratch / f"{lead.name}-host.json"
+        path.write_text(json.dumps(spec))
+        if self.user and not self.user.is_us:
+            os.chown(path, self.user.uid, self.user.gid)
+        lead.command = [self.spec.python, str(experiments().worker_host()), f"{self.spec.protocol}://{self.scheduler.contact}",
+                        str(path)]
+        lead.proc = spawn(lead.command, self.run.log(lead.name), env=self.env, stdin=subprocess.PIPE, user=self.user)
+        lead.pid = lead.proc.pid
+        for m in group[1:]:
+            m.process_of, m.command = lead.name, lead.command
 
     def ready(self) -> None:
         """Wait for the scheduler to listen, let the workers go on, wait for them to register."""
         s = self.scheduler
         self._wait(s, lambda: _listening(s.port))
         for w in self.workers:
-            _ungate(w.proc)
+            if w.proc:
+                _ungate(w.proc)
         for w in self.workers:
+            if self.spec.workers_per_process > 1:
+                lead = next(m for m in self.workers if m.name == (w.process_of or w.name))
+                self._wait(lead, lambda w=w, lead=lead: f"hosted worker {w.name} registered" in
+                           log_tail(self.run.log(lead.name), 10**6))
+                continue
             self._wait(w, lambda w=w: "Registered to" in log_tail(self.run.log(w.name), 10**6))
             if self.spec.nanny:
                 self._find_nanny_child(w)

@@ -201,6 +201,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
                     sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
+                             "workers_per_process": spec.workers_per_process,
                              "memory_limit": spec.memory_limit(),
                              "proxy_delay_us": spec.proxy_delay_us, "protocol": spec.protocol,
                              "scheduler": spec.scheduler, "worker": spec.worker,

@@ -240,7 +240,13 @@ def connections_table(cap: Capture, procs: pd.DataFrame, hosts: dict | None = No
     known = c.peer_pid.isin(by_pid.index)
     away = _member_elsewhere(c.peer_addr, c.opened_ns, procs)
     c["peer"] = np.where(known, c.peer_pid.map(by_pid.name), away.fillna("client"))
-    c["peer_role"] = np.where(known, c.peer_pid.map(by_pid.role), away.map(by_name.role).fillna("client"))
+    # workers sharing a process (run --workers-per-process) each connect from their own loopback address
+    own = _member_at(c.peer_addr.astype(str).map(host_of), c.opened_ns, procs[procs.listen.notna()],
+                     procs.listen.dropna().map(host_of))
+    mine = known & own.notna()
+    c["peer"] = np.where(mine, own, c.peer)
+    c["peer_role"] = np.where(known, np.where(mine, own.map(dict(zip(procs.name, procs.role))),
+                                              c.peer_pid.map(by_pid.role)), away.map(by_name.role).fillna("client"))
     c["upstream_name"] = _listener(c.listen, c.opened_ns, procs).fillna(c.label)
     c["upstream_role"] = c.label.map(by_name.role)
     bad = cap.malformed.groupby("conn").size()

@@ -8,7 +8,8 @@ from daskprobe.tracer.commands import parser
 
 # verb, option, the first value out of range below, the bounds (both accepted), the first above
 BOUNDS = [
-    ("run", "--workers", "0", "1", "256", "257"),
+    ("run", "--workers", "0", "1", "1024", "1025"),
+    ("run", "--workers-per-process", "0", "1", "1024", "1025"),
     ("run", "--threads", "0", "1", "256", "257"),
     ("run", "--sample-rate", "0.5", "1", "1000", "1000.5"),
     ("run", "--cpu-hz", "0", "1", "1000", "1001"),
@@ -17,7 +18,8 @@ BOUNDS = [
     ("attach", "--sample-rate", "0.9", "1", "1000", "1e9"),
     ("attach", "--cpu-hz", "0", "1", "1000", "1001"),
     ("attach", "--duration", "0", "0.5", "604800", "604801"),
-    ("bench", "--workers", "0", "1", "256", "257"),
+    ("bench", "--workers", "0", "1", "1024", "1025"),
+    ("bench", "--workers-per-process", "0", "1", "1024", "1025"),
     ("bench", "--threads", "0", "1", "256", "257"),
     ("bench", "--repeat", "0", "1", "1000", "1001"),
     ("bench", "--timeout", "0", "1", "604800", "604801"),
@@ -64,7 +66,7 @@ def test_the_reported_cases(capsys):
 def test_bench_workers_are_each_checked_and_read_as_integers(capsys):
     assert parse("bench", "--workers", "1,2,4").workers == [1, 2, 4]
     assert "not an integer" in refused("bench", "--workers", "2,x", capsys)
-    assert "out of range" in refused("bench", "--workers", "2,1000", capsys)
+    assert "out of range" in refused("bench", "--workers", "2,1025", capsys)
 
 
 def test_runs_default_sample_rate_is_lower_where_py_spy_reads_the_cluster(monkeypatch):

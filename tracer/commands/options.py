@@ -41,7 +41,8 @@ def bounded_list(kind, low: float, high: float):
 
 
 # every numeric option of run, attach and bench, with its bounds (docs/usage.md says them)
-WORKERS = (int, 1, 256)
+WORKERS = (int, 1, 1024)  # beyond MAX_PROCESSES only with several workers per process
+MAX_PROCESSES = 256  # worker processes at most (~70 MB each): beyond, --workers-per-process
 THREADS = (int, 1, 256)
 SAMPLE_RATE = (float, 1, 1000)  # Hz: each sample costs the sampled process a tick
 CPU_HZ = (int, 1, 1000)

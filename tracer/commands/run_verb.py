@@ -21,7 +21,12 @@ def add_arguments(p) -> None:
     x = experiments()
     p.usage = "daskprobe run [options] [-- COMMAND ...]"
     p.add_argument("--workers", type=options.bounded(*options.WORKERS), default=2,
-                   help=f"number of worker processes, {options.span(options.WORKERS)} (default 2)")
+                   help=f"number of workers, {options.span(options.WORKERS)}; more than {options.MAX_PROCESSES} only with "
+                        "--workers-per-process (default 2)")
+    p.add_argument("--workers-per-process", type=options.bounded(int, 1, 1024), default=1, metavar="K",
+                   help="run K workers in each process, sharing its event loop and GIL (as "
+                        "LocalCluster(processes=False)): hundreds of workers, each its own connections, "
+                        "before one scheduler; with --worker zero, see docs/scaling.md (default 1)")
     options.cluster(p)
     p.add_argument("--memory-limit", type=options.byte_size, default=None, metavar="SIZE",
                    help="memory limit per worker, e.g. 4GB or 4GiB; 0: none (default: as LocalCluster, the "
@@ -144,6 +149,7 @@ def _spec(args, probes: list[str]):
                            server_cmd=args.server_cmd, config=options.parse_config(args.config),
                            proxy="proxy" in probes, tap="tap" in probes, proxy_delay_us=round(args.delay_ms * 1000),
                            start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker,
-                           memory=args.memory_limit, protocol=args.protocol, comm_tap="comm" in probes)
+                           memory=args.memory_limit, protocol=args.protocol, comm_tap="comm" in probes,
+                           workers_per_process=args.workers_per_process)
     except ValueError as e:
         raise SystemExit(f"daskprobe: {e}")
