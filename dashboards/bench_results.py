@@ -26,6 +26,7 @@ SPLIT = [f"critical_path_s.{c}" for c in (*CATEGORIES, UNCATEGORIZED)]
 RESULTS = Table("One row per run of a bench point.", (
     C("graph", "str", "", "the workload's graph (experiments/workloads.py)"),
     C("workers", "int64", "count", "workers"),
+    C("workers_per_process", "Int64", "count", "workers sharing a process (--workers-per-process); null: 1, an older bench"),
     C("scheduler", "str", "", "the scheduling policy (ws, random, ...)"),
     C("worker", "str", "", "the worker mode (normal, zero)"),
     C("server", "str", "", "dask, or the scheduler command (--server-cmd)"),
@@ -36,6 +37,15 @@ RESULTS = Table("One row per run of a bench point.", (
     C("aot_s", "float64", "s", "makespan_s / tasks"),
     C("traced_makespan_s", "float64", "s", "the makespan at the proxy (summary.json's); NaN without probes"),
     *(C(name, "float64", "s", "summary.json's critical_path_s of that category") for name in SPLIT),
+    C("scheduler_cpu_s", "float64", "s", "the scheduler's CPU over the makespan (/proc); NaN without the proc probe"),
+    C("scheduler_cpu_per_task_s", "float64", "s", "scheduler_cpu_s / tasks"),
+    C("scheduler_messages", "Int64", "count", "ops the scheduler received and sent over the makespan (each op of a "
+      "batch counts); null without messages"),
+    C("scheduler_cpu_per_msg_s", "float64", "s", "scheduler_cpu_s / scheduler_messages"),
+    C("administrative_msg_share", "float64", "", "the share of scheduler_messages that are administrative "
+      "(heartbeats, keep-alives, registration, handshakes: analyzers/scheduler_ops.py)"),
+    C("administrative_cpu_s", "float64", "s", "the scheduler's CPU in administrative ops' handlers, from its "
+      "samples; NaN without samples"),
     C("check", "str", "", "the workload's check of its result (ok, or why it was skipped)"),
     C("error", "str", "", "why it is not ok: the last lines of daskprobe's stderr, or the timeout"),
     C("exit_code", "Int64", "", "daskprobe's exit code; null if it was killed"),

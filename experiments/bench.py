@@ -7,6 +7,10 @@
     DIR/results.csv, DIR/results.parquet                 one row per run, rewritten after each
                                                           (dashboards/bench_results.py defines the rows)
     DIR/bench.html, DIR/speedups.csv                      the comparison figures
+    DIR/scheduler_ops.csv                                 the scheduler's messages and CPU by op, per traced
+                                                          run (analyzers/scheduler_ops.py's rows, with the
+                                                          point's graph, workers and repeat before them);
+                                                          DIR/<point>/scheduler_ops.csv each run's own
 
 A row's makespan_s is the workload's own clock: the client's wall time from
 compute() to the result in hand, the same with or without probes. Resuming
@@ -30,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..analyzers import summary_json
+from ..analyzers import scheduler_ops, summary_json
 from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
 from ..dashboards import bench_results
 from ..probes.procs import stop
@@ -63,10 +67,12 @@ def plan(graphs, workers, schedulers, worker_modes, servers, repeat) -> list[Poi
             if srv == "dask" or s == "ws"]
 
 
-def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, extra: list[str]) -> dict:
+def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, extra: list[str],
+              per_process: int = 1) -> dict:
     run_dir = out / p.name
     shutil.rmtree(run_dir, ignore_errors=True)  # what an interrupted bench left of this point
     cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", str(p.workers),
+           "--workers-per-process", str(min(per_process, p.workers)),
            "--scheduler", p.scheduler, "--worker", p.worker, "--probes", probes, "--python", python,
            "--out", str(run_dir), *extra, *([] if p.server == "dask" else ["--server-cmd", p.server]),
            "--", python, "-m", "daskprobe.experiments.workloads", p.graph]
@@ -81,7 +87,7 @@ def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, ext
             status = "timeout"
             stop([proc], grace=KILL_GRACE_S)  # SIGTERM: daskprobe tears down and keeps what it captured
         stdout, stderr = (_read(f) for f in (out_f, err_f))
-    row = asdict(p) | {"status": status, "elapsed_s": time.monotonic() - started, "run_dir": str(run_dir),
+    row = asdict(p) | {"workers_per_process": min(per_process, p.workers), "status": status, "elapsed_s": time.monotonic() - started, "run_dir": str(run_dir),
                        "exit_code": proc.returncode, "error": None}
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)  # for a person: nothing reads it
     output = f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
@@ -126,11 +132,35 @@ def _traced(run_dir: Path) -> dict:
         return {}
     path = summary.get("critical_path_s") or {}
     return {"traced_makespan_s": summary.get("makespan_s"),
-            **{f"critical_path_s.{c}": path.get(c) for c in (*CATEGORIES, UNCATEGORIZED)}}
+            **{f"critical_path_s.{c}": path.get(c) for c in (*CATEGORIES, UNCATEGORIZED)}} | _load(run_dir)
+
+
+def _load(run_dir: Path) -> dict:
+    """The scheduler's load (analyzers/scheduler_ops.py), its rows by op in the run's scheduler_ops.csv."""
+    try:
+        load, ops = scheduler_ops.of_run(RunDir(run_dir))
+    except (OSError, ValueError, KeyError) as e:  # a run too broken to read: its row says the rest
+        print(f"daskprobe bench: {run_dir.name}: no scheduler load: {e}", file=sys.stderr)
+        return {}
+    if len(ops):
+        ops.to_csv(run_dir / OPS, index=False)
+    return load
+
+
+OPS = "scheduler_ops.csv"
+
+
+def _all_ops(results: pd.DataFrame, out: Path) -> None:
+    """DIR/scheduler_ops.csv: each run's rows by op, after its point's graph, workers and repeat."""
+    parts = [pd.read_csv(Path(r.run_dir) / OPS).assign(graph=r.graph, workers=r.workers, repeat=r.repeat)
+             for r in results.itertuples() if (Path(r.run_dir) / OPS).exists()]
+    if parts:
+        df = pd.concat(parts, ignore_index=True)
+        df[["graph", "workers", "repeat", *scheduler_ops.COLUMNS]].to_csv(out / OPS, index=False)
 
 
 def bench(points: list[Point], out: Path, probes: str, timeout: float, python: str,
-          extra: list[str] = ()) -> pd.DataFrame:
+          extra: list[str] = (), per_process: int = 1) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     results = bench_results.load(out)
     done = set(results.run_dir.map(lambda d: Path(d).name))
@@ -143,10 +173,11 @@ def bench(points: list[Point], out: Path, probes: str, timeout: float, python: s
         bar = progress.add_task("bench", total=len(todo))
         for p in todo:
             progress.update(bar, description=p.name)
-            row = run_point(p, out, probes, timeout, python, list(extra))
+            row = run_point(p, out, probes, timeout, python, list(extra), per_process)
             results = pd.concat([results, bench_results.frame([row])], ignore_index=True)
             bench_results.save(results, out)
             if row["status"] != "ok":
                 progress.console.print(f"[red]{p.name}: {row['status']}[/]: {row['error']}")
             progress.advance(bar)
+    _all_ops(results, out)
     return results

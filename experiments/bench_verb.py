@@ -15,6 +15,8 @@ EXAMPLES = """examples:
   daskprobe bench --graphs merge-10K,tree-15 --workers 1,2,4,8 --scheduler ws,random --worker normal,zero --repeat 3
   daskprobe bench --graphs merge-1K,merge-5K,merge-20K --workers 2 --worker zero --probes none --out runs/aot
   daskprobe bench --graphs merge-10K --probes all --out runs/traced   # with the critical-path split per run
+  daskprobe bench --graphs merge-2K --workers 8,64,256,512 --workers-per-process 128 --worker zero \
+      --probes proxy,pyspy,proc --repeat 1   # the scheduler's CPU per task, per message and by op
   (the same command again resumes: runs already in DIR/results.csv are skipped)
 """
 
@@ -25,6 +27,9 @@ def add_arguments(p) -> None:
                         "join-D-F-P, bag-N-P, xarray-N (see README)")
     p.add_argument("--workers", type=options.bounded_list(*options.WORKERS), default=[2],
                    help=f"comma-separated worker counts, each {options.span(options.WORKERS)} (default 2)")
+    p.add_argument("--workers-per-process", type=options.bounded(int, 1, 1024), default=1, metavar="K",
+                   help="K workers share each process (run --workers-per-process; with --worker zero: hundreds "
+                        "of workers before one scheduler, docs/scaling.md) (default 1)")
     p.add_argument("--scheduler", type=options.comma_list, default=["ws"], help="ws, random or both (default ws)")
     p.add_argument("--worker", type=options.comma_list, default=["normal"], help="normal, zero or both (default normal)")
     p.add_argument("--server", action="append", default=[], metavar="dask|CMD",
@@ -54,7 +59,7 @@ def main(args, command: list[str]) -> int:
     points = plan(args.graphs, args.workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)]]
-    results = bench(points, out, args.probes, args.timeout, args.python, extra)
+    results = bench(points, out, args.probes, args.timeout, args.python, extra, args.workers_per_process)
     table = write_bench_report(results, out)
     if len(table):
         print(table.to_string(index=False))
