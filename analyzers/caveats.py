@@ -14,6 +14,8 @@ def caveats(meta: dict, summary: dict, live_pid: int | None = None) -> list[str]
         out.append("the run is partial: " + (_why_partial(meta) or "it did not end cleanly (run.json)"))
     for probe, lost in meta.get("lost", {}).items():
         out += _lost(probe, lost, meta)
+    if n := meta.get("events_lost", {}).get("ebpf"):
+        out.append(_ebpf_lost(n, meta.get("probes") or []))
     jobs = summary.get("jobs", [])
     if cut := [j for j in jobs if not j.get("complete", True)]:
         out.append(f"{len(cut)} of {len(jobs)} job(s) have no recorded end ({sum(j['untold'] for j in cut)} keys "
@@ -35,6 +37,24 @@ def _why_partial(meta: dict) -> str:
     if (code := meta.get("exit_code")) and code > 128:
         why.append(f"interrupted (exit code {code})")
     return "; ".join(why)
+
+
+# What each eBPF kind's events feed: the figures a run that lost some of them cannot be trusted for.
+EBPF_FIGURES = {
+    "cpu": "the CPU samples (CPU by category, the scheduler's CPU from samples, the split of compute and "
+           "bookkeeping)",
+    "gil": "the GIL waits (gil_contention)",
+    "offcpu": "the off-CPU intervals (thread states: cpu_starvation, runnable and blocked time)",
+    "tcp": "the TCP segments (network time read from them)",
+}
+
+
+def _ebpf_lost(n: int, probes: list[str]) -> str:
+    """The eBPF agent's events share one ring buffer: a loss may be of any kind it ran."""
+    figures = [EBPF_FIGURES[k] for k in EBPF_FIGURES if k in probes] or list(EBPF_FIGURES.values())
+    return (f"the eBPF agent lost {n:,} events (its ring buffer was full): not to be trusted: {'; '.join(figures)}. "
+            "Unaffected: the messages and the critical path's times, and CPU from /proc (scheduler_cpu_per_task_s). "
+            "Fewer workers or a lower --cpu-hz lose fewer")
 
 
 def _lost(probe: str, lost: dict, meta: dict) -> list[str]:

@@ -204,3 +204,15 @@ def _port(addr) -> int | None:
 
 def read_status(path: Path) -> pd.DataFrame:
     return tsv_rows(path, {"status": "str", "pid": "int64", "what": "str"})
+
+
+STATUS = "ebpf_status.tsv"
+_LOST = re.compile(r"(\d+) events lost")  # the agent's line for its ring buffer's losses (ebpf_agent.py)
+
+
+def events_lost(captures: Path) -> int:
+    """Events the eBPF agent of a captures directory lost (its ring buffer was full): 0 if none, or no agent."""
+    status = read_status(captures / STATUS)
+    found = [int(m.group(1)) for r in status[(status.status == "E") & (status.pid == -1)].itertuples()
+             if (m := _LOST.match(r.what))]
+    return max(found, default=0)  # the agent's count is cumulative

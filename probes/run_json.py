@@ -183,6 +183,8 @@ RUN_JSON = obj("run.json", "Every key of run.json. All may be absent: a run cut 
     K("unread_files", list[str], "mapped files daskprobe-unwind did not read: 'PATH: why'", []),
     K("capture", CAPTURE, "what decoding the captures found", {}),
     K("lost", dict[str, LOST], "recorder (proxy or tap): what its capture lost; {} if nothing", {}),
+    K("events_lost", dict[str, int], "probe (ebpf): events it took and lost (its ring buffer was full), all hosts'; "
+      "{} if none", {}),
     K("both_ends_error", str | None, "why the agents' messages could not be merged with ours"),
     K("trace", TRACE, "what writing the trace found", {}),
     K("own_clusters", list[OWN_CLUSTER], "clusters the command made itself (LocalCluster(...), Client(n_workers=...)), "

@@ -47,6 +47,7 @@ def build(run: RunDir) -> dict:
     probed["malformed_lines"] |= local_bad
     if probed["failed"]:
         run.update_meta(skipped_per_process=probed["failed"])
+    run.update_meta(events_lost=probed["events_lost"])
     if probed["unread_files"]:
         run.update_meta(unread_files=probed["unread_files"])
         from .session import say
@@ -117,10 +118,13 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
     """Tables of the sampling probes, this host's and those its agents read back from others;
     rows carry the name and host of their process. Returns (for run.json) what the eBPF agent
     or the Python sampler could not probe, per process ("failed"), the malformed lines left out of each capture
-    ("malformed_lines": its path in the run directory: how many), and the mapped files
-    daskprobe-unwind did not read ("unread_files": "PATH: why", another host's prefixed by it)."""
+    ("malformed_lines": its path in the run directory: how many), the mapped files
+    daskprobe-unwind did not read ("unread_files": "PATH: why", another host's prefixed by it), and the
+    events the eBPF agents lost ("events_lost": {"ebpf": how many}, {} if none)."""
     tables, failed, malformed, unread = _captured(run / "captures", "local", conns)
+    lost = ebpf_tables.events_lost(run / "captures")
     for number, host, offset, timens in _agent_hosts(run):
+        lost += ebpf_tables.events_lost(run / "hosts" / host / "captures")
         theirs, their_failed, their_malformed, their_unread = _captured(
             run / "hosts" / host / "captures", host, conns.iloc[:0], _after(tables["frames"].frame_id),
             _after(tables["stacks"].stack_id))
@@ -135,7 +139,8 @@ def probe_tables(run: RunDir, procs: pd.DataFrame, conns: pd.DataFrame) -> dict:
         if "pid" in df:
             df["process"] = df.pid.map(named.name)
         run.write_table(name, df)
-    return {"failed": failed, "malformed_lines": malformed, "unread_files": unread}
+    return {"failed": failed, "malformed_lines": malformed, "unread_files": unread,
+            "events_lost": {"ebpf": lost} if lost else {}}
 
 
 def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
@@ -164,7 +169,7 @@ def _captured(cap, host: str, conns: pd.DataFrame, frame_base: int = 0,
               "thread_names": procfs.read_thread_names(cap / procfs.THREADS, bad)}
     for df in tables.values():
         df["host"] = host  # the capture's: a pid none of the run's processes has ran there too
-    status = ebpf_tables.read_status(cap / "ebpf_status.tsv")
+    status = ebpf_tables.read_status(cap / ebpf_tables.STATUS)
     failed = [f"pid {r.pid}: {r.what}" for r in status[status.status == "E"].itertuples()]
     return (tables, failed + pyspy.not_sampled(cap / pyspy.CAPTURE),
             {f"captures/{name}": n for name, n in bad.items() if n}, sorted(set(unread)))
