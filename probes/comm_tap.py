@@ -102,20 +102,23 @@ def _install(records, writer: _Writer) -> None:
         return conn
 
     def message(conn: int, direction: int, t_first: int, frames) -> None:
+        """Append the record of a message of these frames (bytes, most of them; else buffers)."""
         t_last = time.monotonic_ns()
-        views = [memoryview(f) for f in frames]
-        lens = [v.nbytes for v in views]
+        lens = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
         kept, room, truncated = [], records.KEEP_CAP, 0
-        for i, (v, n) in enumerate(zip(views, lens)):
-            if not n or not v.c_contiguous:
+        for i, (f, n) in enumerate(zip(frames, lens)):
+            if not n or (i and n > records.SUBHEADER_MAX):
                 continue
-            v = v.cast("B") if v.format != "B" or v.ndim != 1 else v
-            if i == 0 or (n <= records.SUBHEADER_MAX and records.is_msgpack_map(v[0])):
-                kept.append((i, bytes(v[:room])))
+            if type(f) is not bytes:
+                f = memoryview(f)
+                if not f.c_contiguous:
+                    continue
+                f = f.cast("B") if f.format != "B" or f.ndim != 1 else f
+            if i == 0 or records.is_msgpack_map(f[0]):
+                kept.append((i, bytes(f[:room])))
                 room, truncated = room - len(kept[-1][1]), truncated | (len(kept[-1][1]) < n)
-        writer.pending.append(records.record(
-            records.MESSAGE, conn=conn, direction=direction, framing=1, truncated=truncated,
-            t_first_ns=t_first or t_last, t_last_ns=t_last, lens=lens, kept=kept))
+        writer.pending.append(records.message_record(conn, direction, 1, truncated, t_first or t_last, t_last,
+                                                     lens, kept))
 
     on_connection = core.Listener.on_connection
 
@@ -133,20 +136,23 @@ def _install(records, writer: _Writer) -> None:
 
     read, write = tcp.TCP.read, tcp.TCP.write
 
-    async def read_tapped(self, deserializers=None):
+    def read_tapped(self, deserializers=None):
         conn = getattr(self, "_daskprobe_conn", None)
-        if conn is None:
-            return await read(self, deserializers)
+        return read(self, deserializers) if conn is None else read_recorded(self, conn, deserializers)
+
+    async def read_recorded(self, conn, deserializers):
         token = reading.set([conn, 0])
         try:
             return await read(self, deserializers)
         finally:
             reading.reset(token)
 
-    async def write_tapped(self, msg, serializers=None, on_error="message"):
+    def write_tapped(self, msg, serializers=None, on_error="message"):
         conn = getattr(self, "_daskprobe_conn", None)
-        if conn is None:
-            return await write(self, msg, serializers, on_error)
+        return write(self, msg, serializers, on_error) if conn is None else \
+            write_recorded(self, conn, msg, serializers, on_error)
+
+    async def write_recorded(self, conn, msg, serializers, on_error):
         state = [None, 0]
         token = writing.set(state)
         try:
@@ -159,18 +165,19 @@ def _install(records, writer: _Writer) -> None:
 
     read_bytes_rw, from_frames, add_header = tcp.read_bytes_rw, tcp.from_frames, tcp._add_frames_header
 
-    async def read_bytes_rw_tapped(stream, n):
+    # These two hand back the coroutine they wrap, awaited by the caller: no frame of their own to resume.
+    def read_bytes_rw_tapped(stream, n):
         state = reading.get()
         if state is not None and not state[1]:
             state[1] = time.monotonic_ns()  # the message's 8-byte size has just come in
-        return await read_bytes_rw(stream, n)
+        return read_bytes_rw(stream, n)
 
-    async def from_frames_tapped(frames, *args, **kwargs):
+    def from_frames_tapped(frames, *args, **kwargs):
         state = reading.get()
         if state is not None:
             message(state[0], 0, state[1], frames)
             state[1] = 0
-        return await from_frames(frames, *args, **kwargs)
+        return from_frames(frames, *args, **kwargs)
 
     def add_header_tapped(frames):
         state = writing.get()

@@ -11,6 +11,8 @@ DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
     "tap": "every protocol message, from the wire (packet capture on the cluster's ports, root), no proxy in "
            "the way: instead of proxy",
+    "comm": "every protocol message, recorded inside Dask's processes by a preload that taps their TCP and TLS "
+            "comms: instead of proxy; what records a tls:// run (run --protocol tls)",
     "pyspy": "Python stacks of every process (our CPython 3.10–3.13 reader, py-spy for others), --sample-rate per second",
     "proc": "CPU% and RSS of every process from /proc, 5 per second",
     "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",
@@ -19,13 +21,14 @@ DESCRIPTIONS = {
     "tcp": "TCP segments received on the cluster's connections (eBPF, tcp:tcp_probe)",
 }
 NAMES = tuple(DESCRIPTIONS)
-ALL = tuple(n for n in NAMES if n != "tap")  # 'all': the tap records what the proxy does, one of them at a time
-WIRE = ("proxy", "tap")  # part of the cluster, not probe objects: they record the messages
+# 'all': the tap and the comm tap record what the proxy does, one of them at a time
+ALL = tuple(n for n in NAMES if n not in ("tap", "comm"))
+WIRE = ("proxy", "tap", "comm")  # part of the cluster, not probe objects: they record the messages
 
 
 def make(names: list[str], sample_rate: float = rates.SAMPLE_RATE, native: bool = False,
          cpu_hz: int = rates.CPU_HZ) -> list[Probe]:
-    """Probe objects for the chosen names (the proxy and the tap are part of the cluster, not listed here);
+    """Probe objects for the chosen names (the proxy and the taps are part of the cluster, not listed here);
     the eBPF kinds share one agent, stacks and /proc one sampler."""
     sampled, kinds = [n for n in names if n in SAMPLER_KINDS], [n for n in names if n in EBPF_KINDS]
     return ([Sampler(sampled, sample_rate, native)] if sampled else []) + ([Ebpf(kinds, cpu_hz)] if kinds else [])
@@ -36,7 +39,9 @@ def doctor() -> list[tuple[str, str | None, str]]:
     from .proxy import proxy_binary
     rows = []
     for name, what in DESCRIPTIONS.items():
-        if name in WIRE:
+        if name == "comm":
+            problem = None  # a Python file the cluster loads
+        elif name in WIRE:
             try:
                 proxy_binary(f"daskprobe-{name}")
                 problem = None if name == "proxy" or is_root() else "the tap needs root (a packet socket)"

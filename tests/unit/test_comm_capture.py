@@ -64,3 +64,10 @@ def test_merge_reads_only_the_users_regular_files(tmp_path):
     assert list(cap.messages.t_first_ns) == [3]  # the killed process's records up to its last write
     status = read_status(dest)
     assert status["state"] == "stopped" and "comm-500.bin" in status["reason"]
+
+
+def test_the_comm_taps_fast_message_record_is_the_definitions():
+    from daskprobe.probes.capture_records import message_record
+    kept = [(0, b"\x81\xa2op\xa4ping"), (2, b"\x80")]
+    assert message_record(3, 1, 1, 1, 5, 9, [9, 200, 1], kept) == record(
+        MESSAGE, conn=3, direction=1, framing=1, truncated=1, t_first_ns=5, t_last_ns=9, lens=[9, 200, 1], kept=kept)

@@ -128,8 +128,8 @@ def parse_probes(text: str) -> list[str]:
     unknown = sorted(set(chosen) - set(NAMES))
     if unknown:
         raise SystemExit(f"daskprobe: unknown probe(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
-    if set(WIRE) <= set(chosen):
-        raise SystemExit("daskprobe: proxy and tap both record the messages: choose one")
+    if len(set(WIRE) & set(chosen)) > 1:
+        raise SystemExit(f"daskprobe: {', '.join(WIRE)} each record the messages: choose one")
     return chosen
 
 

@@ -127,11 +127,11 @@ def _wire(probes: list[str], args) -> list[str]:
 def _comm_tap(probes: list[str], args, say) -> list[str]:
     """On tls:// the comm tap records the messages in place of the proxy or the tap (which asked for)."""
     from ...probes.registry import WIRE
-    if args.protocol != "tls":
+    if args.protocol != "tls" or "comm" in probes:
         return probes
     if args.delay_ms or args.server_cmd:
         raise SystemExit("daskprobe: --delay-ms and --server-cmd need the proxy, which cannot read tls://")
-    if any(p in WIRE for p in probes):
+    if any(p in WIRE for p in probes):  # proxy or tap
         say("tls://: the messages are recorded by the comm tap inside Dask's processes (the proxy and the tap "
             "cannot read them)")
         return [p for p in probes if p not in WIRE] + ["comm"]
