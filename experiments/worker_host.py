@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -27,7 +28,7 @@ from distributed.comm import tcp
 
 logger = logging.getLogger("distributed.worker_host")
 START_AT_ONCE = 32  # workers registering at a time: all at once made the scheduler's accept queue overflow
-CLOSE_TIMEOUT = 3.0  # seconds; then the process exits anyway (daskprobe kills it after its grace)
+CLOSE_TIMEOUT = 2.0  # seconds; then the process exits anyway (daskprobe kills it after 5 s)
 
 
 # The worker whose code runs: asyncio copies it into every task, callback and timer that code starts
@@ -78,8 +79,9 @@ async def main(scheduler: str, spec: dict) -> None:
         for w in batch:
             logger.info("hosted worker %s registered", w.name)
     await stop.wait()
-    await asyncio.wait([asyncio.ensure_future(w.close(reason="worker-host-close")) for w in workers],
-                       timeout=CLOSE_TIMEOUT)
+    # each tells the scheduler it leaves; none waits for its executor (the zero worker's runs nothing)
+    await asyncio.wait([asyncio.ensure_future(w.close(reason="worker-host-close", executor_wait=False))
+                        for w in workers], timeout=CLOSE_TIMEOUT)
     logger.info("End worker")
 
 
@@ -90,3 +92,4 @@ if __name__ == "__main__":
     asyncio.run(main(sys.argv[1], spec))
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0)  # as daskprobe's other cluster processes: no teardown of hundreds of workers' modules and threads
