@@ -8,7 +8,10 @@ import sys
 import time
 
 from helpers import daskprobe, run_flow, write_flow
+from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.probes.rundir import RunDir
+from daskprobe.tracer.messages import messages_table
+from daskprobe.tracer.tables import connections_table, processes_table
 
 
 def alive(pid: int) -> bool:
@@ -82,6 +85,13 @@ def test_failed_start_says_why(tmp_path):
     assert meta["partial"] is False and meta["exit_code"] != 0
 
 
+def captured(run: RunDir, op: str) -> int:
+    """How many messages of `op` the run's recorder has written so far (decoded as the tables stage does)."""
+    cap = read_capture(run.messages_capture)
+    msgs, _ = messages_table(cap, connections_table(cap, processes_table(run.meta())))
+    return int((msgs.op == op).sum())
+
+
 def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
     marker = tmp_path / "half-done"
     flow = write_flow(tmp_path / "flow.py", f"""
@@ -100,10 +110,13 @@ def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
     while not marker.exists():
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.1)
-    time.sleep(0.5)  # longer than the proxy's flush interval
+    # the recorder writes every 100 ms or so, later on a busy machine: killed once the tasks are on disk
+    run = RunDir(out)
+    while captured(run, "compute-task") < 20:
+        assert time.monotonic() < deadline and p.poll() is None, "the tasks' messages never reached the capture"
+        time.sleep(0.1)
     p.kill()
     p.wait()
-    run = RunDir(out)
     meta = run.meta()
     assert meta["partial"] is True
     pids = [proc["pid"] for proc in meta["processes"]]
