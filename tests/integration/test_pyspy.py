@@ -303,9 +303,9 @@ def _sampled_from_go(target: subprocess.Popen, name: str, out: Path, *options: s
 CHURN = """
 import sys, threading, time
 
-def spin(seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def spin(seconds):  # of this thread's CPU: on a busy machine it lives longer, and is sampled as often
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 def made(i):
@@ -351,8 +351,8 @@ def test_threads_and_functions_that_come_and_go_are_each_named_right(tmp_path, v
     per_thread = churn.groupby("thread_name").jobs.apply(lambda js: sorted({j for jl in js for j in jl}))
     per_tid = samples.assign(jobs=jobs).groupby("tid").jobs.apply(lambda js: {j for jl in js for j in jl})
     shown = samples.assign(jobs=jobs.map(tuple)).groupby(["thread_name", "tid", "jobs"]).size().to_string()
-    # Each thread spins 150 ms, read about 15 times at 100 Hz; on a loaded machine the sampler can
-    # miss one or name it only after it ended (a name is asked for again 20 ms after a miss).
+    # Each thread spins 150 ms of its CPU (longer on a busy machine), read about 15 times at 100 Hz; the
+    # sampler can miss one or name it only after it ended (a name is asked for again 20 ms after a miss).
     assert len(per_thread) >= 10, shown
     assert all(js == [f"job_{name[6:]}"] for name, js in per_thread.items()), shown
     # and no thread's samples carry another's function, the main thread's none
