@@ -36,6 +36,11 @@ class AttachSpec:
     tap: bool = True
     proxy_delay_us: int = 0
     agents: bool = True  # sample the members on other hosts with agents that Dask deploys
+    comm_dir: str | None = None  # where the members' comm tap writes (they loaded probes/comm_tap.py): read at the end
+
+    @property
+    def comm_tap(self) -> bool:
+        return self.comm_dir is not None
 
 
 def ask_scheduler(address: str, op: str, timeout: float = 10.0, **kwargs):
@@ -199,6 +204,8 @@ class Attached:
     @property
     def unread(self) -> str | None:
         """Why this recording cannot read the cluster's messages; None if it can."""
+        if self.spec.comm_tap:
+            return None
         if self.spec.address.startswith("tls://"):
             return "tls:// comms are encrypted: their messages cannot be read"
         if not self.spec.tap:
@@ -208,6 +215,11 @@ class Attached:
     def start(self) -> None:
         """The tap; where it cannot read the messages, Dask's own task stream instead (read from the
         scheduler's at each look and at the end, from its index now)."""
+        self.started_ns = time.monotonic_ns()
+        if self.spec.comm_tap:
+            from .session import say
+            say(f"messages: the comm tap's, read from {self.spec.comm_dir} at the end (those from now on)")
+            return
         if not self.unread:
             self.recorder = start_tap(self.run.tap_capture, self.named_ports(), self.run.log("tap"))
             return
@@ -363,7 +375,18 @@ class Attached:
                 from .session import say
                 say(f"Dask's task stream could not be read at the end: {self.stream_error}")
         self._drop_poll()
+        if self.spec.comm_tap:
+            self._merge_comm_tap()
         return stop_proxy(self.recorder, grace) if self.recorder else []
+
+    def _merge_comm_tap(self) -> None:
+        """The comm tap's records since the recording began, from the files of the directory's owner."""
+        from ..probes.comm_capture import merge
+        from .session import say
+        said = merge(Path(self.spec.comm_dir), self.run.comm_capture, None,
+                     {m.pid: m.name for m in self.members if m.pid}, since_ns=getattr(self, "started_ns", 0))
+        if said:
+            say(f"comm tap: {'; '.join(said[:5])}" + (f" (and {len(said) - 5} more)" if len(said) > 5 else ""))
 
     def _task_stream(self) -> None:
         """The tasks the scheduler's task stream has seen since the last read (each FOLLOW_S, and at

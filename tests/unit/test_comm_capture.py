@@ -2,8 +2,9 @@
 from the connecting end's record, and nothing read that is not a regular file of the cluster's user."""
 
 import os
+import struct
 
-from daskprobe.probes.capture_records import MESSAGE, OPEN, STATUS_LEN, record
+from daskprobe.probes.capture_records import HEAD, MESSAGE, OPEN, STATUS_LEN, record
 from daskprobe.probes.comm_capture import merge
 from daskprobe.probes.proxy_capture import read_capture, read_status
 
@@ -71,3 +72,19 @@ def test_the_comm_taps_fast_message_record_is_the_definitions():
     kept = [(0, b"\x81\xa2op\xa4ping"), (2, b"\x80")]
     assert message_record(3, 1, 1, 1, 5, 9, [9, 200, 1], kept) == record(
         MESSAGE, conn=3, direction=1, framing=1, truncated=1, t_first_ns=5, t_last_ns=9, lens=[9, 200, 1], kept=kept)
+
+
+def test_merge_leaves_out_records_root_could_not_walk(tmp_path):
+    """The files are the cluster's user's to write: a record that lies about its lengths is left out, not
+    handed to the reader (which walks the proxy's records by them)."""
+    src = tmp_path / "comm"
+    src.mkdir()
+    good = _msg(1, 0, 7)
+    lying = bytearray(_msg(1, 0, 8))
+    lying[5 + 4 + 3 + 16:5 + 4 + 3 + 16 + 4] = (10**6).to_bytes(4, "little")  # nframes far beyond the record
+    short_open = HEAD.pack(13, OPEN) + struct.pack("<IQ", 2, 1)  # ends before its addresses
+    _file(src, 100, _open(1, "accept", SCHED, "127.0.0.1:1") + good + bytes(lying) + short_open)
+    dest = tmp_path / "comm.bin"
+    merge(src, dest, os.geteuid(), {})
+    cap = read_capture(dest)
+    assert list(cap.messages.t_first_ns) == [7] and len(cap.connections) == 1

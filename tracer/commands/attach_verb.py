@@ -26,6 +26,10 @@ def add_arguments(p) -> None:
                    help=f"comma-separated probes; the tap records the messages (root; without it: samples and Dask's "
                         f"task stream) (default {DEFAULT_PROBES})")
     options.sampling(p)
+    p.add_argument("--comm-dir", metavar="DIR",
+                   help="where the cluster's processes write the comm tap's files (they were started with "
+                        "--preload PATH/daskprobe/probes/comm_tap.py and DASKPROBE_COMM_TAP_DIR=DIR): their messages, "
+                        "tls:// ones too, read from there at the end, instead of the tap's")
     p.add_argument("--no-agents", action="store_true",
                    help="do not deploy agents (Dask plugins) to sample the members on other hosts: only their "
                         "messages are recorded")
@@ -56,8 +60,10 @@ def main(args, command: list[str]) -> int:
     made = options.missing_parents(args.out, command or ["attach"])
     run_dir = options.new_run(RunDir, args.out, command or ["attach"])
     with Signals() as signals:
-        cluster = Attached(AttachSpec(args.address, tap=is_root(), agents=not args.no_agents), run_dir)
-        code = attach(cluster, command, args.duration, run_dir, [*(["tap"] if not cluster.unread else []), *probes],
+        cluster = Attached(AttachSpec(args.address, tap=is_root() and not args.comm_dir, agents=not args.no_agents,
+                                      comm_dir=args.comm_dir), run_dir)
+        recorder = ["comm"] if args.comm_dir else [] if cluster.unread else ["tap"]
+        code = attach(cluster, command, args.duration, run_dir, [*recorder, *probes],
                       registry.make(probes, rate, False, args.cpu_hz), signals,
                       sample_rate=rate, cpu_hz=args.cpu_hz, user=user)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
