@@ -19,7 +19,8 @@ DEFAULT_PROBES = "tap,pyspy,proc,cpu,gil,offcpu,tcp"
 def add_arguments(p) -> None:
     p.usage = "daskprobe attach ADDRESS [options] [-- COMMAND ...]"
     p.add_argument("address", help="the scheduler's address, as clients connect to it (tcp://HOST:PORT; tls:// "
-                                   "with Dask's TLS config: samples and Dask's task stream, no messages)")
+                                   "with Dask's TLS config: samples and Dask's task stream, no messages but with "
+                                   "--comm-dir)")
     p.add_argument("--duration", type=options.bounded(*options.DURATION_S),
                    help=f"seconds to record when no command is given, {options.span(options.DURATION_S)} (default: until Ctrl-C)")
     p.add_argument("--probes", default=DEFAULT_PROBES,
