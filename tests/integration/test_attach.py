@@ -12,6 +12,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from helpers import daskprobe, write_flow
@@ -217,25 +218,32 @@ def test_attach_to_a_tls_cluster_says_its_messages_cannot_be_read_and_records_it
     assert "messages" in meta["skipped"] and not (out / "captures" / "tap.bin").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert "tls://" in summary["error"]
-    assert summary["task_stream"]["tasks"] == 40 and 1.9 < summary["task_stream"]["compute_s"] < 4, summary["task_stream"]
     # Dask's own task stream instead: every task, on the worker that ran it (its pid: ground truth)
     stream = run.table("task_stream")
     compute = stream[stream.action == "compute"].set_index("key")
+    ts = summary["task_stream"]
+    assert ts["tasks"] == 40 and ts["compute_s"] == pytest.approx((compute.stop_ns - compute.start_ns).sum() / 1e9), ts
     assert {f"spin-{i}" for i in range(40)} <= set(compute.index), sorted(compute.index)[:5]
     procs = run.table("processes").set_index("name")
     by_pid = {pid: addr for addr, pid in truth["workers"].items()}
     for name in ("worker-0", "worker-1"):
         assert f"tls://{procs.listen[name]}" == by_pid[procs.pid[name]]
     assert set(compute.worker[compute.prefix == "spin"]) <= {"worker-0", "worker-1"}
+    # each spins 50 ms of the wall clock, more when a busy machine keeps it off a CPU; ms, not s or us
     took = (compute.stop_ns - compute.start_ns)[compute.prefix == "spin"] / 1e6
-    assert took.between(45, 500).all(), took.describe()
+    command_ms = (meta["command_ended_ns"] - meta["probes_ready_ns"]) / 1e6
+    assert took.between(45, command_ms).all(), (took.describe(), command_ms)
     assert compute.start_ns.min() > meta["probes_ready_ns"] - 1e9 and compute.stop_ns.max() < meta["command_ended_ns"]
-    # and the processes' samples: the workers spinning in `spin`, under its own name
+    # and the processes' samples: a task's thread while it computed, in `spin`, under its own name
     samples, stacks, frames = run.table("samples"), run.table("stacks"), run.table("frames")
     spun = set(frames.frame_id[frames.function == "spin"])
-    in_spin = stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))]
-    workers = samples[samples.pid.isin(procs.pid[["worker-0", "worker-1"]])]
-    assert workers.stack_id.isin(in_spin).sum() >= 50, "40 x 50 ms at 100 Hz: about 200"
+    in_spin = set(stacks.stack_id[stacks.frame_ids.map(lambda ids: bool(spun & set(ids)))])
+    computing = [samples.stack_id[(samples.pid == procs.pid[t.worker]) & (samples.ident == t.thread)
+                                  & samples.t_ns.between(t.start_ns, t.stop_ns)] for t in compute.itertuples()]
+    computing = pd.concat(computing)
+    # 40 x 50 ms at 100 Hz: about 200, fewer where a busy machine held the sampler back
+    share = computing.isin(in_spin).mean()
+    assert len(computing) >= 20 and share >= 0.8, (len(computing), share)
     page = (out / "report.html").read_text()
     assert "No critical path" in page and "Task stream (Dask&#x27;s)" in page, "drawn from it in the report"
     assert "gil" in meta["skipped"] or "GIL wait per thread" in page, "and what the samples say, with no message"
