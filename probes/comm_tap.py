@@ -52,6 +52,9 @@ class _Writer:
         self._status("capturing")
         threading.Thread(target=self._run, name="daskprobe-comm-tap", daemon=True).start()
         atexit.register(self.close)
+        # a nanny's worker is a multiprocessing child, which ends by os._exit once its finalizers ran: no atexit
+        import multiprocessing.util
+        multiprocessing.util.Finalize(None, self.close, exitpriority=0)
 
     def _status(self, state: str, reason: str = "-") -> None:
         line = f"{state} {time.monotonic_ns()} {self.written} {reason}".encode()[:self.status_len - 1]

@@ -232,7 +232,9 @@ class Cluster:
 
     def _comm_tap(self) -> Path:
         d = self._own_dir("comm")
-        self.env |= {"DASKPROBE_COMM_TAP_DIR": str(d)}
+        # a nanny runs its worker's preloads from copies in the worker's directory: the records' definition by path
+        self.env |= {"DASKPROBE_COMM_TAP_DIR": str(d),
+                     "DASKPROBE_CAPTURE_RECORDS": str(COMM_TAP.with_name("capture_records.py"))}
         return d
 
     @property
@@ -330,7 +332,8 @@ class Cluster:
             s.command = [self.spec.python, "-c", EXIT_AFTER_MAIN, "distributed.cli.dask_scheduler",
                          "--host", host, "--port", port, "--protocol", self.spec.protocol,
                          "--no-dashboard", "--dashboard-address", f"{HOST}:0",
-                         *_preloads([*self._own_preloads(), *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
+                         *_preloads([*self._own_preloads(),
+                                     *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user)
         s.pid = s.proc.pid
 
@@ -347,7 +350,8 @@ class Cluster:
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
             w.command += ["--nanny", "--nanny-port", str(nanny.port),
-                          "--preload-nanny", str(NANNY_PRELOAD), "--preload-nanny", str(PEER_GUARD)]
+                          "--preload-nanny", str(NANNY_PRELOAD),
+                          *[a for f in self._own_preloads() for a in ("--preload-nanny", str(f))]]
             env = dict(env, DASKPROBE_NANNY_CONTACT=f"{self.spec.protocol}://{nanny.contact}")
         else:
             w.command.append("--no-nanny")
