@@ -302,6 +302,7 @@ DECODED = {
         C("end_ns", "Int64", MONO, "Dask's finish callback; null if it never came (the command ended first)"),
         C("errored", "boolean", "", "a task raised, or the job was interrupted; null without an end"),
         C("graph_tasks", "int64", "count", "tasks in the graph it was given"),
+        HOST,
     )),
     "local_tasks": Table("One row per task a local scheduler dispatched: the loop's callbacks and the pool's "
                          "run of it (captures/local_scheduler.PID.tsv).", (
@@ -323,6 +324,7 @@ DECODED = {
         C("computed_ns", "Int64", MONO, "the task's function had returned; null if it raised"),
         C("exit_ns", "Int64", MONO, "it left execute_task, its result packed (pickled, processes)"),
         C("failed", "boolean", "", "the task raised; null if its run was not recorded"),
+        HOST,
     )),
 }
 

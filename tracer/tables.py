@@ -86,8 +86,8 @@ def local_tables(run: RunDir) -> dict:
     the malformed lines left out of each (captures/NAME: how many)."""
     bad = Counter()
     jobs, tasks = local_scheduler.read_local(local_scheduler.files(run / "captures"), bad)
-    run.write_table("local_jobs", jobs)
-    run.write_table("local_tasks", tasks.assign(prefix=prefixes(tasks.key.astype("str"))))
+    run.write_table("local_jobs", jobs.assign(host="local"))  # the command runs on daskprobe's host
+    run.write_table("local_tasks", tasks.assign(prefix=prefixes(tasks.key.astype("str")), host="local"))
     return {f"captures/{name}": n for name, n in bad.items() if n}
 
 
