@@ -220,15 +220,21 @@ def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
                         "a thread beside the tasks (a plugin's, a library's, your own) holds the GIL: make it "
                         "sleep or block between its work, move it out of the worker process, or have it release "
                         "the GIL (numpy, C); more threads or processes for the tasks would not help")
-    hot = hot_functions(t, top=1)
     return _finding("task-gil", sec, "tasks waited for the GIL held by other tasks",
                     f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
                     f"as compute; {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
-                    + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
+                    + _hot_where(t),
                     "pure-Python tasks run one at a time in a process however many threads it has: more "
                     "worker processes with one thread each (dask worker --nworkers N --nthreads 1, or "
-                    "LocalCluster(n_workers=N, threads_per_worker=1)), or code that releases the GIL (numpy, "
-                    "pandas built-ins, numba)")
+                    f"LocalCluster(n_workers=N, threads_per_worker=1)), or {RELEASES_GIL}")
+
+
+RELEASES_GIL = "code that releases the GIL (numpy, pandas built-ins, numba)"
+
+
+def _hot_where(t: dict) -> str:
+    hot = hot_functions(t, top=1)
+    return f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""
 
 
 def _decisions(s: dict) -> dict | None:
@@ -493,16 +499,14 @@ def _local_gil(s: dict, t: dict) -> dict | None:
         return None
     tasks = sum(v for k, v in s["critical_path_parts_s"].items()
                 if k.startswith(("compute:", "pool:")) and k.endswith("[gil_contention]"))
-    hot = hot_functions(t, top=1)
     return _finding("local-gil", sec, "the pool's threads were serialised on the GIL",
                     f"threads on the critical path waited {sec:.2f} s to take the GIL ({tasks:.2f} s of it the "
                     f"tasks' threads, the rest the scheduler's loop) held by the pool's {loc['pool']} threads: time "
                     "Dask's callbacks (and dask.diagnostics.Profiler) count as the tasks' own"
-                    + (f"; the tasks' own code was most often in {hot[0]['where']}" if hot else ""),
+                    + _hot_where(t),
                     "pure-Python tasks run one at a time however many threads the pool has: "
                     "dask.compute(..., scheduler='processes'), or distributed with one thread per worker process "
-                    "(Client(n_workers=N, threads_per_worker=1)); or code that releases the GIL (numpy, pandas "
-                    "built-ins, numba)")
+                    f"(Client(n_workers=N, threads_per_worker=1)); or {RELEASES_GIL}")
 
 
 def _local_overhead(s: dict) -> dict | None:
