@@ -194,6 +194,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def pool_process(pid: int, parent: int) -> bool:
+    """Whether a descendant of `parent` is a pool process its Python made (multiprocessing's spawn or
+    forkserver children say so on their command line; a fork has its parent's), not a program it ran
+    (a `dask worker` the script started is a member of the cluster, not the command's pool)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{parent}/cmdline", "rb") as g:
+            line, theirs = f.read(), g.read()
+    except OSError:
+        return False
+    return b"multiprocessing" in line or line == theirs
+
+
 def runs_as(pid: int, uid: int) -> bool:
     """Every uid of the process (real, effective, saved, filesystem) is `uid`: the command's user's own,
     no setuid program's."""

@@ -20,7 +20,7 @@ from ..probes import rates
 from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from . import dask_versions
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
-from ..probes.local_scheduler import CommandCaptures, descendants, runs_as
+from ..probes.local_scheduler import CommandCaptures, descendants, pool_process, runs_as
 from ..probes.procs import our_child
 from ..probes.rundir import RunDir
 from ..probes.users import User
@@ -448,7 +448,8 @@ def _follow_children(client: subprocess.Popen, started: list[Probe], run: RunDir
     as the command is, and named in run.json's processes. Other children are left alone."""
     uid = user.uid if user else os.geteuid()
     seen = {row["pid"] for row in getattr(client, "followed", [])}
-    new = [p for p in descendants(client.pid) if p not in seen and local.writes(p) and runs_as(p, uid)]
+    new = [p for p in descendants(client.pid) if p not in seen and local.writes(p) and runs_as(p, uid)
+           and pool_process(p, client.pid)]
     if not new:
         return
     rows = [{"name": f"client child {p}", "role": "client", "pid": p, "listen": None, "contact": None,

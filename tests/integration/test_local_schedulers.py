@@ -48,9 +48,12 @@ if __name__ == "__main__":
 """
 
 SYNC_AND_PROCESSES = """
+import time
+
 import dask
 
 def inc(x):
+    time.sleep(0.01)  # the pool lives a few of the follower's half-second polls (a shorter one may be missed)
     return x + 1
 
 if __name__ == "__main__":
