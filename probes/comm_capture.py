@@ -26,11 +26,13 @@ _CONN = struct.Struct("<I")
 _MESSAGE = _FIXED[MESSAGE][1]  # conn, direction, framing, truncated, t_first_ns, ...
 
 
-def merge(src: Path, dest: Path, uid: int | None, names: dict[int, str], since_ns: int = 0) -> list[str]:
+def merge(src: Path, dest: Path, uid: int | None, names: dict[int, str], since_ns: int = 0,
+          live: bool = False) -> list[str]:
     """Merge the comm tap's files in `src` (a directory of the cluster's user, `uid`; None: the
     directory's owner) into `dest`, with `dest`.status; `names`: member name by pid; messages whose
-    first byte came before `since_ns` left out (an attached recording's start). What was refused, cut
-    or lost ("NAME: why")."""
+    first byte came before `since_ns` left out (an attached recording's start). `live`: the writers
+    still run (an attached cluster goes on), so 'capturing' is their status, not a loss. What was
+    refused, cut or lost ("NAME: why")."""
     said, files = [], []
     try:
         dir_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -46,7 +48,7 @@ def merge(src: Path, dest: Path, uid: int | None, names: dict[int, str], since_n
             state = status.decode("utf-8", "replace").split(" ")[0] if status else "missing"
             if why:
                 said.append(f"{name}: {why}")
-            if state != "ended":
+            if state != "ended" and not (live and state == "capturing"):
                 said.append(f"{name}: its writer's status is {state!r} (records after its last write may be lost)")
             files.append((int(NAME.fullmatch(name)[1]), data))
     finally:

@@ -382,9 +382,12 @@ class Attached:
     def _merge_comm_tap(self) -> None:
         """The comm tap's records since the recording began, from the files of the directory's owner."""
         from ..probes.comm_capture import merge
+        from ..probes.comm_tap import FLUSH_S
         from .session import say
+        time.sleep(2 * FLUSH_S)  # the writers go on: let them write what came up to the command's end
         said = merge(Path(self.spec.comm_dir), self.run.comm_capture, None,
-                     {m.pid: m.name for m in self.members if m.pid}, since_ns=getattr(self, "started_ns", 0))
+                     {m.pid: m.name for m in self.members if m.pid}, since_ns=getattr(self, "started_ns", 0),
+                     live=True)
         if said:
             say(f"comm tap: {'; '.join(said[:5])}" + (f" (and {len(said) - 5} more)" if len(said) > 5 else ""))
 
