@@ -44,20 +44,43 @@ def cpu_holders(t: dict, top: int = 3) -> str | None:
     """What the sampled threads on a CPU were doing while an event loop waited for one within a job:
     the largest (process, category) shares of on-CPU samples inside event loops' runnable intervals
     (outside jobs a client's imports, say, are not what starved the path)."""
+    running = _running_while_starved(t)
+    # weighted by the time each sample stands for: Python and eBPF samples come at different rates
+    share = running.groupby(["process", "category"]).weight_s.sum()
+    if share.empty or not share.sum():
+        return None
+    share = (share / share.sum()).sort_values(ascending=False).head(top)
+    return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {len(running)} samples)"
+
+
+def cpu_share_of(t: dict, tids: set[int]) -> float:
+    """The share of what ran on the CPUs while an event loop waited for one (cpu_holders') that was
+    the threads `tids`."""
+    running = _running_while_starved(t)
+    total = running.weight_s.sum()
+    return float(running[running.tid.isin(tids)].weight_s.sum() / total) if total else 0.0
+
+
+def gil_holders_beside_tasks(t: dict) -> set[int]:
+    """The workers' threads seen holding the GIL that are neither an event loop nor one that ran tasks."""
+    smp, tids, procs = t["samples"], t.get("attempt_threads"), t.get("processes")
+    if smp.empty or "owns_gil" not in smp or tids is None or procs is None:
+        return set()
+    workers = procs[procs.role == "worker"].pid
+    held = smp[smp.owns_gil.fillna(False).astype(bool) & (smp.tid != smp.pid) & smp.pid.isin(workers)]
+    return set(held.tid) - set(tids.tid)
+
+
+def _running_while_starved(t: dict) -> pd.DataFrame:
+    """On-CPU samples inside event loops' runnable intervals within jobs."""
     states, cpu, path = t.get("thread_states"), t.get("cpu_samples"), t.get("critical_path")
     if states is None or cpu is None or path is None or states.empty or cpu.empty:
-        return None
+        return pd.DataFrame(columns=["process", "category", "tid", "weight_s"])
     waits = states[(states.state == "runnable") & (states.tid == states.pid)]
     jobs = path[path.job >= 0]
     waited = intersect(*union(waits.start_ns, waits.end_ns), *union(jobs.start_ns, jobs.end_ns))[:2]
     running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
-    inside_ = inside(running.t_ns.to_numpy(), *waited)
-    # weighted by the time each sample stands for: Python and eBPF samples come at different rates
-    share = running[inside_].groupby(["process", "category"]).weight_s.sum()
-    if share.empty or not share.sum():
-        return None
-    share = (share / share.sum()).sort_values(ascending=False).head(top)
-    return ", ".join(f"{p} {c} {v:.0%}" for (p, c), v in share.items()) + f" (of {int(inside_.sum())} samples)"
+    return running[inside(running.t_ns.to_numpy(), *waited)]
 
 
 def gil_holder(t: dict, roles: list[str] | None = None) -> str | None:

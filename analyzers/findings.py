@@ -8,9 +8,10 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, gil_holder, gil_holder_thread,
-                       heaviest_graphs, hot_functions, imports_on_path, loops_in_user_code, oversubscribed_s,
-                       p2p_on_path, spills_on_path, stragglers, why_slow)
+from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, cpu_share_of, gil_holder,
+                       gil_holder_thread, gil_holders_beside_tasks, heaviest_graphs, hot_functions,
+                       imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path, spills_on_path,
+                       stragglers, why_slow)
 from .task_threads import TASK_BLOCKED
 
 MIN_SHARE = 0.10
@@ -130,7 +131,7 @@ def _client(s: dict, t: dict) -> dict | None:
 
 
 def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
-    sec = _cat(s, "cpu_starvation")
+    sec = _cat(s, "cpu_starvation") - _cpu_held_by_other(s, t)  # that thread's share: task-gil's
     if not sec:
         return None
     c, cpus = meta.get("cluster", {}), meta.get("cpus")
@@ -202,6 +203,14 @@ def _gil(s: dict, t: dict, meta: dict) -> dict | None:
                     + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""), advice)
 
 
+def _cpu_held_by_other(s: dict, t: dict) -> float:
+    """The path's waits for a CPU that threads beside the tasks took, when one of them held the workers'
+    GIL most: cpu_starvation by those threads' share of what ran meanwhile."""
+    if _worker_gil_holder(t) != "other" or not _task_gil_s(s):
+        return 0.0
+    return _cat(s, "cpu_starvation") * cpu_share_of(t, gil_holders_beside_tasks(t))
+
+
 def _task_gil_s(s: dict) -> float:
     return sum(_gil_by_process(s, task_threads=True).values())
 
@@ -212,11 +221,12 @@ def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
         return None
     c = meta.get("cluster", {})
     if _worker_gil_holder(t) == "other":  # no task's thread held it: a thread of a plugin's, a library's, the user's
-        loops = _loops_held_by_other(s, t)
-        return _finding("task-gil", sec + loops, "tasks waited for the GIL held by a thread that runs no task",
+        loops, cpu = _loops_held_by_other(s, t), _cpu_held_by_other(s, t)
+        return _finding("task-gil", sec + loops + cpu, "tasks waited for the GIL held by a thread that runs no task",
                         f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
-                        f"as compute, and the workers' event loops {loops:.2f} s; meanwhile it was most often "
-                        f"held by {gil_holder(t, roles=['worker'])}, which ran no task",
+                        f"as compute, and the workers' event loops {loops:.2f} s"
+                        + (f"; threads waited {cpu:.2f} s for the CPUs it kept busy" if cpu else "")
+                        + f"; meanwhile it was most often held by {gil_holder(t, roles=['worker'])}, which ran no task",
                         "a thread beside the tasks (a plugin's, a library's, your own) holds the GIL: make it "
                         "sleep or block between its work, move it out of the worker process, or have it release "
                         "the GIL (numpy, C); more threads or processes for the tasks would not help")
