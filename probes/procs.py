@@ -18,12 +18,12 @@ _PR_SET_PTRACER = 0x59616D61
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def our_child() -> None:
-    """In a child before it runs its program: die with daskprobe (if daskprobe is
+def our_child(death: int = signal.SIGTERM) -> None:
+    """In a child before it runs its program: die with daskprobe, by `death` (if daskprobe is
     SIGKILLed nothing can clean up: the kernel does it), and let daskprobe's
     descendants read its memory where Yama restricts ptrace to ancestors (the
     sampler is the child's sibling, not its ancestor; a no-op without Yama)."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _libc.prctl(_PR_SET_PDEATHSIG, death)
     _libc.prctl(_PR_SET_PTRACER, os.getppid(), 0, 0, 0)
 
 
@@ -50,9 +50,9 @@ def lower(pid: int, nice: int) -> None:
 
 
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, group: bool = True,
-          user: User | None = None, **kw) -> subprocess.Popen:
+          user: User | None = None, death: int = signal.SIGTERM, **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
-    only the user's command), logging to `log`, dying if daskprobe dies, as `user` if given.
+    only the user's command), logging to `log`, dying by `death` if daskprobe dies, as `user` if given.
     nice > 0 lowers its priority (for helpers that must not slow what they measure): its session's
     group's too (lower) unless `group` is false."""
     if user:
@@ -63,7 +63,7 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, gro
     kw.setdefault("stdin", subprocess.DEVNULL)
 
     def setup() -> None:
-        our_child()
+        our_child(death)
         if nice and group:
             lower(0, nice)
         elif nice:

@@ -9,6 +9,7 @@ import random
 import shlex
 import shutil
 import socket
+import signal
 import subprocess
 import tempfile
 import time
@@ -18,6 +19,11 @@ from pathlib import Path
 
 from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
 from ..probes.procs import log_tail, our_child, spawn, stop
+
+# A Dask process told SIGTERM closes gracefully, waiting on the others (without the proxy between them, on
+# a scheduler closing too) for up to its comm timeouts: when daskprobe itself is killed, nothing is left to
+# wait for, and the kernel's SIGKILL leaves no orphan
+ORPHANED = signal.SIGKILL
 from ..probes.rundir import RunDir
 from ..probes.users import User
 from ..probes.sockets import host_of, listening, split_address
@@ -297,7 +303,8 @@ class Cluster:
             os.chown(path, self.user.uid, self.user.gid)
         lead.command = [self.spec.python, str(experiments().worker_host()), f"{self.spec.protocol}://{self.scheduler.contact}",
                         str(path)]
-        lead.proc = spawn(lead.command, self.run.log(lead.name), env=self.env, stdin=subprocess.PIPE, user=self.user)
+        lead.proc = spawn(lead.command, self.run.log(lead.name), env=self.env, stdin=subprocess.PIPE, user=self.user,
+                          death=ORPHANED)
         lead.pid = lead.proc.pid
         for m in group[1:]:
             m.process_of, m.command = lead.name, lead.command
@@ -334,7 +341,7 @@ class Cluster:
                          "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                          *_preloads([*self._own_preloads(),
                                      *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
-        s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user)
+        s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user, death=ORPHANED)
         s.pid = s.proc.pid
 
     def _start_worker(self, w: Member) -> None:
@@ -355,7 +362,8 @@ class Cluster:
             env = dict(env, DASKPROBE_NANNY_CONTACT=f"{self.spec.protocol}://{nanny.contact}")
         else:
             w.command.append("--no-nanny")
-        w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE, user=self.user)
+        w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE, user=self.user,
+                       death=ORPHANED)
         w.pid = w.proc.pid
 
     def _own_preloads(self) -> list[Path]:

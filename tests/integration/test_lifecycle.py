@@ -92,6 +92,15 @@ def captured(run: RunDir, op: str) -> int:
     return int((msgs.op == op).sum())
 
 
+def _named(pid: int, meta: dict) -> str:
+    """A process of the run as run.json names it, and its command line: which one outlived daskprobe."""
+    name = next((p["name"] for p in meta["processes"] if p["pid"] == pid), "?")
+    try:
+        return f"{name}: {open(f'/proc/{pid}/cmdline', 'rb').read().replace(bytes(1), b' ').decode()[:200]}"
+    except OSError:
+        return name
+
+
 def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
     marker = tmp_path / "half-done"
     flow = write_flow(tmp_path / "flow.py", f"""
@@ -122,7 +131,7 @@ def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
     pids = [proc["pid"] for proc in meta["processes"]]
     deadline = time.monotonic() + 15
     while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"orphans: {[pid for pid in pids if alive(pid)]}"
+        assert time.monotonic() < deadline, f"orphans: {[(pid, _named(pid, meta)) for pid in pids if alive(pid)]}"
         time.sleep(0.1)
     b = daskprobe("build", str(out))
     assert b.returncode == 0, b.stderr
