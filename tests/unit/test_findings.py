@@ -81,32 +81,31 @@ def test_a_task_waiting_for_a_busy_thread_is_worker_saturation():
     assert "would not" in advice[2] and "more workers or threads shorten" in advice[8]
 
 
+def one_thread_parts(a: tuple, b: tuple) -> dict:
+    """The path's parts of a job of two tasks dispatched together to one thread of worker-0; each task's
+    (compute start, stop, finished sent, received, told) in ms."""
+    s = Scenario()
+    s.graph(0, 1, ["a-0", "b-0"])
+    for key, (start, stop, sent, recv, told) in (("a-0", a), ("b-0", b)):
+        s.task(key, "worker-0", 2, 3, start, stop, sent, recv)
+        s.told(key, told, told + 1)
+    return analyze(s.tables(), META).summary["critical_path_parts_s"]
+
+
 def test_a_task_that_ran_next_on_the_thread_is_not_one_it_waited_for():
     """Two short tasks on one thread whose recorded spans overlap (30-30.4 and 30.2-30.6 ms: the
     worker's clock, converted): each stopped within the hand-over slack of the other's start. Only the
     one that started first can be what the other waited for; else the walk went round from one to the
     other and left the job's time to the client ("client: submitting": a 3.4 s transfers run read 94%
     client)."""
-    s = Scenario()
-    s.graph(0, 1, ["a-0", "b-0"])
-    s.task("b-0", "worker-0", 2, 3, 30, 30.4, 61, 62)
-    s.task("a-0", "worker-0", 2, 3, 30.2, 30.6, 31, 32)
-    s.told("a-0", 33, 34)
-    s.told("b-0", 63, 64)
-    parts = analyze(s.tables(), META).summary["critical_path_parts_s"]
+    parts = one_thread_parts(a=(30.2, 30.6, 31, 32, 33), b=(30, 30.4, 61, 62, 63))
     assert not any("submitting" in k for k in parts), parts
 
 
 def test_a_start_recorded_just_before_the_previous_stop_on_one_thread_still_waited_for_it():
     """Seen in a run: the next task's start 28 us before its predecessor's stop (the worker's clock,
     converted); one thread runs one task at a time, so it waited for that one."""
-    s = Scenario()
-    s.graph(0, 1, ["a-0", "b-0"])
-    s.task("a-0", "worker-0", 2, 3, 4, 54, 55, 56)
-    s.task("b-0", "worker-0", 2, 3, 53.972, 64, 65, 66)
-    s.told("a-0", 57, 58)
-    s.told("b-0", 67, 68)
-    parts = analyze(s.tables(), META).summary["critical_path_parts_s"]
+    parts = one_thread_parts(a=(4, 54, 55, 56, 57), b=(53.972, 64, 65, 66, 67))
     held = "compute: compute (worker saturation: holding the thread the next task waited for) [compute]"
     assert parts.get(held) == pytest.approx(0.05, abs=1e-4), parts  # a-0's 4-54 ms, not b-0's wait as idle
 
