@@ -13,6 +13,7 @@ from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holde
                        imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path, spills_on_path,
                        stragglers, why_slow)
 from .task_threads import TASK_BLOCKED
+from .whatif.costs import layout
 
 MIN_SHARE = 0.10
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
@@ -47,10 +48,23 @@ def _ranked(found: list[dict], session: float) -> list[dict]:
 
 
 def _finding(id_: str, seconds: float, title: str, evidence: str, advice: str, s: dict | None = None,
-             category: str | None = None) -> dict:
+             category: str | None = None, what_if: dict | None = None) -> dict:
+    """what_if: the change of the what-if model (whatif.Changes' fields) that the advice amounts to; None
+    where the model cannot express it (analyzers/whatif/advice.py then says why)."""
     interval = (s or {}).get("critical_path_interval_s", {}).get(category or "", {})
     return {"id": id_, "seconds": float(seconds), "interval_s": [interval["lo"], interval["hi"]]
-            if interval.get("samples") else None, "title": title, "evidence": evidence, "advice": advice}
+            if interval.get("samples") else None, "title": title, "evidence": evidence, "advice": advice,
+            "what_if": what_if}
+
+
+def _cluster(t: dict, meta: dict) -> tuple[int, int, int]:
+    """The run's workers, threads per worker and cores, as the what-if model has them (run.json's, where
+    the tables lack the tasks' workers)."""
+    c = meta.get("cluster", {})
+    if "worker" not in getattr(t.get("tasks"), "columns", ()) or t.get("processes") is None:
+        return int(c.get("workers") or 1), int(c.get("threads") or 1), int(meta.get("cpus") or 2)
+    workers, threads, cores, _ = layout(t, meta)
+    return len(workers), threads, cores
 
 
 def _cat(s: dict, category: str) -> float:
@@ -95,13 +109,16 @@ def _saturation(s: dict, t: dict, meta: dict) -> dict | None:
               "waited for a CPU): more cores or machines, or cheaper tasks, shorten the path; more threads "
               "here would not") if full else \
         "the workers were saturated and the machine has cores to spare: more workers or threads shorten the path"
+    workers, _, cores = _cluster(t, meta)
+    what_if = {"cores": 2 * cores} if full else {"workers": 2 * workers}
     if spilled >= MIN_SHARE * s["session_s"]:  # more threads per worker would hold more data in the same memory
         advice = ("the workers were saturated while they spilled: more workers (each with its own memory) or "
                   "smaller chunks; more threads per worker would hold more data in the same memory")
+        what_if = None  # the model has no memory: more workers would spill less, which it cannot say
     return _finding("worker-saturation", sec, "tasks on the critical path waited for a worker thread",
                     f"the path ran through tasks that held the thread the next one waited for (their compute and "
                     f"the hand-over), with {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
-                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""), advice)
+                    + (f" on {meta['cpus']} CPU(s)" if meta.get("cpus") else ""), advice, what_if=what_if)
 
 
 def _client(s: dict, t: dict) -> dict | None:
@@ -127,7 +144,8 @@ def _client(s: dict, t: dict) -> dict | None:
                         "cluster do it (read the inputs with Dask, write the outputs from the workers)")
     return _finding("client", sec, "the cluster waited on the client", evidence,
                     "compute outputs together (dask.compute(a, b)), submit the next work before processing "
-                    "results (futures, as_completed), or move the client's own work onto the cluster")
+                    "results (futures, as_completed), or move the client's own work onto the cluster",
+                    what_if={"client": 0.0})
 
 
 def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
@@ -148,7 +166,8 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
     if elsewhere:
         return _finding("cpu-starvation", sec, "threads on the critical path waited for CPUs taken by other work",
                         evidence, "most of the machine's CPU went to work outside this cluster (other programs, "
-                        "or daskprobe's own probes): measure on a quiet machine, or give the cluster cores of its own")
+                        "or daskprobe's own probes): measure on a quiet machine, or give the cluster cores of its own",
+                        what_if={"load": 0.0})
     over = oversubscribed_s(t, cpus or 0)
     if cpus and over < sec:  # the tasks never outnumbered the cores for long enough: fewer threads would not help
         return _finding("cpu-contention", sec, "threads on the critical path waited for CPUs busy with Dask's own "
@@ -160,7 +179,15 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
     return _finding("cpu-starvation", sec, "threads on the critical path waited for a CPU",
                     evidence + f"; more tasks than CPUs computed at once for {over:.2f} s",
                     "the machine has more busy threads than cores: fewer workers or threads, or more cores; "
-                    "or less of the work that held the CPUs")
+                    "or less of the work that held the CPUs", what_if=_fewer_threads(t, meta))
+
+
+def _fewer_threads(t: dict, meta: dict) -> dict | None:
+    """As many task threads as cores: fewer threads per worker first, then fewer workers; None if no fewer."""
+    workers, threads, cores = _cluster(t, meta)
+    fewer = max(1, min(threads, cores // workers))
+    fewer_workers = max(1, min(workers, cores // fewer))
+    return None if (fewer, fewer_workers) == (threads, workers) else {"workers": fewer_workers, "threads": fewer}
 
 
 TASK_GIL = "task thread waiting for the GIL"
@@ -200,7 +227,8 @@ def _gil(s: dict, t: dict, meta: dict) -> dict | None:
     return _finding("gil-contention", sec, "event loops waited for the GIL",
                     "event-loop time on the path spent waiting to take the GIL ("
                     + ", ".join(f"{k} {v:.2f} s" for k, v in where.items() if v) + ")"
-                    + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""), advice)
+                    + (f"; meanwhile the GIL was most often held by {holder}" if holder else ""), advice,
+                    what_if={"gil": False})
 
 
 def _cpu_held_by_other(s: dict, t: dict) -> float:
@@ -229,14 +257,21 @@ def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
                         + f"; meanwhile it was most often held by {gil_holder(t, roles=['worker'])}, which ran no task",
                         "a thread beside the tasks (a plugin's, a library's, your own) holds the GIL: make it "
                         "sleep or block between its work, move it out of the worker process, or have it release "
-                        "the GIL (numpy, C); more threads or processes for the tasks would not help")
+                        "the GIL (numpy, C); more threads or processes for the tasks would not help",
+                        what_if={"gil": False, "load": 0.0})  # the thread gone: its GIL and the CPU it took
     return _finding("task-gil", sec, "tasks waited for the GIL held by other tasks",
                     f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
                     f"as compute; {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
                     + _hot_where(t),
                     "pure-Python tasks run one at a time in a process however many threads it has: more "
                     "worker processes with one thread each (dask worker --nworkers N --nthreads 1, or "
-                    f"LocalCluster(n_workers=N, threads_per_worker=1)), or {RELEASES_GIL}")
+                    f"LocalCluster(n_workers=N, threads_per_worker=1)), or {RELEASES_GIL}",
+                    what_if=_one_thread_each(t, meta))
+
+
+def _one_thread_each(t: dict, meta: dict) -> dict:
+    workers, threads, _ = _cluster(t, meta)
+    return {"workers": workers * threads, "threads": 1}
 
 
 RELEASES_GIL = "code that releases the GIL (numpy, pandas built-ins, numba)"
@@ -252,7 +287,7 @@ def _decisions(s: dict) -> dict | None:
     return _finding("scheduler-decisions", sec, "the scheduler spent the path's time choosing workers",
                     "in worker choice, work stealing and occupancy estimates",
                     "fewer, larger tasks; or try distributed.scheduler.work-stealing: false", s,
-                    "scheduler_decisions") if sec else None
+                    "scheduler_decisions", what_if={"decisions": 0.0}) if sec else None
 
 
 TASKS_PER_THREAD = 10  # fewer tasks than this per worker thread: merging them would leave threads idle
@@ -322,7 +357,8 @@ def _transfers(s: dict, t: dict) -> dict | None:
                     + (f"; moved between workers: {moved}" if moved else ""),
                     "move less data between workers: rechunk or shuffle less (choose chunks that suit every "
                     "step, filter and select columns before a shuffle, avoid shuffles where a map_partitions "
-                    "would do), or place dependent tasks together (fewer, larger partitions)")
+                    "would do), or place dependent tasks together (fewer, larger partitions)",
+                    what_if={"network": 0.0} if fetched >= p2p else None)  # P2P moves data inside tasks: compute
 
 
 def _workers_wait(s: dict) -> dict | None:
@@ -345,7 +381,8 @@ def _network(s: dict) -> dict | None:
                     "between first and last byte of messages on the path; "
                     f"{(s['bytes_per_task'] or 0) / 1e3:.1f} kB on the wire per task",
                     "move less data: keep intermediate results on the workers (persist, no gather), larger "
-                    "chunks so fewer transfers, results reduced before they reach the client") if sec else None
+                    "chunks so fewer transfers, results reduced before they reach the client",
+                    what_if={"network": 0.0}) if sec else None
 
 
 def _stragglers(s: dict, t: dict) -> dict | None:
@@ -359,7 +396,8 @@ def _stragglers(s: dict, t: dict) -> dict | None:
                     "tasks that took far longer than others of their kind, while the path waited for them: "
                     + "; ".join(top),
                     "find why these keys are slow (their data: a skewed partition or a larger chunk; their "
-                    "worker: one that is busier or slower): repartition evenly, or split the slow inputs")
+                    "worker: one that is busier or slower): repartition evenly, or split the slow inputs",
+                    what_if={"at_median": sorted(slow.key.astype(str).unique())})
 
 
 def _straggling_s(t: dict, slow=None) -> float:
@@ -438,7 +476,7 @@ def _blocked_tasks(s: dict, t: dict, meta: dict) -> dict | None:
                     + (f"; their samples were blocked in {', '.join(where)}" if where else "")
                     + (f"; {threads} thread(s) per worker" if threads else ""),
                     f"the tasks wait on something outside Dask: {more}asynchronous or batched I/O, or a faster "
-                    "source; a faster CPU or fewer tasks would not help")
+                    "source; a faster CPU or fewer tasks would not help", what_if={"blocked": 0.0})
 
 
 def _cold_start(s: dict, t: dict) -> dict | None:

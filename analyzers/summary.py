@@ -24,6 +24,7 @@ from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
 from .summary_json import DEFINITIONS, FEW_SAMPLES, SCHEMA
 from .transfers import moved, transfers
 from .thread_state import attempt_threads, thread_states, threads_table
+from .whatif.advice import quote
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle, workers_ended
 from ..probes.run_json import Meta
 
@@ -63,6 +64,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     if (jobs.empty or t["attempts"].empty or window is None) and local.is_local(t) and len(t["local_jobs"]):
         sides = side() if side else sampled(t, meta, rules)  # a local scheduler's run (analyzers/local.py)
         out = local.analyze(t, meta, base, sides)
+        out.summary["findings"] = quote(out.summary.get("findings", []), {}, meta, local=True)
         return Analysis(out.tables | ({} if side else sides), out.summary)
     if jobs.empty or t["attempts"].empty or window is None:
         return Analysis({}, base | {"error": _nothing(t, meta)}
@@ -99,8 +101,12 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     if local.is_local(t) and len(t["local_jobs"]):  # jobs of a local scheduler beside the cluster's: not analysed
         summary["local_scheduler"] = {"schedulers": sorted({k["scheduler"] for k in local.scheduler_kind(t).values()}),
                                       "ignored_jobs": len(t["local_jobs"])}
-    summary["findings"] = findings(summary, seen | {"compute_profile": profile, "attempt_threads": task_tids,
-                                                    "attempts": attempts}, meta)
+    summary["findings"] = quote(findings(summary, seen | {"compute_profile": profile, "attempt_threads": task_tids,
+                                                          "attempts": attempts}, meta),
+                                {"tasks": tasks, "jobs": jobs, "graphs": t["graphs"], "messages": t["messages"],
+                                 "processes": t["processes"], "attempts": attempts, "attempt_threads": task_tids,
+                                 "thread_states": states, "proc": t["proc"], "attribution": attr,
+                                 "cpu_samples": cpu}, meta)
     out |= {"attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
     return Analysis(out | ({} if side else sides), summary)
 

@@ -6,6 +6,7 @@ explain`) and docs/summary_json.md are rendered from here."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..probes.json_schema import Checked, Key as K, check_written, obj
 from ..probes.rundir import RunDir
@@ -83,6 +84,19 @@ TASK_STREAM = obj("task stream", "What Dask's own task stream says.", *(
     K("compute_s_by_prefix", dict[str, float], "the same by prefix (the 10 largest)", {}),
 ))
 
+SAVING = obj("saving", "What a finding's advice would save, as the what-if model predicts it (docs/whatif.md): "
+             "the measured makespan less the saving, or why the model cannot say (no number).", *(
+    K("change", str | None, "the change of the model the advice amounts to, in words"),
+    K("measured_s", float | None, "the run's makespan, s (the model's: the first job's start to the last's end)"),
+    K("makespan_s", float | None, "the makespan predicted after the advice: measured_s less saving_s"),
+    K("interval_s", list[float] | None, "its 90% interval [lo, hi], s: the replays' spread with resampled "
+      "durations, widened by the unchanged replay's error"),
+    K("saving_s", float | None, "seconds saved: the model's replay of the run unchanged less its replay changed "
+      "(the same durations), so a change that alters nothing saves 0"),
+    K("replay_error", float | None, "how far the unchanged replay was from the run (replay / measured - 1)"),
+    K("not_modelled", str | None, "why the model cannot predict this advice's saving (then no number)"),
+))
+
 FINDING = obj("finding", "A cause the split says to change.", *(
     K("id", str, "what it is (recomputed, gil, ...)"),
     K("seconds", float, "seconds of the session it took"),
@@ -91,6 +105,10 @@ FINDING = obj("finding", "A cause the split says to change.", *(
     K("title", str, "what it is, in words"),
     K("evidence", str, "what shows it"),
     K("advice", str, "what to change"),
+    K("what_if", dict[str, Any] | None, "the change of the what-if model the advice amounts to, as "
+      "analyzers/whatif's Changes (workers, threads, cores, load, gil, network, decisions, blocked, client, "
+      "at_median); null where the model cannot express it"),
+    K("saving", SAVING, "what the advice would save, predicted once in the analysis", {}),
 ))
 
 LOCAL_JOB = obj("local job", "Which local scheduler ran a job.", *(

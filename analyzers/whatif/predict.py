@@ -42,10 +42,19 @@ class Changes:
     gil: bool = True  # False: no thread waits for the GIL
     scheduler: str | None = None  # ws or random
     runtime: str | None = None  # only dask's is modelled
+    cores: int | None = None  # the machine's cores
+    load: float | None = None  # factor on the machine's load besides the tasks (0: a quiet machine)
+    blocked: float | None = None  # factor on the time tasks were blocked (sleep, I/O)
+    client: float | None = None  # factor on the client's own time (between jobs; before a graph sent after a result)
+    at_median: tuple[str, ...] = ()  # keys whose compute takes their prefix's median in their job
 
     def text(self) -> str:
         made = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
-        return ", ".join(f"{k}={'0' if v is False else v}" for k, v in made.items()) or "unchanged"
+        return ", ".join(f"{k}={_shown(v)}" for k, v in made.items()) or "unchanged"
+
+
+def _shown(v) -> str:
+    return "0" if v is False else f"{len(v)} keys" if isinstance(v, tuple) else str(v)
 
 
 @dataclass
@@ -95,7 +104,9 @@ def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -
         _check(c)
     m = model(t, meta)
     draws = [[_draw(j, r) for j in m.jobs] for r in range(max(1, samples))]
-    base = [replay(j, _setup(m, Changes(), 0), d) for j, d in zip(m.jobs, draws[0])]  # the run's durations
+    # each draw replayed unchanged: a saving is the difference of two replays with the same draw, so a
+    # change that alters nothing saves exactly nothing, whatever the model's own error
+    base = [[replay(j, _setup(m, Changes(), r), d) for j, d in zip(m.jobs, ds)] for r, ds in enumerate(draws)]
     return [_predict(m, c, draws, base) for c in changes]
 
 
@@ -108,14 +119,18 @@ def _check(c: Changes) -> None:
         raise NotModelled(f"--scheduler {c.scheduler}: only ws and random are modelled")
 
 
-def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
+def _predict(m: Model, c: Changes, draws: list, bases: list) -> dict:
     """The changed replay as it comes (makespan_s), scaled by measured / unchanged (scaled_s) and shifted
-    by their difference (offset_s); the validation found the first the closest (docs/whatif.md)."""
-    first = [replay(job, _setup(m, c, 0), d) for job, d in zip(m.jobs, draws[0])]
-    raw = [(m.outside_ns + sum(g.makespan_ns for g in first)) / 1e9]
-    raw += [(m.outside_ns + sum(replay(job, _setup(m, c, r), d).makespan_ns for job, d in zip(m.jobs, ds))) / 1e9
-            for r, ds in enumerate(draws) if r]
-    split = {"client": m.outside_ns}
+    by their difference (offset_s); the validation found the first the closest (docs/whatif.md). The
+    saving (saving_s) is the unchanged replay less the changed one, draw by draw."""
+    outside = m.outside_ns * (1.0 if c.client is None else c.client)
+    changed = [[replay(job, _setup(m, c, r), _changed(job, d, c)) for job, d in zip(m.jobs, ds)]
+               for r, ds in enumerate(draws)]
+    first, base = changed[0], bases[0]
+    raw = [(outside + sum(g.makespan_ns for g in ch)) / 1e9 for ch in changed]
+    saved = [(m.outside_ns - outside + sum(b.makespan_ns - g.makespan_ns for b, g in zip(bs, ch))) / 1e9
+             for bs, ch in zip(bases, changed)]
+    split = {"client": outside}
     for g in first:
         for k, v in g.split_ns.items():
             split[k] = split.get(k, 0.0) + v
@@ -124,6 +139,7 @@ def _predict(m: Model, c: Changes, draws: list, base: list) -> dict:
     scaled = (m.outside_ns + sum(g.makespan_ns * _ratio(j, b) for g, j, b in zip(first, m.jobs, base))) / 1e9
     error = replayed / measured - 1
     return {"changes": c.text(), "measured_s": measured, "makespan_s": raw[0], "interval_s": _interval(raw, abs(error)),
+            "saving_s": saved[0], "saving_interval_s": _interval(saved, abs(error)),
             "replay_s": replayed, "replay_error": error, "scaled_s": scaled, "offset_s": measured + raw[0] - replayed,
             "split_s": {k: split.get(k, 0.0) / 1e9 for k in CATEGORIES},
             "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c)}
@@ -137,7 +153,8 @@ def _interval(preds: list[float], error: float) -> list[float]:
     """The replays' 5th to 95th percentile, widened to the point prediction give or take the unchanged
     replay's own error: how far the model was from the run before any change."""
     lo, hi = np.percentile(preds, [5, 95]) if len(preds) > 1 else (preds[0], preds[0])
-    return [float(min(lo, preds[0] / (1 + error))), float(max(hi, preds[0] * (1 + error)))]
+    ends = (preds[0] / (1 + error), preds[0] * (1 + error))  # a negative one (a saving's) the other way round
+    return [float(min(lo, *ends)), float(max(hi, *ends))]
 
 
 def _setup(m: Model, c: Changes, seed: int) -> Setup:
@@ -145,13 +162,15 @@ def _setup(m: Model, c: Changes, seed: int) -> Setup:
     loop = 1 - k.loop_gil if not c.gil else 1.0
     bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
     return Setup(workers=c.workers or len(k.workers), threads=c.threads or k.threads,
-                 cores=k.cores if m.contention else math.inf, background=m.background, run_rate=m.run_rate,
+                 cores=(c.cores or k.cores) if m.contention else math.inf,
+                 background=m.background * (1.0 if c.load is None else c.load), run_rate=m.run_rate,
                  lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
                  serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping,
                  decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions),
                  batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,
                  policy=c.scheduler or m.scheduler, delay_ns=k.delay_ns if c.delay_ms is None else c.delay_ms * 1e6,
-                 network=1.0 if c.network is None else c.network, bookkeeping=bookkeeping, seed=seed)
+                 network=1.0 if c.network is None else c.network, bookkeeping=bookkeeping, seed=seed,
+                 think=1.0 if c.client is None else c.client)
 
 
 def _draw(job: Job, r: int) -> Draw:
@@ -164,6 +183,17 @@ def _draw(job: Job, r: int) -> Draw:
     pick = _within_groups(job.group, rng)
     return Draw(job.own_ns[pick], job.blocked_ns[pick], rng.choice(before, len(before)),
                 rng.choice(after, len(after)))
+
+
+def _changed(job: Job, d: Draw, c: Changes) -> Draw:
+    """A draw as the change has the tasks: blocked time scaled; the keys named at their prefix's median."""
+    own, blocked = d.own_ns, d.blocked_ns * (1.0 if c.blocked is None else c.blocked)
+    slow = np.isin(np.asarray(job.keys, dtype=object), list(c.at_median)) if c.at_median else None
+    if slow is not None and slow.any():
+        prefix = pd.Series(job.prefix)
+        own = np.where(slow, pd.Series(own).groupby(prefix).transform("median").to_numpy(), own)
+        blocked = np.where(slow, pd.Series(blocked).groupby(prefix).transform("median").to_numpy(), blocked)
+    return Draw(own, blocked, d.before_ns, d.after_ns)
 
 
 def _filled(x: np.ndarray) -> np.ndarray:

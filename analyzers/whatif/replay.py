@@ -55,6 +55,7 @@ class Setup:
     bookkeeping: float = 1.0  # factor on the runtime's own time (workers', graphs', batching)
     seed: int = 0
     run_rate: float = 1.0  # share of a CPU the run's tasks got while they wanted one (own / (own + runnable))
+    think: float = 1.0  # factor on the client's time before sending a graph
 
 
 @dataclass
@@ -111,7 +112,7 @@ class _Replay:
     def run(self) -> float:
         for g, graph in enumerate(self.job.graphs):
             if graph.trigger is None:
-                self.send_graph(graph.think_ns, g)
+                self.send_graph(graph.think_ns * self.s.think, g)
         while self.events:
             t, _, fn, args = heapq.heappop(self.events)
             fn(t, *args)
@@ -162,7 +163,7 @@ class _Replay:
         self.t["told"][i] = t
         for g, graph in enumerate(self.job.graphs):
             if graph.trigger == i:
-                self.send_graph(t + graph.think_ns, g)
+                self.send_graph(t + graph.think_ns * self.s.think, g)
 
     # -- the scheduler ---------------------------------------------------------------------------
     def dispatch(self, t: float, ready: list[int], arrived: float, freed_by: int | None = None) -> None:

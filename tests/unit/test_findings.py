@@ -486,7 +486,7 @@ def test_the_users_code_on_an_event_loop_is_named_with_its_function():
     f = found(worker_loop_runs([("slow_transition", "/home/me/plugin.py"), *DASK_LOOP]))["event-loop-blocked"]
     assert "slow_transition (plugin.py:1)" in f["evidence"] and "run_in_executor" in f["advice"], f
     assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP))
-    ours = str(Path(evidence.__file__).parent.parent / "tracer" / "peer_guard.py")  # daskprobe's preload: not yours
+    ours = str(Path(evidence.__file__).parent.parent / "tracer" / "capture" / "peer_guard.py")  # daskprobe's preload: not yours
     assert "event-loop-blocked" not in found(worker_loop_runs([("_handle_stream", ours), *DASK_LOOP]))
     blocked = worker_loop_runs([("sleep", "/usr/lib/python3.11/time.py"), ("slow_transition", "/home/me/plugin.py"),
                                 *DASK_LOOP], active=False)  # a blocking call in a plugin: off a CPU
@@ -570,3 +570,18 @@ def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():
     """Idle 10 of the 55 ms (18%): blocked loops without the user's code in their samples need a quarter."""
     assert "event-loop-blocked" not in found(worker_loop_runs(DASK_LOOP, active=False, stop=50))
     assert "event-loop-blocked" in found(worker_loop_runs(DASK_LOOP, active=False))  # 36 of 55 ms
+
+
+def test_a_stragglers_advice_quotes_its_saving_and_a_hot_functions_has_none():
+    """The straggler's advice is a change the what-if model replays (the key at its prefix's median);
+    a faster function is not, and gets the reason instead of a number."""
+    f = found(fan_out([2, 2, 2, 2, 2, 2, 2, 60]))["straggler"]
+    assert f["what_if"] == {"at_median": ["x-7"]}
+    # x-7 ends the path 58 ms over its prefix's 2 ms median: at the median the job ends 58 ms sooner
+    assert f["saving"]["saving_s"] == pytest.approx(0.058) and f["saving"]["measured_s"] == pytest.approx(0.080)
+    assert f["saving"]["makespan_s"] == pytest.approx(0.022)
+    s = gil_bound_tasks(False)
+    for t in (16, 17, 18, 19, 21, 22, 31, 32, 33, 34, 36, 37):
+        s.sample("worker-0", t, "crunch", "/home/me/flow.py", tid=201, name="Dask-Default-Threads-0", ident=7)
+    hot = found(s)["hot-function"]
+    assert hot["what_if"] is None and set(hot["saving"]) == {"not_modelled"}
