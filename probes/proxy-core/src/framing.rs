@@ -286,7 +286,9 @@ impl Parser {
             let wanted = self.frame < head || (len <= SUBHEADER_MAX && is_msgpack_map(data[0]));
             self.keeping = wanted;
             if wanted {
-                self.kept.push((self.frame as u32, Vec::new()));
+                // at its size at once: a frame read in many chunks (a graph's megabytes) is not regrown per chunk
+                let size = len.min((KEEP_CAP - self.kept_bytes) as u64) as usize;
+                self.kept.push((self.frame as u32, Vec::with_capacity(size)));
             }
         }
         let take = (self.remaining.min(data.len() as u64)) as usize;

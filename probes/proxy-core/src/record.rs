@@ -19,7 +19,14 @@ struct Rec(Vec<u8>);
 
 impl Rec {
     fn new(kind: u8) -> Self {
-        Rec(vec![0, 0, 0, 0, kind])
+        Rec::sized(kind, 0)
+    }
+    /// A record of `body` bytes after its kind, allocated once: a message's is written per message
+    /// forwarded, and growing it from empty reallocated and copied it several times.
+    fn sized(kind: u8, body: usize) -> Self {
+        let mut v = Vec::with_capacity(5 + body);
+        v.extend_from_slice(&[0, 0, 0, 0, kind]);
+        Rec(v)
     }
     fn u8(mut self, v: u8) -> Self {
         self.0.push(v);
@@ -94,8 +101,13 @@ pub fn event(conn: u32, dir: u8, ev: Event) -> Vec<u8> {
     }
 }
 
+/// The bytes after its kind of a message record: the fixed fields, the lengths, each kept frame.
+fn message_body(m: &Message) -> usize {
+    4 + 1 + 1 + 1 + 8 + 8 + 4 + 8 * m.lens.len() + 4 + m.kept.iter().map(|(_, b)| 8 + b.len()).sum::<usize>()
+}
+
 fn message(conn: u32, dir: u8, m: Message) -> Vec<u8> {
-    let mut r = Rec::new(MESSAGE)
+    let mut r = Rec::sized(MESSAGE, message_body(&m))
         .u32(conn)
         .u8(dir)
         .u8(m.framing)
@@ -159,6 +171,17 @@ mod tests {
             drops(0x8122_3344_5566_7788, 0x2122_2324_2526),
         ]
         .concat()
+    }
+
+    /// A message record is allocated once at its size (capacity == length): no reallocation per message.
+    #[test]
+    fn a_message_record_is_allocated_at_its_size() {
+        for kept in [0usize, 1, 100, 5000, 1 << 20] {
+            let m = Message { t_first: 1, t_last: 2, framing: 1, truncated: false, lens: vec![kept as u64, 7, 9],
+                              kept: vec![(0, vec![0x81; kept]), (2, vec![0x80; 9])] };
+            let r = event(3, 1, Event::Message(m));
+            assert_eq!(r.capacity(), r.len(), "{kept} bytes kept");
+        }
     }
 
     /// DASKPROBE_BLESS=1 rewrites the file from this writer: then the Python

@@ -94,6 +94,15 @@ fn current_framing_any_chunking() {
 }
 
 #[test]
+fn a_kept_frame_read_in_chunks_is_allocated_once_at_its_size() {
+    let frame0: Vec<u8> = std::iter::once(0x81).chain((1..300_000u32).map(|i| i as u8)).collect();
+    let stream = current(&[frame0.clone(), vec![7; 1000]], 1);
+    let m = messages(feed(&stream, &cut(stream.len(), &[16 << 10])));
+    assert_eq!(m[0].kept[0].1, frame0);
+    assert_eq!(m[0].kept[0].1.capacity(), frame0.len());
+}
+
+#[test]
 fn legacy_framing_keeps_header_and_payload() {
     let a = vec![vec![], vec![0x92, 0x81, 1, 2], vec![0x80, 4]];
     let mut stream = legacy(&a);
