@@ -17,6 +17,7 @@ from plotly.offline import get_plotlyjs
 from ..analyzers import summary_json
 from ..analyzers.categories import UNCATEGORIZED
 from ..analyzers.transfers import MIN_WIRE_S, rate
+from ..analyzers.whatif.advice import top
 from ..probes.rundir import RunDir
 from .terminal import local_line
 
@@ -354,8 +355,32 @@ def findings_section(summary: dict, drawn: set[str] = frozenset()) -> str:
         f"<li><b>{html.escape(f['title'])}</b>: {f['seconds']:.2f} s ({100 * f['share']:.0f}% of the session"
         + (f"; 90% interval {f['interval_s'][0]:.2f}-{f['interval_s'][1]:.2f} s" if f.get("interval_s") else "")
         + f"). {html.escape(f['evidence'][:1].upper() + f['evidence'][1:])}.{_see(f['id'], drawn)}<br><i>Try</i>: "
-        f"{html.escape(f['advice'])}</li>" for f in found)
-    return f"<section><h2>What to change</h2><ol>{items}</ol></section>"
+        f"{html.escape(f['advice'])}{_predicted(f.get('saving') or {})}</li>" for f in found)
+    return f"<section><h2>What to change</h2>{savings_table(found)}<ol>{items}</ol></section>"
+
+
+def savings_table(found: list[dict]) -> str:
+    """The findings whose advice the what-if model predicts to save most (analyzers/whatif/advice.py)."""
+    saves = top(found)
+    if not saves:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(f['title'])}</td><td>{html.escape(p['change'])}</td>"
+                   f"<td>{p['measured_s']:.2f} s &rarr; {p['makespan_s']:.2f} s</td>"
+                   f"<td>{p['interval_s'][0]:.2f}-{p['interval_s'][1]:.2f} s</td><td>{p['saving_s']:.2f} s</td></tr>"
+                   for f in saves for p in [f["saving"]])
+    return ("<p class='caption'>What the advice would save, as the what-if model predicts it from this run "
+            "(<code>daskprobe whatif</code>, docs/whatif.md): the makespan measured and predicted after the "
+            "change the advice amounts to.</p><table><tr><th>finding</th><th>the advice, as the model replays "
+            "it</th><th>makespan</th><th>90% interval</th><th>saved</th></tr>" + rows + "</table>")
+
+
+def _predicted(saving: dict) -> str:
+    if "saving_s" in saving:
+        return (f"<br><i>Predicted</i>: {html.escape(saving['change'])}: {saving['measured_s']:.2f} s &rarr; "
+                f"{saving['makespan_s']:.2f} s (90% interval {saving['interval_s'][0]:.2f}-"
+                f"{saving['interval_s'][1]:.2f} s)")
+    why = saving.get("not_modelled")
+    return f"<br><i>Predicted</i>: no number: {html.escape(why)}" if why else ""
 
 
 def _see(finding: str, drawn: set[str]) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..analyzers.whatif.advice import top
+
 FEW = "*"
 
 
@@ -33,6 +35,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(_jobs_table(jobs))
     console.print(f"{FEW} rests on fewer than 20 samples; 'daskprobe explain CATEGORY' says what each means")
     _print_findings(console, s.get("findings", []), s["session_s"])
+    if saves := top(s.get("findings", [])):
+        console.print(_savings_table(saves))
     _print_caveats(console, s)
 
 
@@ -49,6 +53,19 @@ def _print_findings(console: Console, found: list[dict], session: float) -> None
     for f in found[:3]:
         console.print(f"- [bold]{f['title']}[/]: {f['seconds']:.2f} s ({100 * f['share']:.0f}% of the session). "
                       f"{f['evidence'][:1].upper()}{f['evidence'][1:]}.\n  [green]try[/]: {f['advice']}")
+
+
+def _savings_table(saves: list[dict]) -> Table:
+    """The findings whose advice the what-if model predicts to save most (analyzers/whatif/advice.py)."""
+    t = Table(title="what the advice would save (what-if model, predicted; docs/whatif.md)", title_justify="left",
+              box=None, pad_edge=False)
+    for col in ("finding", "the advice, as the model replays it", "makespan s", "90% interval s", "saved s"):
+        t.add_column(col, justify="left" if col.startswith(("finding", "the advice")) else "right")
+    for f in saves:
+        p = f["saving"]
+        t.add_row(f["id"], p["change"], f"{p['measured_s']:.2f} -> {p['makespan_s']:.2f}",
+                  f"{p['interval_s'][0]:.2f}-{p['interval_s'][1]:.2f}", f"{p['saving_s']:.2f}")
+    return t
 
 
 def local_line(loc: dict) -> str:

@@ -48,6 +48,7 @@ class Job:
     after_ns: np.ndarray  # from its compute's end to its task-finished leaving, batching left out
     graphs: list[Graph] = field(default_factory=list)
     told_before: int = 0  # keys the client asked for that were in memory before the job
+    held_ns: np.ndarray | None = None  # waits for a GIL no task held (one thread per worker): replayed as measured
 
 
 def group_of(key: str) -> str:

@@ -78,7 +78,7 @@ def model(t: dict, meta: dict) -> Model:
     cluster = meta.get("cluster", {})
     if cluster.get("server_cmd"):
         raise NotModelled("the run's scheduler is a --server-cmd server (RSDS?): only Dask's scheduler is modelled")
-    workers, _, _, delay = layout(t, meta)
+    workers, threads, _, delay = layout(t, meta)
     states = t.get("thread_states")
     contention = states is not None and not states.empty
     jobs = jobs_of(t, workers, int(delay), BATCH_NS[("worker", "scheduler")])
@@ -87,6 +87,9 @@ def model(t: dict, meta: dict) -> Model:
     if not contention:
         for j in jobs:  # no thread states: compute as measured, no contention added
             j.own_ns, j.blocked_ns = j.own_ns + j.gil_ns + j.starved_ns + j.blocked_ns, np.zeros(len(j.keys))
+    elif threads == 1:  # no task held a GIL another task of its worker waited for: a thread beside
+        for j in jobs:  # them did (a plugin's, a library's), and the replay keeps those waits as measured
+            j.held_ns = j.gil_ns
     costs = measure(t, meta, _spans(t["jobs"], jobs), sum(len(j.keys) for j in jobs))
     measured = int(t["jobs"].end_ns.max() - t["jobs"].start_ns.min())
     return Model(jobs, costs, measured, measured - sum(j.measured_ns for j in jobs), cluster.get("scheduler") or "ws",
@@ -178,11 +181,11 @@ def _draw(job: Job, r: int) -> Draw:
     the workers' costs drawn from the run's."""
     before, after = _filled(job.before_ns), _filled(job.after_ns)
     if r == 0:
-        return Draw(job.own_ns, job.blocked_ns, before, after)
+        return Draw(job.own_ns, job.blocked_ns, before, after, job.held_ns)
     rng = np.random.default_rng(r)
     pick = _within_groups(job.group, rng)
     return Draw(job.own_ns[pick], job.blocked_ns[pick], rng.choice(before, len(before)),
-                rng.choice(after, len(after)))
+                rng.choice(after, len(after)), None if job.held_ns is None else job.held_ns[pick])
 
 
 def _changed(job: Job, d: Draw, c: Changes) -> Draw:
@@ -193,7 +196,8 @@ def _changed(job: Job, d: Draw, c: Changes) -> Draw:
         prefix = pd.Series(job.prefix)
         own = np.where(slow, pd.Series(own).groupby(prefix).transform("median").to_numpy(), own)
         blocked = np.where(slow, pd.Series(blocked).groupby(prefix).transform("median").to_numpy(), blocked)
-    return Draw(own, blocked, d.before_ns, d.after_ns)
+    held = None if d.held_ns is None or not c.gil else d.held_ns  # gil=0: no waits for it, whoever held it
+    return Draw(own, blocked, d.before_ns, d.after_ns, held)
 
 
 def _filled(x: np.ndarray) -> np.ndarray:

@@ -65,6 +65,7 @@ class Draw:
     blocked_ns: np.ndarray
     before_ns: np.ndarray
     after_ns: np.ndarray
+    held_ns: np.ndarray | None = None  # waits for a GIL a thread beside the tasks held: as measured, no CPU
 
 
 @dataclass
@@ -320,15 +321,18 @@ class _Replay:
         return rho, {w: min(1.0, 1.0 / g) if g > 0 else 1.0 for w, g in gil.items()}
 
     def cpu_fraction(self, i: int) -> float:
-        total = self.d.own_ns[i] + self.d.blocked_ns[i]
+        total = self.d.own_ns[i] + self.d.blocked_ns[i] + self.held(i)
         return self.d.own_ns[i] / total if total > 0 else 0.0
+
+    def held(self, i: int) -> float:
+        return 0.0 if self.d.held_ns is None else float(self.d.held_ns[i])
 
     def duration(self, i: int, w: int) -> tuple[float, float, float]:
         """Its compute's length at today's rates, and of that, waits for the GIL and for a CPU."""
         rho, rho_gil = self._rates
         own, g = self.d.own_ns[i], self.s.gil_share
         cpu_wait = own * (1 / rho - 1)
-        gil_wait = own * g * (1 / min(rho, rho_gil.get(w, 1.0)) - 1 / rho)
+        gil_wait = own * g * (1 / min(rho, rho_gil.get(w, 1.0)) - 1 / rho) + self.held(i)
         return own + self.d.blocked_ns[i] + cpu_wait + gil_wait, gil_wait, cpu_wait
 
     def reschedule(self, t: float) -> None:
