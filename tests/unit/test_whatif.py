@@ -186,3 +186,45 @@ def test_root_tasks_wait_for_a_slot_unless_the_scheduler_is_random():
     # random: all four out at 10, compute 12-16 back to back; x-3's finish in at 21; s-0 computes 23-24,
     # in 28, told 29
     assert random["makespan_s"] == pytest.approx(29 * MS)
+
+
+def test_a_one_thread_workers_waits_for_a_gil_no_task_held_are_replayed_and_gil_0_removes_them():
+    """a-0 then b-1 on worker-0's one task thread (tid 201), each waiting 8 of its 10 ms for the GIL: held
+    by no task (there is no other), so by a thread beside them. The replay keeps the waits as measured; no
+    waits for the GIL saves them, 16 ms."""
+    s = Scenario()
+    s.graph(10, 11, ["b-1"])
+    s.task("a-0", "worker-0", 12, 13, 14, 24, 25, 26, thread=7)
+    s.task("b-1", "worker-0", 27, 28, 29, 39, 40, 41, deps=["a-0"], thread=7)
+    s.told("b-1", 42, 43)
+    for at in (15, 20, 30, 35):
+        s.sample("worker-0", at, "crunch", "/home/me/flow.py", tid=201, name="Dask-Default-Threads-0", ident=7)
+    s.state("worker-0", "gil", 15, 23, tid=201)
+    s.state("worker-0", "gil", 30, 38, tid=201)
+    p = predict(tables(s, workers=1), ONE, Changes(gil=False), samples=2)
+    assert p["split_s"]["gil_contention"] == 0 and p["saving_s"] == pytest.approx(16 * MS)
+    same = predict(tables(s, workers=1), ONE, Changes(), samples=2)
+    assert same["split_s"]["gil_contention"] == pytest.approx(16 * MS)
+
+
+def test_the_terminal_and_the_report_show_the_top_predictions_and_say_what_has_no_number():
+    import io
+    from rich.console import Console
+    from daskprobe.dashboards.html_report import findings_section
+    from daskprobe.dashboards.terminal import print_summary
+    saved = {"change": "4 worker(s), 1 thread(s) each", "measured_s": 6.7, "makespan_s": 4.1,
+             "interval_s": [3.8, 4.5], "saving_s": 2.6}
+    found = [{"id": "task-gil", "title": "tasks waited for the GIL", "seconds": 3.0, "share": 0.4, "evidence": "e",
+              "advice": "a", "saving": saved},
+             {"id": "hot-function", "title": "hot", "seconds": 2.0, "share": 0.3, "evidence": "e", "advice": "a",
+              "saving": {"not_modelled": "a faster function"}},
+             {"id": "network", "title": "wire", "seconds": 1.0, "share": 0.15, "evidence": "e", "advice": "a",
+              "saving": saved | {"makespan_s": 6.6, "saving_s": 0.1}}]  # 1.5% of the makespan: not shown
+    out = io.StringIO()
+    print_summary({"session_s": 7.0, "makespan_s": 6.7, "tasks": 10, "dispatches": 10, "aot_s": 0.67,
+                   "critical_path_s": {"compute": 7.0}, "findings": found}, Console(file=out, width=200))
+    table = out.getvalue().split("what the advice would save")[1]
+    assert "task-gil" in table and "6.70 -> 4.10" in table and "3.80-4.50" in table and "network" not in table
+    page = findings_section({"findings": found})
+    assert page.count("&rarr; 4.10 s") == 2  # the table's row and the finding's own line
+    assert "no number: a faster function" in page
