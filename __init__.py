@@ -5,9 +5,10 @@ each importing only from those before it:
 
     probes       what captures, the formats it writes, the run directory
     analyzers    tables in, results out (pure)
-    dashboards   read-only renderers of a run directory
-    tracer       cluster, session, decoding into tables, the trace, the CLI
-    experiments  the paper's variants and benchmarks (reached by name)
+    dashboards   read-only renderers of a run directory (the trace among them)
+    tracer       the running tool, a package per stage: capture, decode, pipeline,
+                 commands (the CLI); variants (random scheduler, zero worker, demo), bench
+    experiments  benchmarks
 """
 
-from .tracer.record import record  # noqa: E402,F401  (stdlib only: `import daskprobe` stays cheap)
+from .tracer.capture.record import record  # noqa: E402,F401  (stdlib only: `import daskprobe` stays cheap)

@@ -2,7 +2,7 @@
 # Set-up on a fresh machine, idempotent: the Python env in .venv/, the native
 # proxy and sampler (cargo, installed into .venv/bin), and what the eBPF probes
 # need (Debian's bcc, kernel headers, tracefs), and Chromium for the browser test.
-# DASKPROBE_VENV (default .venv) and DASKPROBE_DASK (newest or oldest: tracer/dask_versions.py) let CI
+# DASKPROBE_VENV (default .venv) and DASKPROBE_DASK (newest or oldest: tracer/capture/dask_versions.py) let CI
 # make a second venv with the oldest Dask supported (.ci/oldest-dask).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -45,7 +45,7 @@ fi
 # Cargo first, its progress shown: pip's build below (setuptools-rust) then finds the binaries built.
 step "building the Rust binaries (cargo; the first time takes minutes)"
 cargo build --release --manifest-path probes/Cargo.toml
-dask=$("$py" tracer/dask_versions.py "${DASKPROBE_DASK:-newest}")  # pins: dask==... distributed==...
+dask=$("$py" tracer/capture/dask_versions.py "${DASKPROBE_DASK:-newest}")  # pins: dask==... distributed==...
 step "installing daskprobe, its test extras and $dask into $venv/ (pip)"
 "$venv/bin/pip" install --disable-pip-version-check -e '.[test]' $dask | { grep -v '^Requirement already satisfied' || true; }
 for bin in daskprobe-proxy daskprobe-tap daskprobe-sampler daskprobe-unwind; do

@@ -134,7 +134,7 @@ def heaviest_graphs(s: dict) -> dict | None:
 STRAGGLER_FACTOR = 5.0   # a task this many times its prefix's median compute, and
 STRAGGLER_MIN_S = 0.01   # this many seconds over it, is a straggler
 LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
-# daskprobe's own files: its preloads run in the cluster (tracer/peer_guard.py, experiments' schedulers and
+# daskprobe's own files: its preloads run in the cluster (tracer/capture/peer_guard.py, the variants' schedulers and
 # workers), and are not the user's code; scripts in experiments' folders (the diagnosis flows) are a user's
 _OURS = Path(__file__).resolve().parent.parent
 OURS = re.compile("^(?:" + "|".join(re.escape(f"{_OURS / d}/") for d in ("probes", "tracer", "analyzers", "dashboards"))

@@ -1,5 +1,5 @@
 """A bench's results, defined once: one row per `daskprobe run` of a bench point, as
-experiments/bench.py writes them and compare.py and bench_report.py read them (a Table, checked
+tracer/bench/sweep.py writes them and compare.py and bench_report.py read them (a Table, checked
 as probes/schema.py checks a run's tables). The rows are in
 
     DIR/results.csv, DIR/results.parquet    every run of the bench, rewritten after each
@@ -24,7 +24,7 @@ from ..probes.schema import Column as C, SchemaError, Table, arrow_schema, confo
 RUN_ROW = "bench.parquet"
 SPLIT = [f"critical_path_s.{c}" for c in (*CATEGORIES, UNCATEGORIZED)]
 RESULTS = Table("One row per run of a bench point.", (
-    C("graph", "str", "", "the workload's graph (experiments/workloads.py)"),
+    C("graph", "str", "", "the workload's graph (tracer/bench/workloads.py)"),
     C("workers", "int64", "count", "workers"),
     C("workers_per_process", "Int64", "count", "workers sharing a process (--workers-per-process); null: 1, an older bench"),
     C("scheduler", "str", "", "the scheduling policy (ws, random, ...)"),

@@ -64,12 +64,12 @@ def _command_clock(summary: dict) -> dict:
 
 def workload_name(command: list) -> str:
     """What a command runs, as a reader tells runs apart: the graph of a bench run (`python -m
-    daskprobe.experiments.workloads merge-1K` is merge-1K), else the module or the script's name and
+    daskprobe.tracer.bench.workloads merge-1K` is merge-1K), else the module or the script's name and
     the arguments, without the interpreter's path; a long one keeps its end, where the name is."""
     args = [str(a) for a in command]
     if args and Path(args[0]).name.startswith("python"):
         args = args[1:]
-    if args[:2] == ["-m", "daskprobe.experiments.workloads"]:
+    if args[:2] == ["-m", "daskprobe.tracer.bench.workloads"]:
         args = args[2:]
     elif args[:1] == ["-m"]:
         args = args[1:]

@@ -36,7 +36,7 @@ from rich.table import Table
 from ..dashboards import browser
 from ..probes.rundir import RunDir
 from .synthetic import write_run
-from .workloads import count
+from ..tracer.bench.workloads import count
 
 
 def main(argv=None) -> int:
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         if not (run / "run.json").exists():
             console.log(f"writing a synthetic run of {size} leaf tasks to {run}")
             write_run(run, count(size), args.workers)
-        build = [sys.executable, "-m", "daskprobe.tracer.cli", "build", "--no-trace", str(run)]
+        build = [sys.executable, "-m", "daskprobe.tracer.commands", "build", "--no-trace", str(run)]
         runs, stages = [], []
         for _ in range(args.repeat):
             runs.append(_measured(build))

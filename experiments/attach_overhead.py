@@ -52,9 +52,9 @@ def standing_cluster() -> tuple[subprocess.Popen, str]:
 
 
 def run_once(graph: str, setting: str, address: str, out: Path, probes: str) -> dict:
-    workload = [sys.executable, "-m", "daskprobe.experiments.workloads", graph]
+    workload = [sys.executable, "-m", "daskprobe.tracer.bench.workloads", graph]
     cmd = workload if setting == "plain" else [
-        sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--probes", probes, "--out", str(out),
+        sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--probes", probes, "--out", str(out),
         "--", *workload]
     stolen = steal_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,

@@ -75,7 +75,7 @@ def cause_options(flow: str, cause: str) -> tuple[list[str], dict]:
 
 def run_one(flow: str, cause: str, out: Path, workers: int = 2) -> dict:
     opts, env = cause_options(flow, cause)
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", str(workers), "--out", str(out), *opts,
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", str(workers), "--out", str(out), *opts,
            "--", sys.executable, "-m", "daskprobe.experiments.flows", flow]
     p = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True, timeout=900)
     return measured({"flow": flow, "cause": cause, "run_dir": str(out), "exit_code": p.returncode}, p.stderr)
@@ -83,7 +83,7 @@ def run_one(flow: str, cause: str, out: Path, workers: int = 2) -> dict:
 
 def reanalyzed(row: dict) -> dict:
     """The row of a run already made, from its captures analysed again by today's code."""
-    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "report", row["run_dir"]],
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "report", row["run_dir"]],
                        capture_output=True, text=True, timeout=900)
     keep = {k: row[k] for k in ("flow", "cause", "run_dir", "exit_code", "repeat")}
     return measured(keep, p.stderr)

@@ -68,7 +68,7 @@ def flows() -> dict[str, Flow]:
 
 def run_one(flow: Flow, plant: bool, out: Path) -> dict:
     """One `daskprobe run` of the script (planted or its twin) and what its summary.json found."""
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--no-trace", "--out", str(out), *flow.options,
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--no-trace", "--out", str(out), *flow.options,
            "--", sys.executable, str(flow.path)]
     row = {"flow": flow.name, "plant": plant}
     try:
@@ -81,7 +81,7 @@ def run_one(flow: Flow, plant: bool, out: Path) -> dict:
 
 def reanalyzed(row: dict, out: Path) -> dict:
     """The row of a kept run, its captures analysed again by today's code (`daskprobe report`)."""
-    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "report", str(out)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "report", str(out)], capture_output=True,
                        text=True, timeout=TIMEOUT_S)
     keep = {k: row[k] for k in ("flow", "plant", "exit_code", "repeat")}
     return keep | findings(out, p.stderr if p.returncode else "")

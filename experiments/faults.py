@@ -196,7 +196,7 @@ def run_fault(fault: str, out: Path) -> dict:
         flow.write_text(FLOW.format(marker=str(marker), go=str(go), size=4 << 20 if fault == "tap-stalled" else 0))
         os.chmod(flow, 0o644)
         probes = ["--probes", "tap,pyspy,proc,cpu,gil,offcpu"] if fault == "tap-stalled" else []
-        cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--nanny", *probes, "--out",
+        cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--nanny", *probes, "--out",
                str(run_dir), "--", sys.executable, str(flow)]
         err = tmp / "stderr"
         with open(err, "w") as e:
@@ -256,7 +256,7 @@ def attach_fault(fault: str, out: Path, hosts: list) -> dict:
         os.chmod(flow, 0o644)
         err, said = tmp / "stderr", tmp / "stdout"
         with open(err, "w") as e, open(said, "w") as o:
-            p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--no-trace",
+            p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--no-trace",
                                   "--out", str(run_dir), "--", sys.executable, str(flow)], stdout=o, stderr=e)
             deadline = time.monotonic() + 300
             while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
@@ -382,7 +382,7 @@ def tap_ports() -> dict:
 
     from ..probes.proxy import start_tap, stop_proxy
     from ..probes.proxy_capture import read_capture
-    from ..tracer.wire import decode_frame0, key_str
+    from ..probes.wire import decode_frame0, key_str
     if os.geteuid():
         return {"fault": "tap-ports", "injected": "no: a packet socket needs root"}
     with tempfile.TemporaryDirectory() as tmp, \
@@ -432,7 +432,7 @@ def _said(text: str) -> str:
 def _holds(run: RunDir, at: int, disk: Path | None) -> dict:
     if disk:  # free the disk, then decode what was written, as a user would
         (disk / "filler").unlink(missing_ok=True)
-        b = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", str(run.path)],
+        b = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "build", str(run.path)],
                            capture_output=True, text=True, timeout=600)
         built = {"build_said": _said(b.stderr)}
     else:

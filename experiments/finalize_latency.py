@@ -3,7 +3,7 @@
     python -m daskprobe.experiments.finalize_latency                      # 1K to 10K tasks, 3 repeats
     python -m daskprobe.experiments.finalize_latency --graphs merge-1K --repeat 5
 
-Each graph (experiments/workloads.py) runs as `daskprobe run --workers 2 -- python ...` with every
+Each graph (tracer/bench/workloads.py) runs as `daskprobe run --workers 2 -- python ...` with every
 probe. The command notes CLOCK_MONOTONIC when it starts; daskprobe notes when the command's process
 exited (run.json's command_ended_ns: after the workload, its interpreter still has to exit), and
 daskprobe's own exit is noted on the same clock. The latency is the time from the command's
@@ -35,13 +35,13 @@ CHILD = ("import json, runpy, sys, time\n"
          "start = time.monotonic()\n"
          "sys.argv = ['workloads', sys.argv[1]]\n"
          "try:\n"
-         "    runpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n"
+         "    runpy.run_module('daskprobe.tracer.bench.workloads', run_name='__main__')\n"
          "finally:\n"
          "    print('CLOCK', json.dumps([start, time.monotonic()]), flush=True)\n")
 
 
 def one(graph: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--out", str(out), "--",
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--out", str(out), "--",
            sys.executable, "-c", CHILD, graph]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     exited = time.monotonic()

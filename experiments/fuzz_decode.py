@@ -26,9 +26,9 @@ import msgpack
 
 from ..probes.proxy_capture import CaptureWriter, read_capture
 from ..probes.rundir import RunDir
-from ..tracer import tables
-from ..tracer.messages import messages_table
-from .workloads import count
+from ..tracer.decode import tables
+from ..tracer.decode.messages import messages_table
+from ..tracer.bench.workloads import count
 
 OPS = ["compute-task", "task-finished", "task-erred", "update-graph", "free-keys", "steal-request", "reschedule",
        "key-in-memory", "heartbeat_worker", "register-worker"]

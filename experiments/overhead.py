@@ -51,7 +51,7 @@ from ..analyzers import summary_json
 from ..probes import ebpf_format
 from ..probes.proxy import Route, start_proxy, stop_proxy
 from ..probes.rundir import RunDir
-from ..tracer.cluster import free_port
+from ..tracer.capture.cluster import free_port
 
 SATURATION = "distributed.scheduler.worker-saturation=inf"
 STEAL_TITLE = "CPU seconds the hypervisor took per run, all CPUs (steal in /proc/stat)"
@@ -67,7 +67,7 @@ def run_cluster(probes: str, out: Path, command: list[str], run_args: list[str] 
     """`daskprobe run` of `command` on this benchmark's cluster (2 workers x 1 thread,
     worker-saturation=inf): the last line the command printed (JSON), and steal_s. A probe that was
     skipped fails the run: its setting would be measured as what it is not."""
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", probes, *run_args, "--out", str(out), "--", *command]
     stolen = steal_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -79,7 +79,7 @@ def run_cluster(probes: str, out: Path, command: list[str], run_args: list[str] 
 
 
 def run_once(graph: str, probes: str, out: Path, run_args: list[str]) -> dict:
-    got = run_cluster(probes, out, [sys.executable, "-m", "daskprobe.experiments.workloads", graph], run_args)
+    got = run_cluster(probes, out, [sys.executable, "-m", "daskprobe.tracer.bench.workloads", graph], run_args)
     row = {"makespan_s": got["makespan_s"], "steal_s": got["steal_s"]}
     proc = out / "tables" / "proc.parquet"
     if proc.exists():  # the last cumulative CPU reading of each measuring process

@@ -98,8 +98,8 @@ def _take_runs(graphs: list[str], repeat: int, out: Path) -> list[Path]:
     for r in range(repeat):
         for g in graphs:
             path = out / f"{g}-r{r}-{time.strftime('%H%M%S')}"
-            cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--no-trace",
-                   "--out", str(path), "--", sys.executable, "-m", "daskprobe.experiments.workloads", g]
+            cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--no-trace",
+                   "--out", str(path), "--", sys.executable, "-m", "daskprobe.tracer.bench.workloads", g]
             subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
             runs.append(path)
     return runs

@@ -40,6 +40,7 @@ from ..probes import rates
 from ..probes.procfs import cpu_s
 from ..probes.procs import spawn, stop
 from ..probes.rundir import RunDir
+from ..tracer.bench import workloads
 
 # (label, binary, --reader) of the two samplers
 READERS = (("ours", None, "auto"), ("py-spy's", None, "pyspy"))
@@ -73,13 +74,13 @@ def _client(python: str, graph: str) -> list[str]:
     """The workload under `python`: as a module where daskprobe is installed, else as a
     script (-I keeps its folder, whose modules are daskprobe's, off sys.path)."""
     if python == sys.executable:
-        return [python, "-m", "daskprobe.experiments.workloads", graph]
-    return [python, "-I", str(Path(__file__).with_name("workloads.py")), graph]
+        return [python, "-m", "daskprobe.tracer.bench.workloads", graph]
+    return [python, "-I", workloads.__file__, graph]
 
 
 def run_once(graph: str, rate: float, out: Path, python: str = sys.executable, readers=READERS) -> list[dict]:
     run = RunDir(out / "run")
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--threads", "1",
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--threads", "1",
            "--config", SATURATION, "--probes", "proxy", "--python", python, "--out", str(run.path), "--",
            *_client(python, graph)]
     cluster = spawn(cmd, out / "run.log")

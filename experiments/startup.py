@@ -34,7 +34,7 @@ CHILD = ("import time; print('CLOCK', time.monotonic(), flush=True)\n"
 
 def one(version: str, path: str | None, probes: str, out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=path) if path else None
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "2", "--probes", probes,
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2", "--probes", probes,
            "--out", str(out), "--", sys.executable, "-c", CHILD]
     started = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .workloads import count
+from ..tracer.bench.workloads import count
 from ..probes import rates
 from ..probes.proxy_capture import CaptureWriter
 from ..probes.rundir import RunDir

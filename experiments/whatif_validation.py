@@ -32,9 +32,9 @@ CONFIGS = {"w1": {"workers": 1, "threads": 1}, "w2": {"workers": 2, "threads": 1
 PAIRS = [("w2", "w2again"), ("w2", "w1"), ("w1", "w2"), ("w2", "w4"), ("w4", "w2"), ("w2", "w2d5"), ("w2d5", "w2"), ("w2", "w2r"),
          ("w2r", "w2"), ("w1", "w1t2"), ("w1t2", "w1")]
 WORKLOADS = {
-    "merge_slow": ["-m", "daskprobe.experiments.workloads", "merge_slow-100-0.02"],
-    "tree": ["-m", "daskprobe.experiments.workloads", "tree-9"],
-    "numpy": ["-m", "daskprobe.experiments.workloads", "numpy-2K-500"],
+    "merge_slow": ["-m", "daskprobe.tracer.bench.workloads", "merge_slow-100-0.02"],
+    "tree": ["-m", "daskprobe.tracer.bench.workloads", "tree-9"],
+    "numpy": ["-m", "daskprobe.tracer.bench.workloads", "numpy-2K-500"],
     "etl": ["/work/shared/workflows/etl_flow.py"],
     "stragglers": [str(ROOT / "experiments/diagnosis_flows/stragglers.py")],
     "transfers": [str(ROOT / "experiments/diagnosis_flows/transfers.py")],
@@ -47,7 +47,7 @@ def run(out: Path, workload: str, config: str) -> RunDir | None:
     if (d / "tables" / "tasks.parquet").exists():
         return RunDir(d)
     c = CONFIGS[config]
-    args = ["nice", "-n", "10", sys.executable, "-m", "daskprobe.tracer.cli", "run", "--no-trace", "--out", str(d),
+    args = ["nice", "-n", "10", sys.executable, "-m", "daskprobe.tracer.commands", "run", "--no-trace", "--out", str(d),
             "--workers", str(c["workers"]), "--threads", str(c["threads"]),
             "--delay-ms", str(c.get("delay_ms", 0)), "--scheduler", c.get("scheduler", "ws"),
             "--", sys.executable, *WORKLOADS[workload]]

@@ -121,7 +121,7 @@ OWN_SHAPE = obj("own_cluster_shape", "The workers LocalCluster would have made o
 ))
 
 OWN_CLUSTER = obj("own_cluster", "A cluster the command made itself (the client hook's own-cluster feature; "
-                  "tracer/own_cluster.py), a scale of it, or another scheduler one of its Clients was given.", *(
+                  "tracer/capture/own_cluster.py), a scale of it, or another scheduler one of its Clients was given.", *(
     K("via", str, "what made it: LocalCluster, Client (with LocalCluster's keywords), or another cluster "
       "manager's class"),
     K("routed", bool, "true: it was given the recorded cluster instead; false: it ran as written, beside the "

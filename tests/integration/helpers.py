@@ -24,7 +24,7 @@ TE = pb.TrackEvent
 
 
 def daskprobe(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", *args],
+    return subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", *args],
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 

@@ -265,7 +265,7 @@ def test_attach_without_root_records_samples_and_the_task_stream(tmp_path):
     try:
         os.chown(home, 65534, 65534)
         env = dict(os.environ, HOME=str(home))
-        can = subprocess.run([*NOBODY, sys.executable, "-c", "import daskprobe.tracer.cli"], capture_output=True, env=env)
+        can = subprocess.run([*NOBODY, sys.executable, "-c", "import daskprobe.tracer.commands"], capture_output=True, env=env)
         if can.returncode:
             pytest.skip(f"user nobody cannot run this checkout's Python: {can.stderr.decode()[-300:]}")
         cluster = subprocess.Popen([*NOBODY, sys.executable, str(write_flow(home / "cluster.py", STANDING))],
@@ -273,7 +273,7 @@ def test_attach_without_root_records_samples_and_the_task_stream(tmp_path):
         try:
             truth = json.loads(cluster.stdout.readline())
             out = home / "run"
-            p = subprocess.run([*NOBODY, sys.executable, "-m", "daskprobe.tracer.cli", "attach", truth["address"],
+            p = subprocess.run([*NOBODY, sys.executable, "-m", "daskprobe.tracer.commands", "attach", truth["address"],
                                 "--out", str(out), "--no-trace", "--", sys.executable,
                                 str(write_flow(home / "spinning.py", SPINNING))],
                                capture_output=True, text=True, timeout=240, env=env, cwd=home)

@@ -81,7 +81,7 @@ def test_a_worker_joining_on_a_new_host_is_sampled_by_an_agent_started_then(tmp_
     with cluster(tmp_path, ours, port, [([], ours)], ready=1) as (address, procs):
         out, connected = tmp_path / "run", tmp_path / "connected"
         # the command runs unprivileged (never as root): entering the other host's namespace is the test's
-        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
+        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--out", str(out),
                                    "--no-trace", "--probes", "pyspy,proc", "--", sys.executable,
                                    str(write_flow(tmp_path / "join.py", JOIN_ELSEWHERE)), theirs, str(connected)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -116,7 +116,7 @@ def test_ctrl_c_at_the_terminal_ends_attach_and_its_agents_are_still_read_to_the
     port = 20_000 + (os.getpid() + 13) % 10_000
     with cluster(tmp_path, ours, port, [(["nsenter", f"--net=/run/netns/{ns}"], theirs)], ready=1) as (address, _):
         out = tmp_path / "run"
-        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out", str(out),
+        attach = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--out", str(out),
                                    "--no-trace", "--probes", "pyspy,proc"], stderr=subprocess.PIPE, text=True,
                                   start_new_session=True)  # a terminal's foreground group of its own
         said = []

@@ -1,5 +1,5 @@
-"""tracer/build.py: the analysis stage works out the samples' side in a child, beside the rest; the
-tables stage (tracer/tables.py) reads the samplers' captures in a child, beside the messages."""
+"""tracer/pipeline/build.py: the analysis stage works out the samples' side in a child, beside the rest; the
+tables stage (tracer/decode/tables.py) reads the samplers' captures in a child, beside the messages."""
 
 import json
 
@@ -9,8 +9,8 @@ from daskprobe.analyzers.summary import INPUTS, analyze
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
 from daskprobe.analyzers.summary_json import dumps
-from daskprobe.tracer.build import _hosted, analysis, report
-from daskprobe.tracer.tables import build
+from daskprobe.tracer.pipeline.build import _hosted, analysis, report
+from daskprobe.tracer.decode.tables import build
 from scenario import META, Scenario, two_task_chain
 from test_decode import DEEP, make_run
 

@@ -12,7 +12,7 @@ from helpers import daskprobe, searchable_dir, write_flow
 
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.users import cluster_user
-from daskprobe.tracer.cluster import COMM_TAP, free_port, tls_env
+from daskprobe.tracer.capture.cluster import COMM_TAP, free_port, tls_env
 
 FLOW = """
 from distributed import Client

@@ -1,10 +1,10 @@
-"""tracer/cluster.py's EXIT_AFTER_MAIN: a Dask CLI run as under -m, that exits at once after its main."""
+"""tracer/capture/cluster.py's EXIT_AFTER_MAIN: a Dask CLI run as under -m, that exits at once after its main."""
 
 import subprocess
 import sys
 import time
 
-from daskprobe.tracer.cluster import EXIT_AFTER_MAIN
+from daskprobe.tracer.capture.cluster import EXIT_AFTER_MAIN
 
 CLI = """
 import atexit, sys, threading, time

@@ -13,7 +13,7 @@ SMALL_GRAPHS = ["merge-200", "merge_slow-4-0.01", "tree-6", "numpy-400-100", "gr
 
 EVERY_GRAPH_FLOW = """
 from distributed import Client
-from daskprobe.experiments.workloads import build
+from daskprobe.tracer.bench.workloads import build
 
 with Client() as client:
     for name in {graphs!r}:
@@ -66,7 +66,7 @@ def test_random_scheduler_scatters_what_ws_keeps_together(tmp_path):
 def test_zero_worker_keeps_bookkeeping_and_drops_compute(tmp_path):
     # 8 tasks of 3 s each on 2 workers take 12 s when run; the zero worker runs none.
     run, p = run_flow(tmp_path, "import runpy, sys\nsys.argv = ['w', 'merge_slow-8-3']\n"
-                      "runpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n",
+                      "runpy.run_module('daskprobe.tracer.bench.workloads', run_name='__main__')\n",
                       "--worker", "zero", "--probes", "proxy")
     assert "skipped (zero worker" in p.stdout
     tasks = run.table("attempts")
@@ -117,7 +117,7 @@ def test_bench_sweeps_resumes_and_times_out(tmp_path):
 def test_compare_by_worker_mode(tmp_path):
     flow = tmp_path / "flow.py"
     flow.write_text("import runpy, sys\nsys.argv = ['w', 'merge-300']\n"
-                    "runpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n")
+                    "runpy.run_module('daskprobe.tracer.bench.workloads', run_name='__main__')\n")
     runs = []
     for mode in ("normal", "zero"):
         runs.append(str(tmp_path / mode))

@@ -1,11 +1,11 @@
-"""tracer/forked.py: a piece of finalizing in a forked child."""
+"""tracer/decode/forked.py: a piece of finalizing in a forked child."""
 
 import os
 import time
 
 import pytest
 
-from daskprobe.tracer.forked import ChildFailed, Gate, Queue, beside
+from daskprobe.tracer.decode.forked import ChildFailed, Gate, Queue, beside
 
 
 def test_the_childs_result_comes_back_and_both_sides_ran_at_once():

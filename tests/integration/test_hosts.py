@@ -139,7 +139,7 @@ def test_attach_on_the_schedulers_host_records_its_messages_with_workers_on_othe
         assert hosts_of == [f"{SUBNET}.{ip[h]}" for h, _ in WORKERS]
 
         out = tmp_path / "run"
-        p = subprocess.run(in_host(hosts["a"], sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--out",
+        p = subprocess.run(in_host(hosts["a"], sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--out",
                                    str(out), "--", sys.executable,
                                    str(write_flow(tmp_path / "during.py", DURING))),
                            capture_output=True, text=True, env=env, timeout=300)

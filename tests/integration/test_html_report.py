@@ -41,10 +41,10 @@ def test_report_opens_offline_with_every_figure_drawn(pinned_run, tmp_path):
 def test_open_serves_the_trace_to_the_perfetto_ui(pinned_run):
     import sys
     import urllib.request
-    from daskprobe.tracer.cluster import free_port
+    from daskprobe.tracer.capture.cluster import free_port
     run, _, _ = pinned_run
     port = free_port()  # the real default, 9001, may be held by something else on this machine
-    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "open", str(run.path), "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "open", str(run.path), "--port", str(port),
                           "--once"], stdout=subprocess.PIPE, text=True)
     try:
         p.stdout.readline()
@@ -64,7 +64,7 @@ def test_compare_runs_by_worker_count(tmp_path):
     import sys
     import pandas as pd
     from helpers import daskprobe, write_flow
-    flow = "import runpy, sys\nsys.argv = ['w', 'merge-300']\nrunpy.run_module('daskprobe.experiments.workloads', run_name='__main__')\n"
+    flow = "import runpy, sys\nsys.argv = ['w', 'merge-300']\nrunpy.run_module('daskprobe.tracer.bench.workloads', run_name='__main__')\n"
     script = write_flow(tmp_path / "flow.py", flow)  # one command: one graph, run twice
     runs = []
     for workers in ("1", "2"):

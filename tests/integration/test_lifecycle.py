@@ -10,8 +10,8 @@ import time
 from helpers import daskprobe, run_flow, write_flow
 from daskprobe.probes.proxy_capture import read_capture
 from daskprobe.probes.rundir import RunDir
-from daskprobe.tracer.messages import messages_table
-from daskprobe.tracer.tables import connections_table, processes_table
+from daskprobe.tracer.decode.messages import messages_table
+from daskprobe.tracer.decode.tables import connections_table, processes_table
 
 
 def alive(pid: int) -> bool:
@@ -112,7 +112,7 @@ def test_sigkill_leaves_a_partial_readable_run_and_no_orphans(tmp_path):
         time.sleep(120)
     """)
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out),
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--out", str(out),
                           "--workers", "1", "--", sys.executable, str(flow)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -159,7 +159,7 @@ def test_mistakes_are_named_before_anything_starts(tmp_path):
     assert no_dashes.returncode == 2 and "goes after '--'" in no_dashes.stderr
     assert "daskprobe run -- python -c 'print(1)'" in no_dashes.stderr, "the hint must run as shown"
     # read by a pager or `head` that stopped reading: no error of ours
-    head = subprocess.run(f"{sys.executable} -m daskprobe.tracer.cli explain | true", shell=True,
+    head = subprocess.run(f"{sys.executable} -m daskprobe.tracer.commands explain | true", shell=True,
                           capture_output=True, text=True, timeout=60)
     assert head.returncode == 0 and "Traceback" not in head.stderr, head.stderr
     started = time.monotonic()
@@ -200,7 +200,7 @@ def _start_sleeping_run(tmp_path, **popen):
         time.sleep(120)
     """)
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out),
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--out", str(out),
                           "--workers", "1", "--", sys.executable, str(flow)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
     deadline = time.monotonic() + 120

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from daskprobe.probes.rundir import RunDir
-from daskprobe.tracer.build import finalize
+from daskprobe.tracer.pipeline.build import finalize
 from helpers import daskprobe, searchable_dir
 
 CAPTURES = ["pyspy.tsv", "proc.tsv", "threads.tsv"]

@@ -1,5 +1,5 @@
 """A command that makes its own cluster (LocalCluster, Client(n_workers=...)) runs on daskprobe's, is
-recorded, and is told so while it runs (probes/client_hook, tracer/own_cluster.py). The scripts check
+recorded, and is told so while it runs (probes/client_hook, tracer/capture/own_cluster.py). The scripts check
 from inside what they got: the scheduler's address, no worker processes or threads of their own."""
 
 from __future__ import annotations

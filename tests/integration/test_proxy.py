@@ -22,7 +22,7 @@ from helpers import daskprobe
 from daskprobe.probes.procfs import cpu_s
 from daskprobe.probes.proxy import Route, proxy_binary, start_proxy, stop_proxy
 from daskprobe.probes.proxy_capture import read_capture
-from daskprobe.tracer.cluster import free_port
+from daskprobe.tracer.capture.cluster import free_port
 
 
 class Echo:

@@ -104,7 +104,7 @@ def start(tmp_path, *opts, flow_code=None):
     marker, go = shared / "started", shared / "go"
     flow = write_flow(tmp_path / "flow.py", flow_code or SLEEPER.format(marker=str(marker), go=str(go)))
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out), *opts, "--",
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--out", str(out), *opts, "--",
                           sys.executable, str(flow)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     STARTED.append(p)
@@ -442,7 +442,7 @@ def test_a_user_without_root_runs_with_what_it_can(tmp_path):
     code = "from distributed import Client\nc = Client()\nassert c.submit(sum, [1, 2]).result() == 3\n"
     flow = write_flow(home / "flow.py", code)
     p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"HOME={home}",
-                        sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--out",
+                        sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "1", "--out",
                         str(home / "run"), "--", sys.executable, str(flow)], capture_output=True, text=True,
                        timeout=240, cwd=home)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -458,7 +458,7 @@ def test_open_serves_past_a_silent_peer_and_only_to_its_own_host(pinned_run):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "open", "--port", str(port), str(run.path)],
+    server = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "open", "--port", str(port), str(run.path)],
                               stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()

@@ -98,7 +98,7 @@ def test_stdout_passes_through_untouched(pinned_run):
 def test_parallel_decode_matches_serial(pinned_run, monkeypatch):
     """Large captures are decoded by connection in worker processes: same tables as one loop."""
     from daskprobe.probes.proxy_capture import read_capture
-    from daskprobe.tracer import messages, tables
+    from daskprobe.tracer.decode import messages, tables
     run, _, _ = pinned_run
     meta = run.meta()
     cap = read_capture(run.messages_capture)

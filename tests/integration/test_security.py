@@ -87,7 +87,7 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
         mark, out = home / "pwned", Path(tempfile.mkdtemp(prefix="daskprobe-sec-out-")) / "run"
         env = dict(os.environ, SUDO_UID=str(sudo), SUDO_GID=str(sudo), SUDO_USER="nobody") if sudo else \
             {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
-        run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--no-trace",
+        run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "1", "--no-trace",
                                 "--probes", "proxy,proc", "--out", str(out), "--", sys.executable, str(flow), str(home)],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -123,7 +123,7 @@ def test_a_command_the_clusters_user_cannot_read_is_refused_before_anything_star
     try:
         flow = write_flow(hidden / "flow.py", "print('ran')")
         out = tmp_path / "run"
-        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--out", str(out), "--",
+        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--out", str(out), "--",
                             sys.executable, str(flow)], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if not k.startswith("SUDO_")})
         assert p.returncode != 0 and "ran" not in p.stdout
@@ -144,7 +144,7 @@ def test_root_rebuilding_another_users_run_writes_nothing_through_the_links_they
     (copy / "tables").symlink_to(victim)
     for p in [copy, *copy.rglob("*")]:
         os.lchown(p, 65534, 65534)
-    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "build", "--no-trace", str(copy)],
+    p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "build", "--no-trace", str(copy)],
                        capture_output=True, text=True, timeout=300)
     assert list(victim.iterdir()) == [], p.stderr[-2000:]
     assert "working as nobody" in p.stderr
@@ -169,7 +169,7 @@ def test_attachs_command_runs_unprivileged(tmp_path):
                                 text=True, cwd=tmp_path)
     try:
         address = json.loads(standing.stdout.readline())["address"]
-        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.cli", "attach", address, "--no-trace", "--probes",
+        p = subprocess.run([sys.executable, "-m", "daskprobe.tracer.commands", "attach", address, "--no-trace", "--probes",
                             "proc", "--out", str(tmp_path / "run"), "--", sys.executable, str(flow)],
                            capture_output=True, text=True, timeout=300,
                            env={k: v for k, v in os.environ.items() if not k.startswith("SUDO_")})

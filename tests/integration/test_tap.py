@@ -28,7 +28,7 @@ from helpers import PINNED_FLOW, run_flow, write_flow
 from daskprobe.probes.proxy import start_tap, stop_proxy
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.proxy_capture import read_capture, read_status
-from daskprobe.tracer.wire import decode_frame0, key_str
+from daskprobe.probes.wire import decode_frame0, key_str
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a packet socket needs root (or CAP_NET_RAW)")
 
@@ -263,7 +263,7 @@ def test_a_run_whose_tap_lost_packets_says_so_and_reads_on(tmp_path):
     flow = write_flow(tmp_path / "flow.py", STALLED_FLOW.format(marker=str(marker), go=str(go), moved=str(moved),
                                                                 resumed=str(resumed)))
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", "1", "--probes", "tap,proc",
+    p = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "1", "--probes", "tap,proc",
                           "--out", str(out), "--", sys.executable, str(flow)], stderr=subprocess.PIPE, text=True)
     tap = None
     try:

@@ -5,7 +5,7 @@ files it would not read are in run.json and said."""
 from test_decode import make_run
 from daskprobe.probes import ebpf_format
 from daskprobe.probes.ebpf_tables import NOT_READ, read_cpu
-from daskprobe.tracer import tables
+from daskprobe.tracer.decode import tables
 
 FAILING = "#!/bin/sh\nprintf 'bad maps; line\\tthree\\n' >&2\nexit 3\n"
 

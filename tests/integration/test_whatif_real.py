@@ -12,7 +12,7 @@ GRAPH = "merge_slow-40-0.02"  # 40 tasks sleeping 20 ms, then one that takes the
 
 def _run(out, workers: int) -> RunDir:
     p = daskprobe("run", "--workers", str(workers), "--threads", "1", "--no-trace", "--out", str(out), "--",
-                  sys.executable, "-m", "daskprobe.experiments.workloads", GRAPH)
+                  sys.executable, "-m", "daskprobe.tracer.bench.workloads", GRAPH)
     assert p.returncode == 0, p.stderr[-2000:]
     return RunDir(out)
 

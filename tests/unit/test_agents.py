@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 from daskprobe.probes.rundir import RunDir
-from daskprobe.tracer.agents import Agents
-from daskprobe.tracer.attached import Attached, AttachSpec
-from daskprobe.tracer.cluster import Member
+from daskprobe.tracer.capture.agents import Agents
+from daskprobe.tracer.capture.attached import Attached, AttachSpec
+from daskprobe.tracer.capture.cluster import Member
 
 
 def test_a_restart_at_a_fixed_port_gives_each_process_its_own_pid(tmp_path):
@@ -146,7 +146,7 @@ def test_a_read_that_fails_midway_is_taken_up_where_it_stopped_and_renews_the_le
 
 
 def test_a_chunk_past_its_cap_is_refused_and_a_host_past_its_cap_is_read_no_further(tmp_path, monkeypatch):
-    from daskprobe.tracer import agents as agents_module
+    from daskprobe.tracer.capture import agents as agents_module
     run, agents = answers(tmp_path, {"info": {"members": [WORKER]}, "files": {"captures/pyspy.tsv": 8}}, b"abcdefgh")
     monkeypatch.setattr(agents_module, "CHUNK", 2)
     agents.pull(run, {})

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from daskprobe.dashboards.bench_report import medians, strong_scaling, write_bench_report
-from daskprobe.experiments import bench_verb
+from daskprobe.tracer.commands import bench_verb
 
 TABLE = "Geometric mean speedup of random over ws"
 

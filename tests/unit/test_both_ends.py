@@ -10,7 +10,7 @@ import pandas as pd
 from daskprobe.probes.proxy_capture import DROPS, GAP, OPEN, PEER, CaptureWriter, losses, read_capture
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import HOST_PID
-from daskprobe.tracer.both_ends import align, clocks, consistent, merged
+from daskprobe.tracer.decode.both_ends import align, clocks, consistent, merged
 
 T0 = 5_000_000_000
 SCHED, WORKER = "10.0.0.1:8786", "10.0.0.2:4001"

@@ -2,7 +2,7 @@
 
 import sys
 
-from daskprobe.tracer.session import _client_python
+from daskprobe.tracer.capture.session import _client_python
 
 
 def test_a_python_or_a_script_whose_shebang_names_one_is_found(tmp_path):

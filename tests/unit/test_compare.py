@@ -14,7 +14,7 @@ from daskprobe.probes.schema import SchemaError
 from daskprobe.tracer.commands import compare_verb
 
 PY = "/opt/venv/bin/python3.11"
-BENCH = [PY, "-m", "daskprobe.experiments.workloads", "merge-1K"]
+BENCH = [PY, "-m", "daskprobe.tracer.bench.workloads", "merge-1K"]
 UNTRACED = {"error": "no messages were captured: nothing to measure"}  # what an untraced run's summary.json holds
 
 
@@ -109,7 +109,7 @@ def test_no_raw_empty_dataframe_is_printed_and_no_empty_figure_drawn(tmp_path, c
 
 
 def test_whole_numbers_print_as_integers(tmp_path):
-    runs = [make_run(tmp_path / f"{g}-w{w}", w, m, command=[PY, "-m", "daskprobe.experiments.workloads", g])
+    runs = [make_run(tmp_path / f"{g}-w{w}", w, m, command=[PY, "-m", "daskprobe.tracer.bench.workloads", g])
             for g in ("merge-1K", "tree-5") for w, m in ((1, 2.0), (2, 1.0))]
     cmp.compare(runs, "workers", tmp_path / "cmp")
     page = (tmp_path / "cmp" / "compare.html").read_text()

@@ -3,8 +3,8 @@
 import tomllib
 from pathlib import Path
 
-from daskprobe.tracer import dask_versions
-from daskprobe.tracer.dask_versions import NEWEST, OLDEST, outside, release
+from daskprobe.tracer.capture import dask_versions
+from daskprobe.tracer.capture.dask_versions import NEWEST, OLDEST, outside, release
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

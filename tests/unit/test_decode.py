@@ -12,8 +12,8 @@ import pytest
 from daskprobe.probes import ebpf_tables, procfs, pyspy
 from daskprobe.probes.proxy_capture import CaptureWriter, read_capture
 from daskprobe.probes.rundir import RunDir
-from daskprobe.tracer import tables
-from daskprobe.tracer.messages import messages_table
+from daskprobe.tracer.decode import tables
+from daskprobe.tracer.decode.messages import messages_table
 
 T0 = 1_000_000_000
 DEEP = b"\x91" * 2000 + b"\x00"  # lists nested 2,000 deep

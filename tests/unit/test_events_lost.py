@@ -8,7 +8,7 @@ import pandas as pd
 from daskprobe.analyzers.caveats import caveats
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
-from daskprobe.tracer import tables
+from daskprobe.tracer.decode import tables
 
 STATUS = "A\t-1\tattached\nA\t812\twatching scheduler\nE\t-1\t282588 events lost: the ring buffer was full\n"
 

@@ -3,7 +3,7 @@
 
 import socket
 
-from daskprobe.tracer.cluster import HOST, free_port
+from daskprobe.tracer.capture.cluster import HOST, free_port
 
 
 def test_no_port_is_handed_out_twice():

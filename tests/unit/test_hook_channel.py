@@ -1,5 +1,5 @@
 """The client hook's pipe as daskprobe reads it (probes/client_hook: Channel): the command's reports are
-plain JSON lines with caps; and the words said of an own cluster (tracer/own_cluster.py)."""
+plain JSON lines with caps; and the words said of an own cluster (tracer/capture/own_cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 
 from daskprobe.probes.client_hook import HOOK_DIR, MAX_LINE, MAX_REPORTS, Channel
 from daskprobe.probes.client_hook.daskprobe_hook import ENV_PIPE, ENV_SCHEDULER
-from daskprobe.tracer import own_cluster
-from daskprobe.tracer.cluster import ClusterSpec
+from daskprobe.tracer.capture import own_cluster
+from daskprobe.tracer.capture.cluster import ClusterSpec
 
 
 def _write(channel: Channel, data: bytes) -> None:
@@ -130,7 +130,7 @@ def test_any_report_the_command_sends_is_said_safely_or_not_at_all(tmp_path, cap
     """The command is another user's process: whatever it writes, daskprobe neither fails nor prints its
     control characters; well-formed reports land in run.json."""
     from daskprobe.probes.rundir import RunDir
-    from daskprobe.tracer.client_hook import Listener
+    from daskprobe.tracer.capture.client_hook import Listener
     listener = Listener(RunDir.create(str(tmp_path / "run"), ["x"]), ClusterSpec(workers=2, threads=1), ["x"])
     reports = [
         {"kind": "own-cluster", "routed": True, "via": "LocalCluster\x1b[31m", "asked": {"n_workers": "3"},

@@ -7,7 +7,7 @@ import pandas as pd
 
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import HOST_PID, TABLES
-from daskprobe.tracer import tables
+from daskprobe.tracer.decode import tables
 
 PROBE_TABLES = {"samples", "stacks", "frames", "gil_waits", "offcpu", "short_waits", "tcp", "proc", "thread_names"}
 

@@ -67,7 +67,7 @@ def test_a_wrong_type_read_raises_in_the_tests(tmp_path):
 
 
 def _writes_run_json(node: ast.AST) -> bool:
-    """run.update_meta(...), or tracer/session.py's record(run, ...)."""
+    """run.update_meta(...), or tracer/capture/session.py's record(run, ...)."""
     if not isinstance(node, ast.Call):
         return False
     f = node.func

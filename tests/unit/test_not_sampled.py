@@ -5,7 +5,7 @@ import pandas as pd
 
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.schema import TABLES
-from daskprobe.tracer import tables
+from daskprobe.tracer.decode import tables
 
 REFUSED = "worker-0: /home/u/libpython3.11.so not read (2147483648 bytes, over the 1073741824-byte cap)"
 

@@ -74,7 +74,7 @@ def test_runs_default_sample_rate_is_lower_where_py_spy_reads_the_cluster(monkey
     sample: run's default rate drops to PYSPY_SAMPLE_RATE there, and says so; nowhere else."""
     import sys
     from daskprobe.probes import rates
-    from daskprobe.tracer import cluster
+    from daskprobe.tracer.capture import cluster
     from daskprobe.tracer.commands.run_verb import _default_rate
     said = []
     assert _default_rate(["pyspy"], False, sys.executable, None, said.append) == rates.SAMPLE_RATE and not said

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from daskprobe.tracer import proto_wire as W
-from daskprobe.tracer.trace_packets import BEGIN, COUNTER, END, Writer, emit, encode
-from daskprobe.tracer.trace_writer import _no_overlap, _slices
+from daskprobe.dashboards import proto_wire as W
+from daskprobe.dashboards.trace_packets import BEGIN, COUNTER, END, Writer, emit, encode
+from daskprobe.dashboards.trace_writer import _no_overlap, _slices
 
 
 @settings(max_examples=200, deadline=None)

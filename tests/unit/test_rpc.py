@@ -1,4 +1,4 @@
-"""tracer/rpc.py against made-up servers: what root reads of a Dask server's reply, and no more."""
+"""tracer/capture/rpc.py against made-up servers: what root reads of a Dask server's reply, and no more."""
 
 import pickle
 import socket
@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 
-from daskprobe.tracer import rpc
+from daskprobe.tracer.capture import rpc
 
 
 class Boom:

@@ -4,7 +4,7 @@ compute span must end up between its compute-task arriving and its task-finished
 import numpy as np
 import pandas as pd
 
-from daskprobe.tracer.attempts import undo_scheduler_delay
+from daskprobe.tracer.decode.attempts import undo_scheduler_delay
 
 MS = 1_000_000
 ANCHOR = {"wall_ns": 0, "monotonic_ns": 0}  # wall = monotonic: the heartbeats' times read as is

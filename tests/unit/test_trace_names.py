@@ -1,4 +1,4 @@
-"""Thread names (analyzers/thread_state.thread_names) and the trace's track names (tracer/trace_writer.py,
+"""Thread names (analyzers/thread_state.thread_names) and the trace's track names (dashboards/trace_writer.py,
 trace_packets.Tracks): unique among siblings, and every thread named by the best that is known of it."""
 
 import io
@@ -7,8 +7,8 @@ import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from daskprobe.analyzers.thread_state import thread_names
-from daskprobe.tracer.trace_packets import Tracks, Writer, emit
-from daskprobe.tracer.trace_writer import _conn_track_name, _message_slices, _TaskFlows, thread_track_names
+from daskprobe.dashboards.trace_packets import Tracks, Writer, emit
+from daskprobe.dashboards.trace_writer import _conn_track_name, _message_slices, _TaskFlows, thread_track_names
 
 
 def _written(w: Writer) -> list:

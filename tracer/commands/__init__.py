@@ -2,7 +2,6 @@
 
 A verb module has HELP (one line), EXAMPLES, add_arguments(parser) and
 main(args, command) -> exit code, where `command` is what followed `--`.
-Verbs of the experiments layer (bench) come from its registry, by name.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ import os
 import shlex
 import sys
 
-from ..registry import experiments
-
 VERBS = {name: f"{__name__}.{name}_verb" for name in ("run", "attach", "build", "report", "explain", "open", "compare",
-                                                         "whatif", "doctor")}
+                                                         "whatif", "bench", "doctor")}
 
 
 def verbs() -> dict[str, str]:
-    return VERBS | experiments().VERBS
+    return VERBS
 
 
 def parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -44,10 +44,10 @@ def main(args, command: list[str]) -> int:
     from ...probes.base import is_root
     from ...probes import rates
     from ...probes.rundir import RunDir
-    from ..attached import Attached, AttachSpec
-    from ..build import finalize
-    from ..own_cluster import remind
-    from ..session import Signals, attach, say
+    from ..capture.attached import Attached, AttachSpec
+    from ..pipeline.build import finalize
+    from ..capture.own_cluster import remind
+    from ..capture.session import Signals, attach, say
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
     rate = args.sample_rate or rates.SAMPLE_RATE

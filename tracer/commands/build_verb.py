@@ -18,5 +18,5 @@ def add_arguments(p) -> None:
 
 
 def main(args, command: list[str]) -> int:
-    from ..build import finalize
+    from ..pipeline.build import finalize
     return 0 if finalize(options.existing_run(args.run_dir), trace=not args.no_trace) else 1

@@ -17,7 +17,7 @@ def main(args, command: list[str]) -> int:
     from rich.table import Table
 
     from ...probes.registry import doctor
-    from .. import dask_versions
+    from ..capture import dask_versions
     table = Table(title="daskprobe doctor: probes on this machine")
     for col in ("probe", "status", "what it captures"):
         table.add_column(col, overflow="fold")

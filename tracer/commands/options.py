@@ -42,7 +42,6 @@ def bounded_list(kind, low: float, high: float):
 
 # every numeric option of run, attach and bench, with its bounds (docs/usage.md says them)
 WORKERS = (int, 1, 1024)  # beyond MAX_PROCESSES only with several workers per process
-MAX_PROCESSES = 256  # worker processes at most (~70 MB each): beyond, --workers-per-process
 THREADS = (int, 1, 256)
 SAMPLE_RATE = (float, 1, 1000)  # Hz: each sample costs the sampled process a tick
 CPU_HZ = (int, 1, 1000)
@@ -151,7 +150,7 @@ def existing_run(path: str) -> RunDir:
     if not (run / "run.json").exists():
         raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
     if who := users.work_as_owner_of(run.path):
-        from ..session import say
+        from ..capture.session import say
         say(f"{run.path} is {who.name}'s: working as {who.name}")
     return run
 
@@ -173,7 +172,7 @@ def runs_as(name: str | None, command: list[str], programs: list[str], dirs: lis
     """Who runs `what` (the user's command, and with run the cluster), once they can use the command, its
     files, `programs` and `dirs`: said before anything starts, or a clear refusal."""
     from ...probes import users
-    from ..session import say
+    from ..capture.session import say
     try:
         user = users.cluster_user(name)
     except (ValueError, RuntimeError) as e:

@@ -21,8 +21,8 @@ def add_arguments(p) -> None:
 
 
 def main(args, command: list[str]) -> int:
-    from ..build import report
-    from ..session import say
+    from ..pipeline.build import report
+    from ..capture.session import say
     run = options.existing_run(args.run_dir)
     if not run.has_table("messages"):
         raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")

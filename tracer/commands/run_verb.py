@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from . import options
-from ..registry import experiments
+from .. import variants
 
 HELP = "start a cluster behind the probes and run a command against it"
 EXAMPLES = """examples:
@@ -18,10 +18,9 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p) -> None:
-    x = experiments()
     p.usage = "daskprobe run [options] [-- COMMAND ...]"
     p.add_argument("--workers", type=options.bounded(*options.WORKERS), default=2,
-                   help=f"number of workers, {options.span(options.WORKERS)}; more than {options.MAX_PROCESSES} only with "
+                   help=f"number of workers, {options.span(options.WORKERS)}; more than {variants.MAX_PROCESSES} only with "
                         "--workers-per-process (default 2)")
     p.add_argument("--workers-per-process", type=options.bounded(int, 1, 1024), default=1, metavar="K",
                    help="run K workers in each process, sharing its event loop and GIL (as "
@@ -45,10 +44,10 @@ def add_arguments(p) -> None:
     p.add_argument("--delay-ms", type=options.bounded(*options.DELAY_MS), default=0.0,
                    help="what-if: links with this much latency: the proxy hands every byte on this long after "
                         f"it read it, {options.span(options.DELAY_MS)} (default 0)")
-    p.add_argument("--scheduler", default="ws", choices=list(x.SCHEDULERS),
-                   help="; ".join(f"{k}: {v.help}" for k, v in x.SCHEDULERS.items()) + " (default ws)")
-    p.add_argument("--worker", default="normal", choices=list(x.WORKERS),
-                   help="; ".join(f"{k}: {v.help}" for k, v in x.WORKERS.items()) + " (default normal)")
+    p.add_argument("--scheduler", default="ws", choices=list(variants.SCHEDULERS),
+                   help="; ".join(f"{k}: {v.help}" for k, v in variants.SCHEDULERS.items()) + " (default ws)")
+    p.add_argument("--worker", default="normal", choices=list(variants.WORKERS),
+                   help="; ".join(f"{k}: {v.help}" for k, v in variants.WORKERS.items()) + " (default normal)")
     p.add_argument("--out", help="run directory (default runs/<time>-<command>)")
     options.user(p, "the cluster and the command")
     p.add_argument("--no-trace", action="store_true",
@@ -60,9 +59,9 @@ def add_arguments(p) -> None:
 def main(args, command: list[str]) -> int:
     from ...probes import registry
     from ...probes.rundir import RunDir
-    from ..build import finalize, warm_up
-    from ..own_cluster import remind
-    from ..session import Signals, default_command, run, say
+    from ..pipeline.build import finalize, warm_up
+    from ..capture.own_cluster import remind
+    from ..capture.session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
     probes = _wire(probes, args) if args.probes == "default" else probes
@@ -93,7 +92,7 @@ def main(args, command: list[str]) -> int:
 def _reap(run_dir, grace: float) -> None:
     """Reap what was left exiting; name (and record in run.json) what had to be killed."""
     from ...probes.procs import reap_exiting
-    from ..session import note_killed
+    from ..capture.session import note_killed
     note_killed(run_dir, reap_exiting(grace), f"still running {grace:g} s after SIGTERM (a thread that is not a daemon?)")
 
 
@@ -101,7 +100,7 @@ def _default_rate(probes: list[str], native: bool, python: str, user, say) -> fl
     """The Python sampler's rate when none was asked for: lower where py-spy's reader reads the cluster
     (--native, or a CPython ours does not know), which costs 4-5 times the CPU per sample."""
     from ...probes import rates
-    from ..cluster import ask_versions
+    from ..capture.cluster import ask_versions
     if "pyspy" not in probes:
         return rates.SAMPLE_RATE
     version = ".".join(map(str, sys.version_info[:3])) if python == sys.executable else \
@@ -140,7 +139,7 @@ def _comm_tap(probes: list[str], args, say) -> list[str]:
 
 def _spec(args, probes: list[str]):
     from ...probes.base import is_root
-    from ..cluster import ClusterSpec
+    from ..capture.cluster import ClusterSpec
     if "tap" in probes and not is_root():
         raise SystemExit("daskprobe: the tap reads packets, which needs root (or CAP_NET_RAW): run as root, "
                          "or record through the proxy (--probes proxy,...)")

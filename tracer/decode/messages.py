@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..probes.proxy_capture import Capture, frames_at
-from ..probes.schema import TABLES
-from . import wire
+from ...probes.proxy_capture import Capture, frames_at
+from ...probes.schema import TABLES
+from ...probes import wire
 
 MESSAGE_COLUMNS = TABLES["messages"].names
 DECODE_COLUMNS = ("frame0_at", "frame0_len", "at", "framing", "conn", "direction")

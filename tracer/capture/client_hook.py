@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..probes.client_hook import MAX_REPORTS, Channel
-from ..probes.rundir import RunDir
+from ...probes.client_hook import MAX_REPORTS, Channel
+from ...probes.rundir import RunDir
 from . import own_cluster
 from .cluster import ClusterSpec
 from .session import record, say

@@ -1,5 +1,5 @@
 """What an agent's state may say, checked before root uses any of it: the agent, the relay and the
-Client between them are the cluster's (tracer/agents.py). A field of the wrong type, a pid that is
+Client between them are the cluster's (tracer/capture/agents.py). A field of the wrong type, a pid that is
 not one of a host's (0 < pid < HOST_PID: pids are numbered per host by it), a name or a list past
 its cap: the whole reply is refused (BadReply), counted, and that host read again later."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..probes.agent import CAPTURE_NAME
+from ...probes.agent import CAPTURE_NAME
 from .members import ADDRESS
 
 STATE_BYTES = 16 << 20

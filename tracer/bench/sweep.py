@@ -34,11 +34,11 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..analyzers import scheduler_ops, summary_json
-from ..analyzers.categories import CATEGORIES, UNCATEGORIZED
-from ..dashboards import bench_results
-from ..probes.procs import stop
-from ..probes.rundir import RunDir
+from ...analyzers import scheduler_ops, summary_json
+from ...analyzers.categories import CATEGORIES, UNCATEGORIZED
+from ...dashboards import bench_results
+from ...probes.procs import stop
+from ...probes.rundir import RunDir
 
 KILL_GRACE_S = 60  # after SIGTERM at the timeout, daskprobe gets this long to tear down
 
@@ -71,11 +71,11 @@ def run_point(p: Point, out: Path, probes: str, timeout: float, python: str, ext
               per_process: int = 1) -> dict:
     run_dir = out / p.name
     shutil.rmtree(run_dir, ignore_errors=True)  # what an interrupted bench left of this point
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "run", "--workers", str(p.workers),
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", str(p.workers),
            "--workers-per-process", str(min(per_process, p.workers)),
            "--scheduler", p.scheduler, "--worker", p.worker, "--probes", probes, "--python", python,
            "--out", str(run_dir), *extra, *([] if p.server == "dask" else ["--server-cmd", p.server]),
-           "--", python, "-m", "daskprobe.experiments.workloads", p.graph]
+           "--", python, "-m", "daskprobe.tracer.bench.workloads", p.graph]
     with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
         # Files, not pipes: a run that fills a pipe while being stopped would hang the bench.
         started = time.monotonic()

@@ -3,7 +3,7 @@ bound (pip installs nothing older; tests/unit/test_dask_versions.py holds the tw
 last release CI ran: setup.sh installs it, .ci/oldest-dask runs the tests on OLDEST. A newer release
 is not refused by pip (a user's Dask is theirs to upgrade); `run` says it was not checked.
 
-Run as a script (setup.sh and CI, before daskprobe is installed): `python tracer/dask_versions.py
+Run as a script (setup.sh and CI, before daskprobe is installed): `python tracer/capture/dask_versions.py
 oldest|newest` prints the pins pip takes for that end of the range. It imports nothing of daskprobe."""
 
 from __future__ import annotations

@@ -61,8 +61,7 @@ def write(run: RunDir, analysed: Callable[[], object] = lambda: None) -> None:
         slices = _named(w, [_compute_slices(tasks.assign(tid=ran_on.to_numpy()), tracks, proc_track, threads, pids,
                                             flows), _path_slices(run, tracks)])
         rest = encode(slices, _in_flight(run, tracks, proc_track), samples.iloc[:0], {})
-        comms = run.table("thread_names", missing_ok=True)
-        threads.name(thread_track_names(_threads_table(run, comms), threads.made))
+        threads.name(thread_track_names(_threads_table(run), threads.made))
         tracks.unique()
         emit(w, decoded, rest)
 
@@ -260,14 +259,12 @@ class _Threads:
             self.tracks.rename(self.tracks.uuids[("thread", pid, tid)], names[(pid, tid)])
 
 
-def _threads_table(run: RunDir, comms: pd.DataFrame) -> pd.DataFrame:
-    """The analysis' threads table (pid, tid, name: Python's, else the kernel's), written while the
-    trace's first part was built; where the analysis wrote none, the same table worked out here."""
+def _threads_table(run: RunDir) -> pd.DataFrame:
+    """The analysis' threads table (pid, tid, name: Python's, else the kernel's); none where the
+    analysis failed, whose threads then go by their process and tid (the renderer recomputes nothing)."""
     if run.has_table("threads"):
         return run.table("threads", columns=["pid", "tid", "name"])
-    from ..analyzers.thread_state import thread_states, threads_table
-    samples = run.table("samples", columns=["t_ns", "pid", "tid", "thread_name", "source", "process", "ident"])
-    return threads_table(samples, thread_states(run.table("offcpu"), run.table("gil_waits")), comms)
+    return pd.DataFrame({"pid": [], "tid": [], "name": []})
 
 
 def thread_track_names(threads: pd.DataFrame, made: dict) -> dict:

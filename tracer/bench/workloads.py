@@ -1,7 +1,7 @@
 """Task graphs named as in "Runtime vs Scheduler: Analyzing Dask's Overheads".
 
-    python -m daskprobe.experiments.workloads merge-10K
-    python -m daskprobe.experiments.workloads groupby-1-1s-1h
+    python -m daskprobe.tracer.bench.workloads merge-10K
+    python -m daskprobe.tracer.bench.workloads groupby-1-1s-1h
 
 Runs the graph on the cluster at DASK_SCHEDULER_ADDRESS, checks its result,
 and prints one JSON line: {"graph", "tasks", "makespan_s", "check"}, where

@@ -1,7 +1,7 @@
 """A running cluster daskprobe did not start (`daskprobe attach`): its members found from the
 scheduler's address, its messages recorded by the tap, its processes by the probes, and all of
 it left running at the end. A member on another host is sampled by its host's agent
-(tracer/agents.py), its messages recorded only with this host's members."""
+(tracer/capture/agents.py), its messages recorded only with this host's members."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..probes.schema import HOST_PID
-from ..probes.sockets import host_of, listen_of
-from ..probes.proxy import start_tap, stop_proxy
-from ..probes.rundir import RunDir, open_append
+from ...probes.schema import HOST_PID
+from ...probes.sockets import host_of, listen_of
+from ...probes.proxy import start_tap, stop_proxy
+from ...probes.rundir import RunDir, open_append
 from . import rpc
 from .members import ADDRESS, on_this_host, verify
 from .cluster import Member, describe
@@ -44,7 +44,7 @@ class AttachSpec:
 
 
 def ask_scheduler(address: str, op: str, timeout: float = 10.0, **kwargs):
-    """One RPC to the scheduler, msgpack only (tracer/rpc.py: root never unpickles what a cluster
+    """One RPC to the scheduler, msgpack only (tracer/capture/rpc.py: root never unpickles what a cluster
     says; tls:// with the credentials of Dask's config): nothing runs on the cluster for it."""
     return rpc.ask(address, op, timeout, **kwargs)
 
@@ -109,7 +109,7 @@ class Attached:
         self._record_unverified()
 
     def _member(self, name: str, role: str, address: str) -> Member:
-        """A member at this address; a local one profiled only once verified (tracer/members.py),
+        """A member at this address; a local one profiled only once verified (tracer/capture/members.py),
         else recorded in run.json's `unverified` with the reason."""
         listen = listen_of(address)
         m = Member(name, role, listen, listen)
@@ -249,7 +249,7 @@ class Attached:
         if not self.rate:
             return said + "only their messages are recorded"
         try:
-            from ..probes.agent import STREAM_S
+            from ...probes.agent import STREAM_S
             from .agents import Agents, relay_user
             scheduler = next((m.pid for m in self.members if m.role == "scheduler"), None)
             agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.rate,
@@ -271,7 +271,7 @@ class Attached:
         host going away mid-read holds a Dask comm for up to its connect timeout (30 s), and the
         looks for workers that join or leave (and the tap's ports) must go on meanwhile. One pull
         at a time; one still running skips this one."""
-        from ..probes.agent import STREAM_S
+        from ...probes.agent import STREAM_S
         self.next_pull = time.monotonic() + STREAM_S
         if self._pulling():
             return
@@ -381,8 +381,8 @@ class Attached:
 
     def _merge_comm_tap(self) -> None:
         """The comm tap's records since the recording began, from the files of the directory's owner."""
-        from ..probes.comm_capture import merge
-        from ..probes.comm_tap import FLUSH_S
+        from ...probes.comm_capture import merge
+        from ...probes.comm_tap import FLUSH_S
         from .session import say
         time.sleep(2 * FLUSH_S)  # the writers go on: let them write what came up to the command's end
         said = merge(Path(self.spec.comm_dir), self.run.comm_capture, None,

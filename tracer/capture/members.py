@@ -5,7 +5,7 @@ listens there (sshd, a database) into the run's captures. A member is a process 
 
 - alone holds a socket listening at the member's address (its IP, or a wildcard, and port): the
   kernel's socket table and /proc/PID/fd say who holds it, no cluster input;
-- answers Dask's `identity` at that address, over tracer/rpc.py (msgpack only), as what the
+- answers Dask's `identity` at that address, over tracer/capture/rpc.py (msgpack only), as what the
   scheduler says it is: the scheduler (the address the user gave, already asked), or a worker
   whose own scheduler is ours (same port, same host). A service that is not a Dask server cannot
   answer so; a Dask worker of another cluster names another scheduler. A process that does is a
@@ -19,7 +19,7 @@ import os
 import re
 import socket
 
-from ..probes.sockets import LISTEN, inodes_of, split_address, tcp_sockets
+from ...probes.sockets import LISTEN, inodes_of, split_address, tcp_sockets
 from . import rpc
 
 ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}")  # a member's, as we accept it

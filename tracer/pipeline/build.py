@@ -9,9 +9,9 @@ import time
 import traceback
 from pathlib import Path
 
-from ..probes.rundir import RunDir
-from .forked import ChildFailed, Gate, Queue, beside
-from .session import Interrupted, record, say
+from ...probes.rundir import RunDir
+from ..decode.forked import ChildFailed, Gate, Queue, beside
+from ..capture.session import Interrupted, record, say
 
 
 WHAT = {"tables": "decoding the captures into tables", "analysis": "analysing",
@@ -57,12 +57,12 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
     """The analysis stage: the decoded tables in, its tables and summary.json out, the summary printed
     (on stderr while a run finalizes, beside the command's output; on stdout for `report`). What the
     samples say is worked out in a child beside the messages' side, and read back from its tables."""
-    from ..analyzers.caveats import caveats
-    from ..analyzers import summary_json
-    from ..analyzers.summary import INPUTS, SAMPLED, analyze, sampled
+    from ...analyzers.caveats import caveats
+    from ...analyzers import summary_json
+    from ...analyzers.summary import INPUTS, SAMPLED, analyze, sampled
     from rich.console import Console
 
-    from ..dashboards.terminal import print_summary
+    from ...dashboards.terminal import print_summary
     tables, meta = {name: run.table(name, missing_ok=True) for name in INPUTS}, run.meta()
 
     def side() -> None:  # in the child
@@ -84,8 +84,8 @@ def analysis(run: RunDir, rules=(), stdout: bool = False) -> None:
 
 def _hosted(name: str, df, meta: dict):
     """A table of the analysis with the host column its schema asks for (processes' and threads' rows)."""
-    from ..probes.schema import TABLES
-    from .tables import with_host
+    from ...probes.schema import TABLES
+    from ..decode.tables import with_host
     return with_host(df, meta) if "host" in TABLES[name].names else df
 
 
@@ -106,7 +106,7 @@ def live_recorder(meta: dict) -> int | None:
 
 def _html(run: RunDir) -> None:
     """report.html, its figures drawn by this process and a child, each taking the next one left."""
-    from ..dashboards.html_report import FIGURES, figure_sections, write_html
+    from ...dashboards.html_report import FIGURES, figure_sections, write_html
     queue = Queue(len(FIGURES))
     try:
         with beside(lambda: figure_sections(run, queue)) as theirs:
@@ -123,12 +123,12 @@ def report(run: RunDir, rules=(), html: bool = False) -> bool:
 
 
 def _tables(run: RunDir) -> None:
-    from . import tables
+    from ..decode import tables
     tables.build(run)
 
 
 def _trace(run: RunDir, analysed=lambda: None) -> None:
-    from . import trace_writer
+    from ...dashboards import trace_writer
     trace_writer.write(run, analysed)
 
 
@@ -137,9 +137,10 @@ def warm_up() -> None:
     else waits: `run` does it while the cluster starts and the probes get ready. Best effort: a
     stage imports what it needs."""
     with contextlib.suppress(Exception):
-        from . import tables, trace_writer  # noqa: F401
-        from ..analyzers import summary  # noqa: F401
-        from ..dashboards import html_report, terminal  # noqa: F401
+        from ..decode import tables  # noqa: F401
+        from ...dashboards import trace_writer
+        from ...analyzers import summary  # noqa: F401
+        from ...dashboards import html_report, terminal  # noqa: F401
         html_report.warm_up()
 
 

@@ -17,23 +17,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..probes.proxy import Route, start_proxy, start_tap, stop_proxy
-from ..probes.procs import log_tail, our_child, spawn, stop
+from ...probes.proxy import Route, start_proxy, start_tap, stop_proxy
+from ...probes.procs import log_tail, our_child, spawn, stop
 
 # A Dask process told SIGTERM closes gracefully, waiting on the others (without the proxy between them, on
 # a scheduler closing too) for up to its comm timeouts: when daskprobe itself is killed, nothing is left to
 # wait for, and the kernel's SIGKILL leaves no orphan
 ORPHANED = signal.SIGKILL
-from ..probes.rundir import RunDir
-from ..probes.users import User
-from ..probes.sockets import host_of, listening, split_address
-from .commands.options import MAX_PROCESSES
-from .registry import experiments
+from ...probes.rundir import RunDir
+from ...probes.users import User
+from ...probes.sockets import host_of, listening, split_address
+from .. import variants
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 PEER_GUARD = Path(__file__).with_name("peer_guard.py")
-COMM_TAP = Path(__file__).parent.parent / "probes" / "comm_tap.py"
+COMM_TAP = Path(__file__).parents[2] / "probes" / "comm_tap.py"
 PROTOCOLS = ("tcp", "tls")
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
@@ -88,13 +87,12 @@ class ClusterSpec:
     memory: int | None = None  # bytes per worker (0: no limit); None: as LocalCluster, see memory_limit
     protocol: str = "tcp"  # tls: encrypted with certificates made for the run
     comm_tap: bool = False  # record the messages inside Dask's comms (probes/comm_tap.py): what reads tls://
-    workers_per_process: int = 1  # >1: that many workers share a process (experiments/worker_host.py)
+    workers_per_process: int = 1  # >1: that many workers share a process (tracer/variants/worker_host.py)
 
     def __post_init__(self):
-        x = experiments()
-        if self.scheduler not in x.SCHEDULERS or self.worker not in x.WORKERS:
-            raise ValueError(f"scheduler must be one of {', '.join(x.SCHEDULERS)} and worker one of "
-                             f"{', '.join(x.WORKERS)}")
+        if self.scheduler not in variants.SCHEDULERS or self.worker not in variants.WORKERS:
+            raise ValueError(f"scheduler must be one of {', '.join(variants.SCHEDULERS)} and worker one of "
+                             f"{', '.join(variants.WORKERS)}")
         if self.server_cmd and self.scheduler != "ws":
             raise ValueError(f"--scheduler {self.scheduler} replaces Dask's scheduler policy by a preload; "
                              "with --server-cmd, choose the policy in the server's own command instead")
@@ -104,13 +102,13 @@ class ClusterSpec:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
         if self.protocol == "tls" and (self.proxy or self.tap):
             raise ValueError("the proxy and the tap cannot read tls://: its messages are the comm tap's")
-        if self.workers > MAX_PROCESSES and self.workers_per_process == 1:
-            raise ValueError(f"more than {MAX_PROCESSES} workers need --workers-per-process (each process "
+        if self.workers > variants.MAX_PROCESSES and self.workers_per_process == 1:
+            raise ValueError(f"more than {variants.MAX_PROCESSES} workers need --workers-per-process (each process "
                              "costs ~70 MB and its own CPU)")
         if self.workers_per_process < 1 or (self.workers_per_process > 1 and self.nanny):
             raise ValueError("--workers-per-process must be 1 or more, and 1 with --nanny (a nanny restarts "
                              "one worker's process)")
-        self.config = {**self.config, **x.SCHEDULERS[self.scheduler].config}
+        self.config = {**self.config, **variants.SCHEDULERS[self.scheduler].config}
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
 
     def memory_limit(self) -> int:
@@ -288,7 +286,7 @@ class Cluster:
         return [self.workers[i:i + k] for i in range(0, len(self.workers), k)]
 
     def _start_host(self, group: list[Member]) -> None:
-        """One process for the group's workers (experiments/worker_host.py): the first member is that
+        """One process for the group's workers (tracer/variants/worker_host.py): the first member is that
         process (its pid, its log), the others name it in process_of and have no pid of their own, so
         the process is sampled once."""
         lead = group[0]
@@ -296,12 +294,12 @@ class Cluster:
                 "protocol": self.spec.protocol, "nthreads": self.spec.threads,
                 "memory_limit": self.spec.memory_limit(), "local_directory": str(self.scratch),
                 "preload": [str(f) for f in [*self._own_preloads(),
-                                             *experiments().WORKERS[self.spec.worker].preload_files()]]}
+                                             *variants.WORKERS[self.spec.worker].preload_files()]]}
         path = self.scratch / f"{lead.name}-host.json"
         path.write_text(json.dumps(spec))
         if self.user and not self.user.is_us:
             os.chown(path, self.user.uid, self.user.gid)
-        lead.command = [self.spec.python, str(experiments().worker_host()), f"{self.spec.protocol}://{self.scheduler.contact}",
+        lead.command = [self.spec.python, str(variants.worker_host()), f"{self.spec.protocol}://{self.scheduler.contact}",
                         str(path)]
         lead.proc = spawn(lead.command, self.run.log(lead.name), env=self.env, stdin=subprocess.PIPE, user=self.user,
                           death=ORPHANED)
@@ -340,7 +338,7 @@ class Cluster:
                          "--host", host, "--port", port, "--protocol", self.spec.protocol,
                          "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                          *_preloads([*self._own_preloads(),
-                                     *experiments().SCHEDULERS[self.spec.scheduler].preload_files()])]
+                                     *variants.SCHEDULERS[self.spec.scheduler].preload_files()])]
         s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user, death=ORPHANED)
         s.pid = s.proc.pid
 
@@ -352,7 +350,7 @@ class Cluster:
                      "--nthreads", str(self.spec.threads), "--memory-limit", str(self.spec.memory_limit()),
                      "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                      "--local-directory", str(self.scratch),
-                     *_preloads([*self._own_preloads(), *experiments().WORKERS[self.spec.worker].preload_files()])]
+                     *_preloads([*self._own_preloads(), *variants.WORKERS[self.spec.worker].preload_files()])]
         env = self.env
         if self.spec.nanny:
             nanny = self.members[self.members.index(w) + 1]
@@ -406,7 +404,7 @@ class Cluster:
         return killed
 
     def _merge_comm_tap(self) -> None:
-        from ..probes.comm_capture import merge  # here: it imports pandas, which starting a run needs not
+        from ...probes.comm_capture import merge  # here: it imports pandas, which starting a run needs not
         said = merge(self.comm_dir, self.run.comm_capture, self.user.uid if self.user else os.geteuid(),
                      {m.pid: m.name for m in self.members if m.pid})
         if said:

@@ -1,4 +1,4 @@
-"""`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server (see bench.py)."""
+"""`daskprobe bench`: sweep graphs x workers x scheduler x worker mode x server (see tracer/bench/sweep.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..tracer.commands import options
-from . import registry
+from . import options
+from .. import variants
 
 HELP = ("sweep graphs x workers x scheduler x worker mode, --repeat runs of each (default 3), into "
         "results.csv/.parquet and bench.html")
@@ -43,17 +43,17 @@ def add_arguments(p) -> None:
 
 
 def main(args, command: list[str]) -> int:
-    from ..dashboards.bench_report import write_bench_report
-    from .bench import bench, plan
-    from .workloads import check_name
+    from ...dashboards.bench_report import write_bench_report
+    from ..bench.sweep import bench, plan
+    from ..bench.workloads import check_name
 
     for graph in args.graphs:
         try:
             check_name(graph)  # a typo must fail now, not after an hour of other runs
         except ValueError as e:
             raise SystemExit(f"daskprobe: {e}")
-    _choices("--scheduler", args.scheduler, registry.SCHEDULERS)
-    _choices("--worker", args.worker, registry.WORKERS)
+    _choices("--scheduler", args.scheduler, variants.SCHEDULERS)
+    _choices("--worker", args.worker, variants.WORKERS)
     options.parse_probes(args.probes)
     options.parse_config(args.config)
     points = plan(args.graphs, args.workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)

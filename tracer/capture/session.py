@@ -16,15 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..probes import rates
-from ..probes.base import LAST_READ_TIMEOUT, Probe, ended_early
+from ...probes import rates
+from ...probes.base import LAST_READ_TIMEOUT, Probe, ended_early
 from . import dask_versions
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
-from ..probes.local_scheduler import CommandCaptures, descendants, pool_process, runs_as
-from ..probes.procs import our_child
-from ..probes.rundir import RunDir
-from ..probes.users import User
-from .registry import experiments
+from ...probes.local_scheduler import CommandCaptures, descendants, pool_process, runs_as
+from ...probes.procs import our_child
+from ...probes.rundir import RunDir
+from ...probes.users import User
+from .. import variants
 
 class Interrupted(BaseException):
     """A signal, unwinding to teardown: a BaseException, so no `except Exception`
@@ -467,7 +467,7 @@ def _collect(run: RunDir, local: CommandCaptures) -> None:
 def _capture_stopped(run: RunDir, recorder: str) -> str | None:
     """The proxy forwards on (and the tap reads on) when its capture cannot be written: its status
     file says why it stopped capturing (its log too, unless the full disk refused that line)."""
-    from ..probes.proxy_capture import read_status  # here: it imports pandas, which starting a run needs not
+    from ...probes.proxy_capture import read_status  # here: it imports pandas, which starting a run needs not
     status = read_status({"tap": run.tap_capture, "comm": run.comm_capture}.get(recorder, run.proxy_capture))
     if status and status["state"] == "stopped":
         return f"capture stopped at {status['bytes']:,} bytes: {status['reason']}"
@@ -530,4 +530,4 @@ def _own_version() -> str:
 
 def default_command() -> list[str]:
     """The built-in demo workload, run by this interpreter."""
-    return [sys.executable, "-m", experiments().DEMO_MODULE]
+    return [sys.executable, "-m", variants.DEMO_MODULE]

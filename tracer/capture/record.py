@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..probes.rundir import new_default
+from ...probes.rundir import new_default
 
 READY = "daskprobe: recording "  # what attach says once every probe records
 
@@ -23,7 +23,7 @@ def record(client, out: str | os.PathLike | None = None, probes: str | None = No
     """Yields the run directory's path. Its own words go to this process's stderr; it fails before
     the block runs if the recording cannot start (a scheduler it cannot read)."""
     path = Path(out).absolute() if out else new_default("record")  # made here: attach takes it, empty and ours
-    cmd = [sys.executable, "-m", "daskprobe.tracer.cli", "attach", client.scheduler.address, "--out", str(path)]
+    cmd = [sys.executable, "-m", "daskprobe.tracer.commands", "attach", client.scheduler.address, "--out", str(path)]
     cmd += ["--probes", probes] * bool(probes) + ["--no-trace"] * (not trace)
     # its own session: a Ctrl-C in a notebook interrupts the block, and the recording still finalizes
     attach = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

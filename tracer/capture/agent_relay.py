@@ -1,4 +1,4 @@
-"""The recorder's Dask Client, in a child process of its own that never runs as root (tracer/agents.py
+"""The recorder's Dask Client, in a child process of its own that never runs as root (tracer/capture/agents.py
 starts it as the cluster's user, the invoking user or nobody). A Client unpickles what the cluster
 sends (every `client.run` result): here that can only run code as a user the cluster could reach
 anyway. It registers the agents' plugins, asks them through `client.run`, and relays what they say
@@ -8,7 +8,7 @@ to the recorder as bytes: a request is a JSON line on stdin; each reply is
 
 The recorder checks every reply (its sizes, types and values): this process is the cluster's too.
 
-    python -m daskprobe.tracer.agent_relay     (started by tracer/agents.py, not by hand)
+    python -m daskprobe.tracer.agent_relay     (started by tracer/capture/agents.py, not by hand)
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import struct
 import sys
 import time
 
-from ..probes.agent import SchedulerAgent, WorkerAgent, ask
-from ..probes.sockets import host_of
+from ...probes.agent import SchedulerAgent, WorkerAgent, ask
+from ...probes.sockets import host_of
 
 ROUND_TRIPS = 5  # clock exchanges per host and read; the recorder keeps the quickest
 

@@ -4,7 +4,7 @@ the end, in chunks, through that Client into run/hosts/HOST/; each host's CLOCK_
 to the recorder's estimated at every read.
 
 The Client is not root's: it unpickles what the cluster sends, so it lives in a child process run
-as the cluster's user (tracer/agent_relay.py), which hands the agents' replies over a pipe as bytes
+as the cluster's user (tracer/capture/agent_relay.py), which hands the agents' replies over a pipe as bytes
 and JSON. Root trusts none of it: each reply is size-capped and checked field by field (BadReply),
 a host's captures are capped in all (HOST_BYTES), and a bad reply costs that host's read, counted
 in run.json (`bad_replies`), never the recording."""
@@ -24,9 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ..probes.agent import CAPTURE_NAME, CHUNK
-from ..probes.rundir import RunDir, open_append, write_new
-from ..probes.schema import HOST_PID
+from ...probes.agent import CAPTURE_NAME, CHUNK
+from ...probes.rundir import RunDir, open_append, write_new
+from ...probes.schema import HOST_PID
 from .agent_replies import BadReply, clean_state
 from .members import ADDRESS
 

@@ -1,7 +1,7 @@
 """One request to a Dask server, msgpack only: what root asks a cluster it attaches to. Dask's own
 rpc unpickles `__Pickled__` and `__Serialized__` sub-frames of a reply, so any server (or anyone
 who can reach it) could run code in the asker: this speaks Dask's TCP framing itself, decodes
-frame 0 with msgpack and no object hook (tracer/wire.py), reads no more than MAX_FRAME0 of it,
+frame 0 with msgpack and no object hook (probes/wire.py), reads no more than MAX_FRAME0 of it,
 and drops every other frame unread. A pickled field stays the plain map `{"__Pickled__": i}`.
 
     u64 nosplit | u64 nframes | u64 len[i]... | frames     (native order, docs/formats.md)
@@ -17,8 +17,8 @@ import time
 
 import msgpack
 
-from ..probes.sockets import split_address
-from .wire import Undecodable, decode_frame0
+from ...probes.sockets import split_address
+from ...probes.wire import Undecodable, decode_frame0
 
 MAX_FRAMES = 4096  # Dask splits a message into one frame per serialized part: a reply we ask for has few
 MAX_FRAME0 = 64 << 20  # the msgpack part (a scheduler with 10,000 workers: ~20 MiB of identity)

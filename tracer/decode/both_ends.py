@@ -16,10 +16,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..probes.proxy_capture import Capture, read_capture
-from ..probes.rundir import RunDir
-from ..probes.schema import HOST_PID
-from ..probes.sockets import host_of
+from ...probes.proxy_capture import Capture, read_capture
+from ...probes.rundir import RunDir
+from ...probes.schema import HOST_PID
+from ...probes.sockets import host_of
 
 CONN_BASE = 1 << 24  # host k's connections: k·CONN_BASE + its tap's number
 MATCH_WINDOW_NS = 1_000_000_000  # where two views of a stream may start apart, once on one clock

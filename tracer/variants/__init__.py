@@ -1,7 +1,6 @@
-"""What the experiments layer offers the CLI, found by name through the entry
-point group `daskprobe.experiments` (pyproject.toml), so that no layer below
-imports this one: the paper's variants of scheduler and worker, the built-in
-demo workload, and the `bench` verb.
+"""What daskprobe can run besides the user's own: the paper's variants of
+scheduler and worker (`run --scheduler random`, `--worker zero`), many workers
+in one process (`--workers-per-process`), and the built-in demo workload.
 
 A variant is a preload file given to Dask by path (the cluster's interpreter,
 `--python`, may not have daskprobe installed) and the Dask config it needs.
@@ -23,7 +22,7 @@ class Variant:
     def preload_files(self) -> list[Path]:
         if self.preload is None:
             return []
-        return [Path(importlib.util.find_spec(f"daskprobe.experiments.{self.preload}").origin)]
+        return [Path(importlib.util.find_spec(f"daskprobe.tracer.variants.{self.preload}").origin)]
 
 
 SCHEDULERS = {
@@ -38,12 +37,11 @@ WORKERS = {
     "zero": Variant("every task completes at once with a placeholder result, so only runtime overhead "
                     "remains (the paper's zero worker)", "zero_worker"),
 }
-DEMO_MODULE = "daskprobe.experiments.demo"  # run as `python -m`: 1,000 tasks and a sum
+DEMO_MODULE = "daskprobe.tracer.variants.demo"  # run as `python -m`: 1,000 tasks and a sum
+MAX_PROCESSES = 256  # worker processes at most (~70 MB each): beyond, --workers-per-process
 
 
 def worker_host() -> Path:
     """The script that runs many workers in one process (--workers-per-process), run by path."""
-    return Path(importlib.util.find_spec("daskprobe.experiments.worker_host").origin)
+    return Path(importlib.util.find_spec("daskprobe.tracer.variants.worker_host").origin)
 
-
-VERBS = {"bench": "daskprobe.experiments.bench_verb"}
