@@ -1,7 +1,8 @@
 """Benchmark: what measuring costs, as makespan ratios on real clusters.
 
-    python -m daskprobe.experiments.overhead --compare none:proxy --wire   # the proxy's cost
-    python -m daskprobe.experiments.overhead --compare proxy:all           # every other probe's cost
+    python -m daskprobe.experiments.overhead                               # what `run` costs, no options
+    python -m daskprobe.experiments.overhead --compare none:proxy --wire   # then each probe's: the proxy's
+    python -m daskprobe.experiments.overhead --compare tap:default         # the samplers' beside the tap
 
 For each graph (default merge-10K and 1,000 tasks of 10 ms, on 2 workers x 1
 thread with worker-saturation=inf) the two --probes settings A:B run in
@@ -322,9 +323,9 @@ def print_table(title: str, df: pd.DataFrame) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="merge-10K,merge_slow-1K-0.01")
-    ap.add_argument("--compare", help="two --probes settings A:B; reported: B/A (default none:proxy; "
-                    "with --pool, the pair the sets ran)")
-    ap.add_argument("--repeat", type=int, default=6)
+    ap.add_argument("--compare", help="two --probes settings A:B; reported: B/A (default none:default, what `run` costs "
+                    "without options; with --pool, the pair the sets ran)")
+    ap.add_argument("--repeat", type=int, default=16, help="pairs per graph, in ABBA order (default 16)")
     ap.add_argument("--wire", action="store_true", help="also the proxy's latency and big-frame throughput")
     ap.add_argument("--round-trips", type=int, default=5000)
     ap.add_argument("--big-frame-mib", type=int, default=256)
@@ -340,10 +341,10 @@ def main(argv=None) -> int:
         if len(pairs := pooled_pairs(args.pool)) != 1:
             ap.error(f"the sets compared different pairs ({', '.join(sorted(pairs))}): say which with --compare")
         args.compare = pairs.pop()
-    args.compare = args.compare or "none:proxy"
+    args.compare = args.compare or "none:default"
     a, _, b = args.compare.partition(":")
     if not a or not b:
-        ap.error("--compare wants two --probes settings A:B, e.g. none:proxy or proxy:all")
+        ap.error("--compare wants two --probes settings A:B, e.g. none:default or none:proxy")
     pair = sides(a, b)
     if args.bpf_time and os.geteuid() != 0:
         ap.error("--bpf-time needs root: it sets kernel.bpf_stats_enabled")
