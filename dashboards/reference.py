@@ -22,6 +22,7 @@ from ..probes import ebpf_format, run_json
 from ..probes.proxy_capture import RECORDS
 from ..probes.local_scheduler import LINES as LOCAL_LINES
 from ..probes.pyspy import LINES
+from .bench_results import RESULTS as BENCH_RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
@@ -85,9 +86,16 @@ def ebpf_events() -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_results() -> str:
+    lines = ["| column | dtype | unit | definition |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{c.name}` | {c.dtype} | {c.unit} | {c.doc} |" for c in BENCH_RESULTS.columns]
+    return "\n".join(lines) + "\n"
+
+
 BLOCKS = {"categories": categories, "summary-keys": summary_keys, "proxy-records": proxy_records,
-          "sampler-lines": sampler_lines, "local-scheduler-lines": local_scheduler_lines, "ebpf-events": ebpf_events}
-FILES = ("README.md", "docs/attribution.md", "docs/formats.md")
+          "sampler-lines": sampler_lines, "local-scheduler-lines": local_scheduler_lines, "ebpf-events": ebpf_events,
+          "bench-results": bench_results}
+FILES = ("README.md", "docs/attribution.md", "docs/formats.md", "docs/bench.md")
 # pages generated whole: the JSON files' keys
 PAGES = {"docs/run_json.md": run_json.markdown, "docs/summary_json.md": summary_json.markdown}
 
