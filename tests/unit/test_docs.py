@@ -56,3 +56,41 @@ def test_links_between_the_docs_resolve():
                 if anchor not in {_anchor(h) for h in headings}:
                     broken.append(f"{page.name}: {target}")
     assert not broken, broken
+
+
+def test_measurements_is_a_dated_log():
+    headings = re.findall(r"^## (.*)$", (reference.ROOT / "docs/measurements.md").read_text(), flags=re.M)
+    assert headings
+    undated = [h for h in headings if not re.match(r"\d{4}-\d\d-\d\d: \S", h)]
+    assert not undated, f"measurements.md entries go under ## YYYY-MM-DD: topic: {undated}"
+
+
+def _sentences(text: str) -> list[int]:
+    """Words per sentence of a page's prose: code blocks, tables and headings left out; a list item ends one."""
+    words, paragraph = [], []
+
+    def end_paragraph():
+        for sentence in re.split(r"(?<=[.!?])[)\"']?\s+(?=[A-Z`(\[*\"'0-9])", " ".join(paragraph)):
+            if sentence.split():
+                words.append(len(sentence.split()))
+        paragraph.clear()
+
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("|", "#", "<!--")) or re.match(r"([-*]|\d+\.)\s", line):
+            end_paragraph()
+            line = re.sub(r"^([-*]|\d+\.)\s+", "", line) if not line.startswith(("|", "#", "<!--")) else ""
+        if line:
+            paragraph.append(line)
+    end_paragraph()
+    return words
+
+
+def test_the_user_docs_sentences_are_short():
+    # py-spy's and memray's docs run about 17 words a sentence; ours ran 20 (a sixth over 40) before issue 40
+    words = [n for page in sorted((reference.ROOT / "docs").glob("*.md")) if page.name != "measurements.md"
+             for n in _sentences(page.read_text())]
+    words.sort()
+    assert words[len(words) // 2] <= 17, f"median sentence {words[len(words) // 2]} words"
+    assert sum(n > 40 for n in words) <= 0.05 * len(words), f"{sum(n > 40 for n in words)} of {len(words)} over 40 words"
