@@ -103,7 +103,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
                                       "ignored_jobs": len(t["local_jobs"])}
     summary["findings"] = quote(findings(summary, seen | {"compute_profile": profile, "attempt_threads": task_tids,
                                                           "attempts": attempts}, meta),
-                                {"tasks": tasks, "jobs": jobs, "graphs": t["graphs"], "messages": t["messages"],
+                                {"tasks": tasks, "jobs": jobs, "graphs": t["graphs"], "job_graphs": graphs,
+                                 "messages": t["messages"],
                                  "processes": t["processes"], "attempts": attempts, "attempt_threads": task_tids,
                                  "thread_states": states, "proc": t["proc"], "attribution": attr,
                                  "cpu_samples": cpu}, meta)

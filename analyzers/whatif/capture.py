@@ -107,7 +107,8 @@ def _previous(by: pd.DataFrame, order: pd.Series, value: pd.Series) -> pd.Series
 
 
 def jobs_of(t: dict, workers: list[str], delay_ns: int, batch_ns: int) -> list[Job]:
-    """The run's complete jobs, in order."""
+    """The run's complete jobs, in order (`job_graphs`: the graphs with their jobs, where the analysis has
+    them already)."""
     tasks = t["tasks"]
     states = t.get("thread_states", pd.DataFrame())
     th = task_threads(tasks, t["attempts"], t.get("attempt_threads", pd.DataFrame()), t["processes"])
@@ -116,7 +117,7 @@ def jobs_of(t: dict, workers: list[str], delay_ns: int, batch_ns: int) -> list[J
     tasks = tasks.join(waits).join(worker_costs(tasks, batch_ns))
     held = _holders(tasks, workers)
     tells = told(t["messages"])
-    graphs = graph_jobs(t["graphs"], t["messages"])[0]
+    graphs = t["job_graphs"] if "job_graphs" in t else graph_jobs(t["graphs"], t["messages"])[0]
     out = []
     for j in t["jobs"][t["jobs"].complete].itertuples():
         mine = tasks[(tasks.job == j.job) & (tasks.outcome == "finished")]
