@@ -1,22 +1,22 @@
 """The comm tap: a preload of the cluster's processes (loaded by file path, so any interpreter can use it)
-that records the messages Dask's TCP comms (tcp:// and tls://, which subclasses it) read and write, in
-the capture format of the proxy and the packet tap (probes/capture_records.py), where neither can read
-them (TLS). Each message is taken as its frames, the plaintext the stream carries after Dask's framing
-header: their lengths, and frame 0 and small msgpack sub-headers kept as the proxy keeps them (payload
-frames counted only).
+that records the messages Dask's comms read and write, in the capture format of the proxy and the packet
+tap (probes/capture_records.py), where neither can read them: tcp:// and tls:// (TLS), ws:// and wss://
+(websockets), ucx:// and ucxx:// (distributed-ucxx, where installed) and inproc:// (no bytes at all).
+Each message is taken as its frames, the plaintext the comm carries: their lengths, and frame 0 and small
+msgpack sub-headers kept as the proxy keeps them (payload frames counted only). How each backend's
+messages are timed, its _tap_* function says.
 
 Only the accepting end of a connection records its messages, as the proxy fronts the listener: each
-message is recorded once when every member loads this. A message it reads is timed from the first
-read of its frames (its 8-byte size already in) to its last byte read; one it writes, from when its
-frames go to the stream to when the write returned (Tornado has then sent what the socket took). The
-connecting end records only that it opened the connection (an `open` labelled "connect"), from
-which daskprobe names the peer's pid when it merges the processes' files (probes/comm_capture.py).
+message is recorded once when every member loads this. The connecting end records only that it opened
+the connection (an `open` labelled "connect", with the accepting end's two addresses), from which
+daskprobe names the peer's pid when it merges the processes' files (probes/comm_capture.py).
 
 The event loop only appends a record to a deque; a thread writes them to DIR/comm-PID.bin every
 FLUSH_S, and at exit. DIR/comm-PID.bin.status says whether every record was written."""
 
 import atexit
 import collections
+import contextlib
 import contextvars
 import importlib.util
 import itertools
@@ -87,26 +87,27 @@ class _Writer:
             self._status("ended")
 
 
-def _install(records, writer: _Writer) -> None:
-    from distributed.comm import core, tcp
+class _Tap:
+    """What the backends' hooks share: the connections' numbers, the message the current task is reading
+    or writing (a context variable each: a comm is used by one task at a time), and the records."""
 
-    ids = itertools.count(1)
-    reading = contextvars.ContextVar("daskprobe_comm_tap_read", default=None)
-    writing = contextvars.ContextVar("daskprobe_comm_tap_write", default=None)
+    def __init__(self, records, writer: _Writer):
+        self.records, self.writer, self.ids = records, writer, itertools.count(1)
+        self.reading = contextvars.ContextVar("daskprobe_comm_tap_read", default=None)
+        self.writing = contextvars.ContextVar("daskprobe_comm_tap_write", default=None)
+        self.accepted = []  # (comm class, its ends: (listen, peer)) of each backend tapped
 
-    def bare(address: str) -> str:
-        return address.partition("://")[2] or address
-
-    def opened(label: str, listen: str, peer: str) -> int:
-        conn = next(ids)
-        writer.pending.append(records.record(records.OPEN, conn=conn, opened_ns=time.monotonic_ns(), label=label,
-                                             listen=bare(listen), peer_addr=bare(peer), upstream=bare(listen),
-                                             upstream_local=""))
+    def opened(self, label: str, listen: str, peer: str) -> int:
+        conn = next(self.ids)
+        self.writer.pending.append(self.records.record(
+            self.records.OPEN, conn=conn, opened_ns=time.monotonic_ns(), label=label, listen=_bare(listen),
+            peer_addr=_bare(peer), upstream=_bare(listen), upstream_local=""))
         return conn
 
-    def message(conn: int, direction: int, t_first: int, frames) -> None:
+    def message(self, conn: int, direction: int, t_first: int, frames, t_last: int = 0) -> None:
         """Append the record of a message of these frames (bytes, most of them; else buffers)."""
-        t_last = time.monotonic_ns()
+        records = self.records
+        t_last = t_last or time.monotonic_ns()
         lens = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
         kept, room, truncated = [], records.KEEP_CAP, 0
         for i, (f, n) in enumerate(zip(frames, lens)):
@@ -120,79 +121,295 @@ def _install(records, writer: _Writer) -> None:
             if i == 0 or records.is_msgpack_map(f[0]):
                 kept.append((i, bytes(f[:room])))
                 room, truncated = room - len(kept[-1][1]), truncated | (len(kept[-1][1]) < n)
-        writer.pending.append(records.message_record(conn, direction, 1, truncated, t_first or t_last, t_last,
-                                                     lens, kept))
+        self.writer.pending.append(records.message_record(conn, direction, 1, truncated, t_first or t_last, t_last,
+                                                          lens, kept))
 
-    on_connection = core.Listener.on_connection
+    def accepts(self, comm_class, ends, numbered=None) -> None:
+        """Record the connections a listener accepts as comms of this class; ends(comm): (listen, peer);
+        numbered(comm, conn), if given, told each one's number."""
+        self.accepted.append((comm_class, ends, numbered))
 
-    async def on_connection_tapped(self, comm, *args, **kwargs):
-        if isinstance(comm, tcp.TCP):
-            comm._daskprobe_conn = opened(ACCEPT, comm.local_address, comm.peer_address)
-        return await on_connection(self, comm, *args, **kwargs)
+    def connects(self, connector_class, ends) -> None:
+        """Record that a connector of this class opened a connection (ends(comm): the (listen, peer) its
+        accepting end records), from which the merge names the pid at the other end."""
+        connect = connector_class.connect
 
-    connect = tcp.BaseTCPConnector.connect
+        async def connect_tapped(self_, address, *args, **kwargs):
+            comm = await connect(self_, address, *args, **kwargs)
+            with contextlib.suppress(Exception):  # ends unknown (closed meanwhile): the peer stays unnamed
+                self.opened(CONNECT, *ends(comm))
+            return comm
 
-    async def connect_tapped(self, address, *args, **kwargs):
-        comm = await connect(self, address, *args, **kwargs)
-        opened(CONNECT, comm.peer_address, comm.local_address)
-        return comm
+        connector_class.connect = connect_tapped
 
-    read, write = tcp.TCP.read, tcp.TCP.write
+    def reads_and_writes(self, comm_class) -> None:
+        """Mark the current task's reads and writes on an accepted comm of this class (the backend's hooks
+        take the frames); on any other comm, its own methods as they are."""
+        read, write, reading, writing = comm_class.read, comm_class.write, self.reading, self.writing
 
-    def read_tapped(self, deserializers=None):
-        conn = getattr(self, "_daskprobe_conn", None)
-        return read(self, deserializers) if conn is None else read_recorded(self, conn, deserializers)
+        def read_tapped(comm, *args, **kwargs):
+            conn = getattr(comm, "_daskprobe_conn", None)
+            return read(comm, *args, **kwargs) if conn is None else read_recorded(comm, conn, args, kwargs)
 
-    async def read_recorded(self, conn, deserializers):
-        token = reading.set([conn, 0])
-        try:
-            return await read(self, deserializers)
-        finally:
-            reading.reset(token)
+        async def read_recorded(comm, conn, args, kwargs):
+            token = reading.set([conn, 0, comm])
+            try:
+                return await read(comm, *args, **kwargs)
+            finally:
+                reading.reset(token)
 
-    def write_tapped(self, msg, serializers=None, on_error="message"):
-        conn = getattr(self, "_daskprobe_conn", None)
-        return write(self, msg, serializers, on_error) if conn is None else \
-            write_recorded(self, conn, msg, serializers, on_error)
+        def write_tapped(comm, *args, **kwargs):
+            conn = getattr(comm, "_daskprobe_conn", None)
+            return write(comm, *args, **kwargs) if conn is None else write_recorded(comm, conn, args, kwargs)
 
-    async def write_recorded(self, conn, msg, serializers, on_error):
-        state = [None, 0]
-        token = writing.set(state)
-        try:
-            n = await write(self, msg, serializers, on_error)
-        finally:
-            writing.reset(token)
-        if state[0] is not None:
-            message(conn, 1, state[1], state[0])
-        return n
+        async def write_recorded(comm, conn, args, kwargs):
+            state = [None, 0]
+            token = writing.set(state)
+            try:
+                n = await write(comm, *args, **kwargs)
+            finally:
+                writing.reset(token)
+            if state[0] is not None:
+                self.message(conn, 1, state[1], state[0])
+            return n
 
-    read_bytes_rw, from_frames, add_header = tcp.read_bytes_rw, tcp.from_frames, tcp._add_frames_header
+        comm_class.read, comm_class.write = read_tapped, write_tapped
 
-    # These two hand back the coroutine they wrap, awaited by the caller: no frame of their own to resume.
+    def frames_written(self, frames) -> None:
+        """The frames of the message the current task writes, as they go to the comm."""
+        state = self.writing.get()
+        if state is not None:
+            state[0], state[1] = frames, time.monotonic_ns()
+
+    def to_frames(self, module) -> None:
+        """`module` turns a message into frames with distributed's to_frames: see them come out."""
+        to_frames = module.to_frames
+
+        async def to_frames_tapped(*args, **kwargs):
+            frames = await to_frames(*args, **kwargs)
+            self.frames_written(frames)
+            return frames
+
+        module.to_frames = to_frames_tapped
+
+    def from_frames(self, module, times=None) -> None:
+        """`module` makes a message of the frames it read with distributed's from_frames: record them.
+        times(state, frames): the message's first and last byte in (default: the first stamped by the
+        backend's hooks in state[1], the last now)."""
+        from_frames, reading = module.from_frames, self.reading
+
+        # hands back the coroutine it wraps, awaited by the caller: no frame of its own to resume
+        def from_frames_tapped(frames, *args, **kwargs):
+            state = reading.get()
+            if state is not None:
+                first, last = times(state, frames) if times else (max(state[1], 0), 0)
+                self.message(state[0], 0, first, frames, last)
+                state[1] = 0
+            return from_frames(frames, *args, **kwargs)
+
+        module.from_frames = from_frames_tapped
+
+    def listeners(self) -> None:
+        from distributed.comm import core
+        on_connection, accepted = core.Listener.on_connection, self.accepted
+
+        async def on_connection_tapped(listener, comm, *args, **kwargs):
+            for comm_class, ends, numbered in accepted:
+                if isinstance(comm, comm_class):
+                    comm._daskprobe_conn = self.opened(ACCEPT, *ends(comm))
+                    if numbered:
+                        numbered(comm, comm._daskprobe_conn)
+                    break
+            return await on_connection(listener, comm, *args, **kwargs)
+
+        core.Listener.on_connection = on_connection_tapped
+
+
+def _bare(address: str) -> str:
+    return address.partition("://")[2] or address
+
+
+def _socket_ends(sock, accepted: bool) -> tuple[str, str]:
+    """(listen, peer) of a connection's socket: at the accepting end its own address and the peer's; at
+    the connecting end the other way round."""
+    from distributed.comm.addressing import unparse_host_port
+    ours, theirs = (unparse_host_port(*a[:2]) for a in (sock.getsockname(), sock.getpeername()))
+    return (ours, theirs) if accepted else (theirs, ours)
+
+
+def _tap_tcp(tap: _Tap) -> None:
+    """tcp:// and tls://: a message read is timed from its 8-byte size in to its last byte read; one
+    written, from its frames going to the stream to the write's return (Tornado has then sent what the
+    socket took)."""
+    from distributed.comm import tcp
+    tap.accepts(tcp.TCP, lambda comm: (comm.local_address, comm.peer_address))
+    tap.connects(tcp.BaseTCPConnector, lambda comm: (comm.peer_address, comm.local_address))
+    tap.reads_and_writes(tcp.TCP)
+    read_bytes_rw, add_header, reading = tcp.read_bytes_rw, tcp._add_frames_header, tap.reading
+
+    # hands back the coroutine it wraps: no frame of its own to resume
     def read_bytes_rw_tapped(stream, n):
         state = reading.get()
         if state is not None and not state[1]:
             state[1] = time.monotonic_ns()  # the message's 8-byte size has just come in
         return read_bytes_rw(stream, n)
 
-    def from_frames_tapped(frames, *args, **kwargs):
-        state = reading.get()
-        if state is not None:
-            message(state[0], 0, state[1], frames)
-            state[1] = 0
-        return from_frames(frames, *args, **kwargs)
-
     def add_header_tapped(frames):
-        state = writing.get()
-        if state is not None:
-            state[0], state[1] = frames, time.monotonic_ns()
+        tap.frames_written(frames)
         return add_header(frames)
 
-    core.Listener.on_connection = on_connection_tapped
-    tcp.BaseTCPConnector.connect = connect_tapped
-    tcp.TCP.read, tcp.TCP.write = read_tapped, write_tapped
-    tcp.read_bytes_rw, tcp.from_frames, tcp._add_frames_header = read_bytes_rw_tapped, from_frames_tapped, \
-        add_header_tapped
+    tcp.read_bytes_rw, tcp._add_frames_header = read_bytes_rw_tapped, add_header_tapped
+    tap.from_frames(tcp)
+
+
+def _tap_ws(tap: _Tap) -> None:
+    """ws:// and wss:// (Tornado's websockets, a websocket message per frame after one holding their
+    count): a message read is timed from the arrival of its count to that of its last frame (stamped as
+    Tornado hands each on); one written, from its frames going to the websocket to the writes' return."""
+    from distributed.comm import ws
+    open_, on_message = ws.WSHandler.open, ws.WSHandler.on_message
+
+    # Stamped from the first: a client's first message may come in before the listener hears of the comm.
+    def open_tapped(handler, *args, **kwargs):
+        handler._daskprobe_arrivals = collections.deque()
+        return open_(handler, *args, **kwargs)
+
+    def on_message_tapped(handler, msg):
+        arrivals = getattr(handler, "_daskprobe_arrivals", None)
+        if arrivals is not None:
+            arrivals.append(time.monotonic_ns())
+        return on_message(handler, msg)
+
+    def arrived(state, frames) -> tuple[int, int]:
+        arrivals, now = getattr(state[2].handler, "_daskprobe_arrivals", None), time.monotonic_ns()
+        if arrivals is None or len(arrivals) < len(frames) + 1:
+            return now, now
+        first = arrivals.popleft()
+        for _ in range(len(frames) - 1):
+            arrivals.popleft()
+        return first, arrivals.popleft() if frames else first
+
+    ws.WSHandler.open, ws.WSHandler.on_message = open_tapped, on_message_tapped
+    tap.accepts(ws.WSHandlerComm, lambda comm: _socket_ends(comm.handler.ws_connection.stream.socket, True))
+    tap.connects(ws.WSConnector, lambda comm: _socket_ends(comm.sock.stream.socket, False))
+    tap.reads_and_writes(ws.WSHandlerComm)
+    tap.from_frames(ws, arrived)
+    tap.to_frames(ws)
+
+
+def _tap_ucx(tap: _Tap) -> None:
+    """ucx:// and ucxx:// where distributed-ucxx is installed: a message read is timed from its header in
+    (the count of its frames) to its last frame in; one written, from its frames going to the endpoint to
+    the sends' return. Its two ends are paired by the tags the endpoints exchanged (UCX has no socket
+    addresses to pair them by)."""
+    try:
+        from distributed_ucxx import ucxx
+    except ImportError:
+        return
+    host_array, reading = ucxx.host_array, tap.reading
+
+    def host_array_tapped(n):
+        state = reading.get()
+        # A read's first buffer (the frame count) is made before it waits, its second once the count came in
+        if state is not None and state[1] <= 0:
+            state[1] = time.monotonic_ns() if state[1] else -1
+        return host_array(n)
+
+    def tags(comm, accepted: bool) -> tuple[str, str]:
+        t = comm._ep._tags
+        return (comm.local_address if accepted else comm.peer_address,
+                f"ucx-tag:{t['msg_send'] if accepted else t['msg_recv']:x}")
+
+    tap.accepts(ucxx.UCXX, lambda comm: tags(comm, True))
+    tap.connects(ucxx.UCXXConnector, lambda comm: tags(comm, False))
+    tap.reads_and_writes(ucxx.UCXX)
+    ucxx.host_array = host_array_tapped
+    tap.from_frames(ucxx)
+    tap.to_frames(ucxx)
+
+
+def _tap_inproc(tap: _Tap) -> None:
+    """inproc:// (a LocalCluster(processes=False) and its client, one process: messages are objects put on
+    queues, never bytes). Both directions are timed from the sender's write to the receiver's read: the hop
+    between event loops. The record holds the message as Dask would frame it: frame 0 its msgpack (what
+    the decoder reads) with each payload a placeholder, and each payload's size as dask.sizeof estimates
+    it (nothing is serialized: the sizes are not bytes sent)."""
+    import msgpack
+    from dask.sizeof import sizeof
+    from distributed.comm import inproc
+    write, deserialize = inproc.InProc.write, inproc._nested_deserialize
+    reading = contextvars.ContextVar("daskprobe_comm_tap_inproc", default=None)
+
+    def sent(q) -> collections.deque:
+        """When each message on the queue was written, oldest first (one writer per queue)."""
+        return q.__dict__.get("_daskprobe_sent") or q.__dict__.setdefault("_daskprobe_sent", collections.deque())
+
+    async def write_tapped(comm, msg, *args, **kwargs):
+        # stamped first: the reader, on another thread, may take the message before write returns
+        times = sent(comm._write_q) if comm._write_q is not None else None
+        if times is not None:
+            times.append(time.monotonic_ns())
+        try:
+            return await write(comm, msg, *args, **kwargs)
+        except BaseException:
+            if times:
+                times.pop()
+            raise
+
+    def read_tapped(comm, *args, **kwargs):
+        tag = getattr(comm._read_q, "_daskprobe", None) if comm._read_q is not None else None
+        return read(comm, *args, **kwargs) if tag is None else read_recorded(comm, tag, args, kwargs)
+
+    async def read_recorded(comm, tag, args, kwargs):
+        token = reading.set([tag, comm._read_q])
+        try:
+            return await read(comm, *args, **kwargs)
+        finally:
+            reading.reset(token)
+
+    def deserialize_tapped(msg, *args, **kwargs):
+        state = reading.get()
+        if state is not None:
+            now, times = time.monotonic_ns(), sent(state[1])
+            head, sizes = _inproc_frames(msg, msgpack, sizeof)
+            (conn, direction), t_first = state[0], times.popleft() if times else now
+            tap.writer.pending.append(tap.records.message_record(
+                conn, direction, 1, int(len(head) > tap.records.KEEP_CAP), t_first, now, [len(head), *sizes],
+                [(0, head[:tap.records.KEEP_CAP])] if head else []))
+        return deserialize(msg, *args, **kwargs)
+
+    def numbered(comm, conn: int) -> None:  # its queues say which connection and way their messages go
+        comm._read_q._daskprobe, comm._write_q._daskprobe = (conn, 0), (conn, 1)
+
+    read = inproc.InProc.read
+    inproc.InProc.write, inproc.InProc.read, inproc._nested_deserialize = write_tapped, read_tapped, \
+        deserialize_tapped
+    tap.accepts(inproc.InProc, lambda comm: (comm.local_address, comm.peer_address), numbered)
+    tap.connects(inproc.InProcConnector, lambda comm: (comm.peer_address, comm.local_address))
+
+
+def _inproc_frames(msg, msgpack, sizeof) -> tuple[bytes, list[int]]:
+    """A message object as Dask frames it: frame 0 (msgpack, its payloads placeholders as Dask's
+    {"__Serialized__": i}, sets as Dask's {"__Set__": ...}) and each payload's estimated size."""
+    sizes = []
+
+    def default(obj):
+        if isinstance(obj, (set, frozenset)):
+            return {"__Set__": True, "as-list": list(obj)}
+        sizes.append(sizeof(getattr(obj, "data", obj)))
+        return {"__Serialized__": len(sizes) - 1}
+
+    try:
+        return msgpack.packb(msg, default=default, use_bin_type=True), sizes
+    except Exception:  # noqa: BLE001 - what msgpack cannot walk (a cycle, a huge int): counted, not decoded
+        return b"", sizes
+
+
+def _install(records, writer: _Writer) -> None:
+    tap = _Tap(records, writer)
+    for backend in (_tap_tcp, _tap_ws, _tap_ucx, _tap_inproc):
+        backend(tap)
+    tap.listeners()
 
 
 def _start() -> None:

@@ -11,8 +11,8 @@ DESCRIPTIONS = {
     "proxy": "every protocol message, through a sniffing proxy in front of each process",
     "tap": "every protocol message, from the wire (packet capture on the cluster's ports, root), no proxy in "
            "the way: instead of proxy",
-    "comm": "every protocol message, recorded inside Dask's processes by a preload that taps their TCP and TLS "
-            "comms: instead of proxy; what records a tls:// run (run --protocol tls)",
+    "comm": "every protocol message, recorded inside Dask's processes by a preload that taps their comms (tcp, "
+            "tls, ws, ucx, inproc): instead of proxy; what records a tls:// or ws:// run (run --protocol)",
     "pyspy": "Python stacks of every process (our CPython 3.10–3.13 reader, py-spy for others), --sample-rate per second",
     "proc": "CPU% and RSS of every process from /proc, 5 per second",
     "cpu": "CPU samples with native and kernel stacks (eBPF, cpu-clock), --cpu-hz per second",

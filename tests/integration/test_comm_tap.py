@@ -1,5 +1,6 @@
-"""tls:// runs: the comm tap inside Dask's processes records the messages the proxy cannot read. The same
-workload on tcp:// through the proxy and on tls:// through the comm tap gives the same messages."""
+"""tls:// and ws:// runs: the comm tap inside Dask's processes records the messages the proxy cannot read.
+The same workload on tcp:// through the proxy and on tls:// or ws:// through the comm tap gives the same
+messages."""
 
 import json
 
@@ -25,13 +26,21 @@ TEARDOWN = {"remove-worker"}
 PER_CONNECTION = {"handshake"}
 
 
+PROTOCOLS = ["tls", "ws"]
+
+
 @pytest.fixture(scope="module")
-def runs():
-    flow = PINNED_FLOW.format(n=N)
-    tcp, _ = run_flow(searchable_dir("comm-tap-tcp"), flow, "--workers", "2", "--probes", "proxy", "--no-trace")
-    tls, p = run_flow(searchable_dir("comm-tap-tls"), flow, "--workers", "2", "--probes", "proxy", "--no-trace",
-                      "--protocol", "tls")
-    return tcp, tls, p
+def tcp():
+    run, _ = run_flow(searchable_dir("comm-tap-tcp"), PINNED_FLOW.format(n=N), "--workers", "2", "--probes", "proxy",
+                      "--no-trace")
+    return run
+
+
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def other(request):
+    """A run of the same workload on another protocol, and its process."""
+    return run_flow(searchable_dir(f"comm-tap-{request.param}"), PINNED_FLOW.format(n=N), "--workers", "2", "--probes",
+                    "proxy", "--no-trace", "--protocol", request.param)
 
 
 def _counts(run) -> pd.Series:
@@ -40,28 +49,28 @@ def _counts(run) -> pd.Series:
     return m[~m.op.isin(TIMED | REPEATED | TEARDOWN | PER_CONNECTION) & ~timed_replies].groupby(["src_role", "dst_role", "op"]).size()
 
 
-def test_tls_run_is_on_tls_with_the_comm_tap(runs):
-    _, tls, p = runs
-    meta = tls.meta()
-    assert meta["scheduler_address"].startswith("tls://") and meta["cluster"]["protocol"] == "tls"
+def test_run_is_on_its_protocol_with_the_comm_tap(other):
+    tls, p = other
+    meta, protocol = tls.meta(), tls.meta()["cluster"]["protocol"]
+    assert meta["scheduler_address"].startswith(f"{protocol}://") and protocol in PROTOCOLS
     assert "comm tap" in p.stderr
     assert not tls.proxy_capture.exists() and tls.messages_capture == tls.comm_capture
     assert read_status(tls.comm_capture)["state"] == "ended"
     cap = read_capture(tls.comm_capture)
     assert cap.torn_bytes == 0 and len(cap.malformed) == 0
-    # every member's log says it listened on tls://
+    # every member's log says it listened on that protocol
     for name in ("scheduler", "worker-0", "worker-1"):
-        assert "tls://127.0.0.1:" in tls.log(name).read_text()
+        assert f"{protocol}://127.0.0.1:" in tls.log(name).read_text()
 
 
-def test_tls_messages_match_tcp(runs):
+def test_messages_match_tcp(tcp, other):
     """Every op the workload causes, counted per sender and receiver role, is the same on both: exactly, since
     both see every message of the run once (the proxy at the listener's door, the comm tap at the
     listener's comm). The tolerance is nil but for four ops whose count the run's timing decides: the
     timed heartbeats and their replies (a short run may have none), key-in-memory told again (each key told on
     both), remove-worker at the end (at most one per worker), and the handshakes of connections opened
     (between the same roles on both)."""
-    tcp, tls, _ = runs
+    tls, _ = other
     a, b = _counts(tcp), _counts(tls)
     pd.testing.assert_series_equal(a, b, check_names=False)
     told, shook = [], []
@@ -75,8 +84,8 @@ def test_tls_messages_match_tcp(runs):
     assert (_counts(tls).loc[("scheduler", "worker", "compute-task")]) == N + 1
 
 
-def test_tls_has_network_time_and_critical_path(runs):
-    _, tls, _ = runs
+def test_network_time_and_critical_path(other):
+    tls, _ = other
     s = json.loads((tls / "summary.json").read_text())
     assert s["critical_path_s"]["network"] > 0
     assert any(k.startswith("network: compute-task") for k in s["critical_path_parts_s"])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from daskprobe.probes.sockets import LISTEN, split_address, tcp_sockets
 from helpers import write_flow
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
@@ -74,11 +75,14 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 180) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sudo", [None, 65534], ids=["root", "sudo-nobody"])
-def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
+@pytest.mark.parametrize("sudo,protocol", [(None, "tcp"), (65534, "tcp"), (None, "ws")],
+                         ids=["root", "sudo-nobody", "ws"])
+def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo, protocol):
     """Root with no sudo runs the cluster as the system user 'daskprobe'; through sudo, as the invoking
     user (here nobody). Either way the attacker reaches none of the cluster's addresses, direct or
-    through the proxy, and nothing runs as root; the run directory ends private to the invoking user."""
+    through the proxy, and nothing runs as root; the run directory ends private to the invoking user.
+    On ws:// (websockets: Tornado's HTTP server, no proxy) too, and its listeners are on loopback only
+    (distributed's own would listen on every interface)."""
     home = Path(tempfile.mkdtemp(prefix="daskprobe-sec-"))
     try:
         home.chmod(0o777)  # the command's user writes its ready file here; the attacker reads its script
@@ -88,13 +92,16 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
         env = dict(os.environ, SUDO_UID=str(sudo), SUDO_GID=str(sudo), SUDO_USER="nobody") if sudo else \
             {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
         run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "1", "--no-trace",
-                                "--probes", "proxy,proc", "--out", str(out), "--", sys.executable, str(flow), str(home)],
+                                "--probes", "proxy,proc", "--protocol", protocol, "--out", str(out), "--",
+                                sys.executable, str(flow), str(home)],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _wait_for(home / "ready", run)
             meta = json.loads((out / "run.json").read_text())
             members = [p for p in meta["processes"] if p["role"] in ("scheduler", "worker")]
-            addresses = sorted({f"tcp://{p[k]}" for p in members for k in ("listen", "contact")})
+            addresses = sorted({f"{protocol}://{p[k]}" for p in members for k in ("listen", "contact")})
+            bound = {s.local for s in tcp_sockets() if s.state == LISTEN and int(s.local.rpartition(":")[2])
+                     in {split_address(a)[1] for a in addresses}}
             command_uid = int((home / "ready").read_text())
             member_uids = {_uid(p["pid"]) for p in members}
             attack_run = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
@@ -106,7 +113,9 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo):
         assert run.returncode == 0, stderr[-3000:]
         expected = sudo if sudo else pwd.getpwnam("daskprobe").pw_uid
         assert command_uid == expected and member_uids == {expected}, (command_uid, member_uids)
-        assert len(addresses) == 4  # scheduler and worker, each listening behind its proxy
+        # scheduler and worker, each listening behind its proxy (ws: no proxy), on loopback alone
+        assert len(addresses) == (4 if protocol == "tcp" else 2) and len(bound) == len(addresses), (addresses, bound)
+        assert all(b.startswith("127.0.0.1:") for b in bound), bound
         reached = next(line for line in attack_run.stdout.splitlines() if line.startswith("REACHED")).split()[1:]
         assert reached == [] and not mark.exists(), attack_run.stdout + attack_run.stderr[-2000:]
         st = out.stat()

@@ -28,12 +28,12 @@ from ...probes.rundir import RunDir
 from ...probes.users import User
 from ...probes.sockets import host_of, listening, split_address
 from .. import variants
+from .protocols import PROTOCOLS
 
 HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 PEER_GUARD = Path(__file__).with_name("peer_guard.py")
 COMM_TAP = Path(__file__).parents[2] / "probes" / "comm_tap.py"
-PROTOCOLS = ("tcp", "tls")
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
 # 0.2 s of CPU per process, while the run is being finalized. Any interpreter runs it (-c, not a file
@@ -85,7 +85,7 @@ class ClusterSpec:
     scheduler: str = "ws"
     worker: str = "normal"
     memory: int | None = None  # bytes per worker (0: no limit); None: as LocalCluster, see memory_limit
-    protocol: str = "tcp"  # tls: encrypted with certificates made for the run
+    protocol: str = "tcp"  # one of PROTOCOLS; tls: encrypted with certificates made for the run
     comm_tap: bool = False  # record the messages inside Dask's comms (probes/comm_tap.py): what reads tls://
     workers_per_process: int = 1  # >1: that many workers share a process (tracer/variants/worker_host.py)
 
@@ -100,8 +100,8 @@ class ClusterSpec:
             raise ValueError("the proxy, the tap and the comm tap each record the messages: choose one")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
-        if self.protocol == "tls" and (self.proxy or self.tap):
-            raise ValueError("the proxy and the tap cannot read tls://: its messages are the comm tap's")
+        if self.protocol != "tcp" and (self.proxy or self.tap):
+            raise ValueError(f"the proxy and the tap read tcp:// only: {self.protocol}:// messages are the comm tap's")
         if self.workers > variants.MAX_PROCESSES and self.workers_per_process == 1:
             raise ValueError(f"more than {variants.MAX_PROCESSES} workers need --workers-per-process (each process "
                              "costs ~70 MB and its own CPU)")

@@ -1,10 +1,12 @@
 """Preload of every process of a cluster daskprobe starts (loaded by file path, so any interpreter can
-use it): its TCP listeners accept only connections opened by the users in DASKPROBE_ALLOW_UIDS (the
-cluster's own, and root's proxy in front of it). Dask has no authentication of its own but TLS, and a
+use it): its TCP listeners (tcp://, tls://, ws://) accept only connections opened by the users in
+DASKPROBE_ALLOW_UIDS (the cluster's own, and root's proxy in front of it), and a ws:// listener listens
+on its host only. Dask has no authentication of its own but TLS, and a
 Dask server runs code for whoever connects: without this any local user could run code as the
 cluster's user. Which user opened a loopback connection, the kernel says (sock_diag, as `ss`); a
 connection it cannot place (another host's, or closed meanwhile) is refused."""
 
+import contextvars
 import os
 import socket
 import struct
@@ -65,10 +67,43 @@ def _guard(listener_class) -> None:
     listener_class._handle_stream = _handle_stream
 
 
+def _guard_ws(ws) -> None:
+    """ws:// is an HTTP server's websockets: an upgrade asked on a connection another user opened is
+    refused before Dask hears of it. And distributed's WSListener.start gives Tornado no address, so it
+    listens on every interface whatever host it was given: bound to that host here."""
+    get, start = ws.WSHandler.get, ws.WSListener.start
+    if getattr(get, "guarded", False):
+        return
+    host = contextvars.ContextVar("daskprobe_ws_host", default="")
+
+    async def get_guarded(handler, *args, **kwargs):
+        if not allowed(handler.request.connection.stream.socket):
+            print(f"daskprobe: refused a connection from {handler.request.remote_ip}: not opened by the "
+                  "cluster's user", file=sys.stderr)
+            handler.set_status(403)
+            return handler.finish()
+        return await get(handler, *args, **kwargs)
+
+    class BoundServer(ws.HTTPServer):
+        def listen(self, port, address=None, **kwargs):
+            return super().listen(port, host.get() if address is None else address, **kwargs)
+
+    async def start_bound(listener):
+        token = host.set(listener.ip or "")
+        try:
+            return await start(listener)
+        finally:
+            host.reset(token)
+
+    get_guarded.guarded = True
+    ws.WSHandler.get, ws.WSListener.start, ws.HTTPServer = get_guarded, start_bound, BoundServer
+
+
 if ALLOWED:
-    from distributed.comm import tcp
+    from distributed.comm import tcp, ws
 
     _guard(tcp.BaseTCPListener)
+    _guard_ws(ws)
 
 
 def dask_setup(server):

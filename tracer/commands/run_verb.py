@@ -6,6 +6,7 @@ import sys
 
 from . import options
 from .. import variants
+from ..capture.protocols import PROTOCOLS
 
 HELP = "start a cluster behind the probes and run a command against it"
 EXAMPLES = """examples:
@@ -32,10 +33,10 @@ def add_arguments(p) -> None:
                         "machine's memory / workers)")
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
-    p.add_argument("--protocol", choices=["tcp", "tls"], default="tcp",
-                   help="the cluster's comms: tcp, or tls with a certificate made for the run, its messages "
-                        "recorded by the comm tap inside Dask's processes (the proxy and the tap cannot read "
-                        "them) (default tcp)")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default="tcp",
+                   help="the cluster's comms: tcp; tls with a certificate made for the run; ws (websockets). "
+                        "Other than tcp, their messages are recorded by the comm tap inside Dask's processes "
+                        "(the proxy and the tap cannot read them) (default tcp)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "default")
     options.sampling(p)
@@ -124,15 +125,15 @@ def _wire(probes: list[str], args) -> list[str]:
 
 
 def _comm_tap(probes: list[str], args, say) -> list[str]:
-    """On tls:// the comm tap records the messages in place of the proxy or the tap (which asked for)."""
+    """Off tcp:// the comm tap records the messages in place of the proxy or the tap (which asked for)."""
     from ...probes.registry import WIRE
-    if args.protocol != "tls" or "comm" in probes:
+    if args.protocol == "tcp" or "comm" in probes:
         return probes
     if args.delay_ms or args.server_cmd:
-        raise SystemExit("daskprobe: --delay-ms and --server-cmd need the proxy, which cannot read tls://")
+        raise SystemExit(f"daskprobe: --delay-ms and --server-cmd need the proxy, which cannot read {args.protocol}://")
     if any(p in WIRE for p in probes):  # proxy or tap
-        say("tls://: the messages are recorded by the comm tap inside Dask's processes (the proxy and the tap "
-            "cannot read them)")
+        say(f"{args.protocol}://: the messages are recorded by the comm tap inside Dask's processes (the proxy "
+            "and the tap cannot read them)")
         return [p for p in probes if p not in WIRE] + ["comm"]
     return probes
 
