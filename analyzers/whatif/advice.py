@@ -8,7 +8,8 @@ from dataclasses import fields
 
 from .predict import Changes, NotModelled, sweep
 
-SAMPLES = 5  # replays per prediction in the analysis (the CLI's default is 10)
+SAMPLES = 5  # replays per prediction in the analysis (the CLI's default is 10), and fewer
+REPLAYED_TASKS = 10_000  # beyond this many tasks replayed per prediction (at least 2 replays): the stage's time
 MIN_SAVING = 0.05  # of the makespan: a predicted saving below this is none (said so, never ranked)
 TOP = 3
 
@@ -41,10 +42,12 @@ def changes(what_if: dict) -> Changes:
     return Changes(**{k: tuple(v) if isinstance(v, list) else v for k, v in what_if.items()})
 
 
-def quote(found: list[dict], t: dict, meta: dict, samples: int = SAMPLES, local: bool = False) -> list[dict]:
+def quote(found: list[dict], t: dict, meta: dict, samples: int | None = None, local: bool = False) -> list[dict]:
     """The findings, each with its `saving`: the prediction of its what_if, or why there is none. The
     model is built once for all of them."""
     asked = [i for i, f in enumerate(found) if f.get("what_if") and not local]
+    if samples is None:
+        samples = max(2, min(SAMPLES, REPLAYED_TASKS // max(1, len(t.get("tasks", ())))))
     out = [f | {"saving": {"not_modelled": LOCAL if local else NOT_MODELLED.get(f["id"], UNKNOWN)}} for f in found]
     if not asked:
         return out
