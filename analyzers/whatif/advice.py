@@ -34,6 +34,8 @@ NOT_MODELLED = {
                  "replays that as their compute",
 }
 LOCAL = "a run of Dask's local schedulers: the model replays a cluster's jobs"
+UNCONTENDED = ("the run has no eBPF thread states: the model replays compute as measured, with no waits for "
+               "cores or the GIL to take away")
 UNKNOWN = "the model has no change for this advice"
 
 
@@ -58,7 +60,10 @@ def quote(found: list[dict], t: dict, meta: dict, samples: int | None = None, lo
     except Exception as e:  # noqa: BLE001  a model that fails costs the numbers, said, not the analysis
         made = [f"the model failed on this run: {type(e).__name__}: {e}"] * len(asked)
     for i, p in zip(asked, made):
-        out[i]["saving"] = {"not_modelled": p} if isinstance(p, str) else saving(changes(found[i]["what_if"]), p)
+        c = changes(found[i]["what_if"]) if not isinstance(p, str) else None
+        if c is not None and not p["thread_states"] and (c.cores or c.load is not None or not c.gil):
+            p = UNCONTENDED  # a change of what the replay then leaves out: it would save 0, wrongly
+        out[i]["saving"] = {"not_modelled": p} if isinstance(p, str) else saving(c, p)
     return out
 
 

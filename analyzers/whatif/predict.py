@@ -145,7 +145,8 @@ def _predict(m: Model, c: Changes, draws: list, bases: list) -> dict:
             "saving_s": saved[0], "saving_interval_s": _interval(saved, abs(error)),
             "replay_s": replayed, "replay_error": error, "scaled_s": scaled, "offset_s": measured + raw[0] - replayed,
             "split_s": {k: split.get(k, 0.0) / 1e9 for k in CATEGORIES},
-            "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c)}
+            "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c),
+            "thread_states": m.contention}
 
 
 def _ratio(job: Job, unchanged) -> float:

@@ -228,3 +228,11 @@ def test_the_terminal_and_the_report_show_the_top_predictions_and_say_what_has_n
     page = findings_section({"findings": found})
     assert page.count("&rarr; 4.10 s") == 2  # the table's row and the finding's own line
     assert "no number: a faster function" in page
+
+
+def test_without_thread_states_more_cores_has_no_number_rather_than_none_saved():
+    """The fan-in has no eBPF thread states: the replay has no contention for cores, so twice the cores
+    would save 0 there, wrongly. It says why instead."""
+    from daskprobe.analyzers.whatif.advice import quote
+    (f,) = quote([{"id": "worker-saturation", "what_if": {"cores": 4}}], tables(fan_in(), workers=1), ONE)
+    assert set(f["saving"]) == {"not_modelled"} and "thread states" in f["saving"]["not_modelled"]
