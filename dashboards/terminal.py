@@ -59,8 +59,8 @@ def _savings_table(saves: list[dict]) -> Table:
     """The findings whose advice the what-if model predicts to save most (analyzers/whatif/advice.py)."""
     t = Table(title="what the advice would save (what-if model, predicted; docs/whatif.md)", title_justify="left",
               box=None, pad_edge=False)
-    for col in ("finding", "the advice, as the model replays it", "makespan s", "90% interval s", "saved s"):
-        t.add_column(col, justify="left" if col.startswith(("finding", "the advice")) else "right")
+    for col in ("finding", "change replayed", "makespan s", "90% interval s", "saved s"):
+        t.add_column(col, justify="left" if col in ("finding", "change replayed") else "right")
     for f in saves:
         p = f["saving"]
         t.add_row(f["id"], p["change"], f"{p['measured_s']:.2f} -> {p['makespan_s']:.2f}",
