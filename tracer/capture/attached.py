@@ -166,7 +166,7 @@ class Attached:
         return new, left
 
     def _deploy_later(self) -> None:
-        from .session import say
+        from .say import say
         say(self.deploy_agents(self.rate, later=True))
 
     def _tap_watch(self, members: list[Member]) -> None:
@@ -217,7 +217,7 @@ class Attached:
         scheduler's at each look and at the end, from its index now)."""
         self.started_ns = time.monotonic_ns()
         if self.spec.comm_tap:
-            from .session import say
+            from .say import say
             say(f"messages: the comm tap's, read from {self.spec.comm_dir} at the end (those from now on)")
             return
         if not self.unread:
@@ -372,7 +372,7 @@ class Attached:
             self._task_stream()
             self.run.update_meta(task_stream_missing=self.stream_missing, task_stream_error=self.stream_error)
             if self.stream_error:
-                from .session import say
+                from .say import say
                 say(f"Dask's task stream could not be read at the end: {self.stream_error}")
         self._drop_poll()
         if self.spec.comm_tap:
@@ -383,7 +383,7 @@ class Attached:
         """The comm tap's records since the recording began, from the files of the directory's owner."""
         from ...probes.comm_capture import merge
         from ...probes.comm_tap import FLUSH_S
-        from .session import say
+        from .say import say
         time.sleep(2 * FLUSH_S)  # the writers go on: let them write what came up to the command's end
         said = merge(Path(self.spec.comm_dir), self.run.comm_capture, None,
                      {m.pid: m.name for m in self.members if m.pid}, since_ns=getattr(self, "started_ns", 0),
@@ -396,7 +396,7 @@ class Attached:
         the end): what the workers told it of each (worker, thread, compute and transfer spans on
         their wall clocks), appended as JSON lines. Its buffer is bounded: tasks that fell out
         between two reads are counted and said."""
-        from .session import say
+        from .say import say
         try:
             start = self.stream_from.get("start_index")
             end = ask_scheduler(self.spec.address, "get_task_stream_index") if start is not None else None

@@ -11,7 +11,7 @@ from ...probes.client_hook import MAX_REPORTS, Channel
 from ...probes.rundir import RunDir
 from . import own_cluster
 from .cluster import ClusterSpec
-from .session import record, say
+from .say import record, say
 
 
 @dataclass

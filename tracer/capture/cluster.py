@@ -408,7 +408,7 @@ class Cluster:
         said = merge(self.comm_dir, self.run.comm_capture, self.user.uid if self.user else os.geteuid(),
                      {m.pid: m.name for m in self.members if m.pid})
         if said:
-            from .session import say
+            from .say import say
             say(f"comm tap: {'; '.join(said[:5])}" + (f" (and {len(said) - 5} more)" if len(said) > 5 else ""))
 
     def _logged(self, end: str):

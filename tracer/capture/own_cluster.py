@@ -11,7 +11,7 @@ import re
 import shlex
 
 from .cluster import ClusterSpec, machine_memory
-from .session import record, say
+from .say import record, say
 
 MAX_TEXT = 80
 

@@ -24,6 +24,7 @@ from ...probes.local_scheduler import CommandCaptures, descendants, pool_process
 from ...probes.procs import our_child
 from ...probes.rundir import RunDir
 from ...probes.users import User
+from .say import disk_of, record, say
 from .. import variants
 
 class Interrupted(BaseException):
@@ -32,16 +33,6 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int):
         self.signum = signum
-
-
-def say(msg: str) -> None:
-    # Our own words go to stderr: the command's stdout passes through untouched. A
-    # closed stderr (`daskprobe run ... | head`) must not stop the run's finalizing.
-    try:
-        sys.stderr.write(f"daskprobe: {msg}\n")  # one write: a stage in a child process says things too
-        sys.stderr.flush()
-    except OSError:
-        pass
 
 
 def clock_anchor() -> dict:
@@ -487,25 +478,6 @@ def note_killed(run: RunDir, procs: list[subprocess.Popen], why: str) -> None:
     names = [by_pid.get(p.pid, f"pid {p.pid}") for p in procs]
     say(f"{', '.join(names)} {why}: killed")
     record(run, killed=meta.get("killed", []) + names)
-
-
-def record(run: RunDir, **fields) -> None:
-    """Update run.json; on a full disk, say so (naming the disk) and go on: the user's
-    command and exit code matter more than our bookkeeping."""
-    try:
-        run.update_meta(**fields)
-    except OSError as e:
-        say(f"could not update {run / 'run.json'}: {e.strerror} ({disk_of(run.path)})")
-
-
-def disk_of(path) -> str:
-    """The filesystem holding path, and its free space, for messages about a full disk."""
-    path = os.path.realpath(path)
-    mount = path
-    while not os.path.ismount(mount):
-        mount = os.path.dirname(mount)
-    st = os.statvfs(path)
-    return f"the filesystem at {mount} has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free"
 
 
 def _reap(client: subprocess.Popen | None, grace: float) -> None:

@@ -150,7 +150,7 @@ def existing_run(path: str) -> RunDir:
     if not (run / "run.json").exists():
         raise SystemExit(f"daskprobe: {run.path} is not a run directory (no run.json)")
     if who := users.work_as_owner_of(run.path):
-        from ..capture.session import say
+        from ..capture.say import say
         say(f"{run.path} is {who.name}'s: working as {who.name}")
     return run
 
@@ -172,7 +172,7 @@ def runs_as(name: str | None, command: list[str], programs: list[str], dirs: lis
     """Who runs `what` (the user's command, and with run the cluster), once they can use the command, its
     files, `programs` and `dirs`: said before anything starts, or a clear refusal."""
     from ...probes import users
-    from ..capture.session import say
+    from ..capture.say import say
     try:
         user = users.cluster_user(name)
     except (ValueError, RuntimeError) as e:

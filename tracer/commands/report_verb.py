@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 
 def main(args, command: list[str]) -> int:
     from ..pipeline.build import report
-    from ..capture.session import say
+    from ..capture.say import say
     run = options.existing_run(args.run_dir)
     if not run.has_table("messages"):
         raise SystemExit(f"daskprobe: {run.path} has no tables yet: run 'daskprobe build {run.path}' first")

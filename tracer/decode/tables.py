@@ -50,7 +50,7 @@ def build(run: RunDir) -> dict:
     run.update_meta(events_lost=probed["events_lost"])
     if probed["unread_files"]:
         run.update_meta(unread_files=probed["unread_files"])
-        from ..capture.session import say
+        from ..capture.say import say
         say(f"{len(probed['unread_files'])} mapped files were not read (root reads no file a cluster's user may "
             "have planted): their native frames are unnamed; which and why in run.json unread_files")
     stats = {"messages": int(msgs.msg_id.nunique()), "ops": len(msgs), "dispatches": len(attempts),
@@ -73,7 +73,7 @@ def _with_agents(run: RunDir, procs: pd.DataFrame, hosts: dict) -> Capture:
     try:
         cap = merged(run, read_capture(run.messages_capture), procs, hosts)
     except Exception as e:
-        from ..capture.session import say
+        from ..capture.say import say
         run.update_meta(both_ends_error=f"{type(e).__name__}: {e}")
         say(f"the agents' messages could not be merged ({type(e).__name__}: {e}): this host's only")
         return read_capture(run.messages_capture)
@@ -97,7 +97,7 @@ def _arrived_before_sent(msgs: pd.DataFrame) -> int:
 
 
 def _tell(stats: dict) -> None:
-    from ..capture.session import say
+    from ..capture.say import say
     if stats["undecodable_messages"]:
         say(f"{stats['undecodable_messages']} messages could not be decoded: rows with op 'undecodable' and "
             "their error in tables/messages.parquet; the rest is decoded")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ...probes.rundir import RunDir
 from ..decode.forked import ChildFailed, Gate, Queue, beside
-from ..capture.session import Interrupted, record, say
+from ..capture.say import record, say
+from ..capture.session import Interrupted
 
 
 WHAT = {"tables": "decoding the captures into tables", "analysis": "analysing",
