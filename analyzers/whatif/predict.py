@@ -192,11 +192,14 @@ def _draw(job: Job, r: int) -> Draw:
 def _changed(job: Job, d: Draw, c: Changes) -> Draw:
     """A draw as the change has the tasks: blocked time scaled; the keys named at their prefix's median."""
     own, blocked = d.own_ns, d.blocked_ns * (1.0 if c.blocked is None else c.blocked)
-    slow = np.isin(np.asarray(job.keys, dtype=object), list(c.at_median)) if c.at_median else None
-    if slow is not None and slow.any():
-        prefix = pd.Series(job.prefix)
-        own = np.where(slow, pd.Series(own).groupby(prefix).transform("median").to_numpy(), own)
-        blocked = np.where(slow, pd.Series(blocked).groupby(prefix).transform("median").to_numpy(), blocked)
+    named = set(c.at_median)
+    slow = [i for i, k in enumerate(job.keys) if k in named]
+    if slow:
+        prefix = np.asarray(job.prefix, dtype=object)
+        was, own, blocked = blocked, own.copy(), blocked.copy()
+        for i in slow:
+            same = prefix == prefix[i]
+            own[i], blocked[i] = np.median(d.own_ns[same]), np.median(was[same])
     held = None if d.held_ns is None or not c.gil else d.held_ns  # gil=0: no waits for it, whoever held it
     return Draw(own, blocked, d.before_ns, d.after_ns, held)
 
