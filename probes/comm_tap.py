@@ -356,26 +356,28 @@ def _tap_inproc(tap: _Tap) -> None:
                 times.pop()
             raise
 
+    # Every read pops its message's stamp, so stamps and messages stay in step; it is recorded if its queue
+    # is tagged by then (a connecting end may wait on its queue before the accepting end heard of it).
     def read_tapped(comm, *args, **kwargs):
-        tag = getattr(comm._read_q, "_daskprobe", None) if comm._read_q is not None else None
-        return read(comm, *args, **kwargs) if tag is None else read_recorded(comm, tag, args, kwargs)
+        return read(comm, *args, **kwargs) if comm._read_q is None else read_stamped(comm, args, kwargs)
 
-    async def read_recorded(comm, tag, args, kwargs):
-        token = reading.set([tag, comm._read_q])
+    async def read_stamped(comm, args, kwargs):
+        token = reading.set(comm._read_q)
         try:
             return await read(comm, *args, **kwargs)
         finally:
             reading.reset(token)
 
     def deserialize_tapped(msg, *args, **kwargs):
-        state = reading.get()
-        if state is not None:
-            now, times = time.monotonic_ns(), sent(state[1])
-            head, sizes = _inproc_frames(msg, msgpack, sizeof)
-            (conn, direction), t_first = state[0], times.popleft() if times else now
-            tap.writer.pending.append(tap.records.message_record(
-                conn, direction, 1, int(len(head) > tap.records.KEEP_CAP), t_first, now, [len(head), *sizes],
-                [(0, head[:tap.records.KEEP_CAP])] if head else []))
+        q = reading.get()
+        if q is not None:
+            now, times = time.monotonic_ns(), sent(q)
+            t_first, tag = times.popleft() if times else now, getattr(q, "_daskprobe", None)
+            if tag is not None:
+                head, sizes = _inproc_frames(msg, msgpack, sizeof)
+                tap.writer.pending.append(tap.records.message_record(
+                    *tag, 1, int(len(head) > tap.records.KEEP_CAP), t_first, now, [len(head), *sizes],
+                    [(0, head[:tap.records.KEEP_CAP])] if head else []))
         return deserialize(msg, *args, **kwargs)
 
     def numbered(comm, conn: int) -> None:  # its queues say which connection and way their messages go

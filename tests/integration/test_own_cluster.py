@@ -96,6 +96,8 @@ if __name__ == "__main__":  # a LocalCluster's processes (without daskprobe) imp
 
 
 def test_local_cluster_threads_runs_on_daskprobes_cluster_over_tcp(tmp_path):
+    """LocalCluster(processes=False) would talk inproc://, inside the script: it gets daskprobe's cluster,
+    said at once, and its messages are recorded as any run's."""
     run, p = run_flow(tmp_path, SEEN + """
 from distributed import Client, LocalCluster
 cluster = LocalCluster(processes=False)
@@ -113,6 +115,10 @@ cluster.close()
     assert entry["shape"]["workers"] == 1 and entry["shape"]["processes"] is False
     assert f"to match: daskprobe run --workers 1 --threads {entry['shape']['threads']} -- " in line
     assert _tasks(run) == 10
+    # its messages are tcp:// ones between processes, recorded as any run's (inproc:// never carries them)
+    m = run.table("messages")
+    assert ((m.op == "compute-task") & (m.src_role == "scheduler") & (m.dst_role == "worker")).sum() == 10
+    assert set(m.src_role[m.op == "update-graph"]) == {"client"}
 
 
 def test_client_with_cluster_keywords_no_longer_fails(tmp_path):
