@@ -8,8 +8,8 @@ from dataclasses import fields
 
 from .predict import Changes, NotModelled, sweep
 
-SAMPLES = 5  # replays per prediction in the analysis (the CLI's default is 10), and fewer
-REPLAYED_TASKS = 10_000  # beyond this many tasks replayed per prediction (at least 2 replays): the stage's time
+SAMPLES = 5  # replays per prediction in the analysis (the CLI's default is 10); on a large run fewer, so
+REPLAYED_TASKS = 10_000  # that a prediction replays about this many tasks (at least 2 replays): the stage's time
 MIN_SAVING = 0.05  # of the makespan: a predicted saving below this is none (said so, never ranked)
 TOP = 3
 
