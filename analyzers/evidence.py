@@ -320,6 +320,8 @@ def path_samples(t: dict, on_cpu: bool = True) -> pd.DataFrame:
     """Samples (on a CPU only, unless `on_cpu` is false) that processes took inside their own segments of
     a job's critical path (cpu_samples' rows, and the seconds of those segments in `path_s`): what each
     process on the path was running, or blocked in, while the path was in it."""
+    if on_cpu and t.get("path_samples") is not None:  # worked out once for all findings (summary.analyze)
+        return t["path_samples"]
     path, cpu, procs = t.get("critical_path"), t.get("cpu_samples"), t.get("processes")
     if path is None or cpu is None or procs is None or cpu.empty:
         return pd.DataFrame(columns=["t_ns", "pid", "tid", "stack_id", "weight_s", "on_cpu", "process", "path_s"])

@@ -17,10 +17,11 @@ from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATE
                          default_rules, load_rules)
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
-from .evidence import compute_profile
+from .evidence import compute_profile, path_samples
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
+from .strings import in_python_strings
 from .summary_json import DEFINITIONS, FEW_SAMPLES, SCHEMA
 from .transfers import moved, transfers
 from .thread_state import attempt_threads, thread_states, threads_table
@@ -41,6 +42,7 @@ class Analysis:
 SAMPLED = ("thread_states", "stack_categories", "cpu_samples", "threads")
 
 
+@in_python_strings
 def sampled(t: dict, meta: dict, rules: list[Path] = ()) -> dict:
     """What the samples and thread states say, apart from the messages' side (it needs no job or
     path, so it can be computed beside them): the SAMPLED tables."""
@@ -54,6 +56,7 @@ def sampled(t: dict, meta: dict, rules: list[Path] = ()) -> dict:
             "cpu_samples": cpu, "stack_categories": category.rename("category").rename_axis("stack_id").reset_index()}
 
 
+@in_python_strings
 def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     """side(): the SAMPLED tables, if computed (and written) elsewhere; else they are computed here,
     by sampled(), and are among the tables returned."""
@@ -97,6 +100,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         "thread_states": "ebpf" if len(states) else "samples"}
     seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
                 "stack_categories": sides["stack_categories"]}
+    seen["path_samples"] = path_samples(seen)  # several findings read them: worked out once
     profile = compute_profile(seen, attempts, task_tids)
     if local.is_local(t) and len(t["local_jobs"]):  # jobs of a local scheduler beside the cluster's: not analysed
         summary["local_scheduler"] = {"schedulers": sorted({k["scheduler"] for k in local.scheduler_kind(t).values()}),
@@ -222,6 +226,8 @@ def _jobs(jobs, tasks, attempts, attr, window, again) -> list[dict]:
 
 
 def _recomputed(again: pd.DataFrame) -> dict:
+    if again.empty:  # most runs: the grouping below costs more than the rest of this summary key
+        return {"keys": 0, "times": 0, "compute_s": 0.0, "by_prefix": {}}
     by = again.groupby("prefix").agg(n_keys=("key", "nunique"), times=("key", "size"), compute_s=("compute_s", "sum"))
     return {"keys": int(again.key.nunique()), "times": len(again), "compute_s": float(again.compute_s.sum()),
             "by_prefix": {p: {"keys": int(r.n_keys), "times": int(r.times), "compute_s": float(r.compute_s)}

@@ -26,6 +26,8 @@ def transfers(messages: pd.DataFrame) -> pd.DataFrame:
 
 def moved(transfers: pd.DataFrame) -> dict:
     """summary.json's moved: bytes between workers by kind, and their rate where the wire time allows one."""
+    if transfers.empty:  # most runs: no grouping to pay for
+        return {"bytes": 0, "by_kind": {}}
     by = transfers.assign(wire_s=(transfers.t_last_ns - transfers.t_first_ns) / 1e9).groupby("kind").agg(
         bytes=("bytes", "sum"), messages=("bytes", "size"), wire_s=("wire_s", "sum"))
     return {"bytes": int(transfers.bytes.sum()),
