@@ -3,8 +3,7 @@
 import pandas as pd
 import pytest
 
-from daskprobe.analyzers.summary import analyze
-from scenario import META, Scenario, two_task_chain
+from scenario import META, Scenario, analyze, two_task_chain
 
 
 def split(s: Scenario, **kw) -> dict:

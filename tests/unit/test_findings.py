@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from daskprobe.analyzers import evidence
-from daskprobe.analyzers.summary import analyze
-from scenario import META, Scenario, two_task_chain
+from scenario import META, Scenario, analyze, two_task_chain
 
 
 def found(s: Scenario, meta: dict = META) -> dict:

@@ -8,11 +8,10 @@ task is unknown (no thread states, no proc): 0."""
 
 import pytest
 
-from daskprobe.analyzers.summary import analyze
 from daskprobe.analyzers.whatif import Changes, NotModelled, predict
 from daskprobe.tracer.commands.whatif_verb import changes, render
 
-from scenario import META, Scenario, two_task_chain
+from scenario import META, Scenario, analyze, two_task_chain
 
 MS = 1e-3
 ONE = META | {"cluster": {"threads": 1}}  # one thread per worker
