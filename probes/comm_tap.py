@@ -317,8 +317,9 @@ def _tap_ucx(tap: _Tap) -> None:
 
     def tags(comm, accepted: bool) -> tuple[str, str]:
         t = comm._ep._tags
+        # as an address whose port is 0: the readers of a connection's ends parse host:port
         return (comm.local_address if accepted else comm.peer_address,
-                f"ucx-tag:{t['msg_send'] if accepted else t['msg_recv']:x}")
+                f"ucx-tag-{t['msg_send'] if accepted else t['msg_recv']:x}:0")
 
     tap.accepts(ucxx.UCXX, lambda comm: tags(comm, True))
     tap.connects(ucxx.UCXXConnector, lambda comm: tags(comm, False))

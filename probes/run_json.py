@@ -34,8 +34,8 @@ CLUSTER = obj("cluster", "The cluster as asked for (run) or found (attach).", *(
     K("memory_limit", int | None, "bytes per worker, 0 for none (run: --memory-limit, else the machine's memory / "
       "workers); null if not known (attach)"),
     K("proxy_delay_us", int, "delay the proxy added to each message, µs (--delay-ms)", 0),
-    K("protocol", str, "the comms: tcp, tls or ws (run --protocol; off tcp, its messages are the comm tap's)",
-      "tcp"),
+    K("protocol", str, "the comms: tcp, tls, ws or ucx (run --protocol; off tcp, its messages are the comm "
+      "tap's)", "tcp"),
     K("scheduler", str, "the scheduling policy (--scheduler: ws, random, ...)", "ws"),
     K("worker", str, "the worker mode (--worker: normal, zero)", "normal"),
     K("server_cmd", str | None, "the scheduler's own command (--server-cmd), if not Dask's"),

@@ -60,11 +60,12 @@ def write_flow(path: Path, code: str) -> Path:
     return path
 
 
-def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0) -> tuple[RunDir, subprocess.CompletedProcess]:
+def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0,
+             python: str = sys.executable) -> tuple[RunDir, subprocess.CompletedProcess]:
     """`daskprobe run OPTS -- python flow.py` with `code` as flow.py."""
     flow = write_flow(tmp / "flow.py", code)
     out = tmp / "run"
-    p = daskprobe("run", "--out", str(out), *opts, "--", sys.executable, str(flow))
+    p = daskprobe("run", "--out", str(out), *opts, "--", python, str(flow))
     assert p.returncode == expect, p.stderr[-4000:]
     return RunDir(out), p
 

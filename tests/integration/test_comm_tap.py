@@ -1,15 +1,17 @@
-"""tls:// and ws:// runs: the comm tap inside Dask's processes records the messages the proxy cannot read.
-The same workload on tcp:// through the proxy and on tls:// or ws:// through the comm tap gives the same
+"""tls://, ws:// and ucx:// runs: the comm tap inside Dask's processes records the messages the proxy cannot
+read. The same workload on tcp:// through the proxy and on the others through the comm tap gives the same
 messages."""
 
 import json
+import os
+import sys
 
 import pandas as pd
 import pytest
 
 from daskprobe.probes.proxy_capture import read_capture, read_status
 
-from helpers import PINNED_FLOW, run_flow, searchable_dir
+from helpers import PINNED_FLOW, daskprobe, run_flow, searchable_dir
 
 N = 20
 # Sent on a timer (heartbeat_worker every 0.5-1 s and the scheduler's reply to each), not for the
@@ -26,7 +28,9 @@ TEARDOWN = {"remove-worker"}
 PER_CONNECTION = {"handshake"}
 
 
-PROTOCOLS = ["tls", "ws"]
+PROTOCOLS = ["tls", "ws", "ucx"]
+# distributed-ucxx pins its own dask: a Python of its own (experiments/comm_backends.py's too)
+UCX_PYTHON = os.environ.get("DASKPROBE_UCX_PYTHON")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +43,14 @@ def tcp():
 @pytest.fixture(scope="module", params=PROTOCOLS)
 def other(request):
     """A run of the same workload on another protocol, and its process."""
+    python = sys.executable
+    if request.param == "ucx":
+        if not UCX_PYTHON or os.geteuid():
+            pytest.skip("ucx:// needs root and distributed-ucxx: set DASKPROBE_UCX_PYTHON to a Python that has it "
+                        "(it pins its own dask, so not daskprobe's venv)")
+        python = UCX_PYTHON
     return run_flow(searchable_dir(f"comm-tap-{request.param}"), PINNED_FLOW.format(n=N), "--workers", "2", "--probes",
-                    "proxy", "--no-trace", "--protocol", request.param)
+                    "proxy", "--no-trace", "--protocol", request.param, "--python", python, python=python)
 
 
 def _counts(run) -> pd.Series:
@@ -94,3 +104,13 @@ def test_network_time_and_critical_path(other):
     assert set(conns.peer) >= {"worker-0", "worker-1", "client"}
     attempts = tls.table("attempts")
     assert len(attempts) == N + 1 and (attempts.outcome == "finished").all()
+
+
+def test_ucx_without_distributed_ucxx_is_refused_before_anything_starts(tmp_path):
+    """daskprobe's own Python has no distributed-ucxx (it pins another dask): said at once, nothing started."""
+    out = tmp_path / "run"
+    p = daskprobe("run", "--protocol", "ucx", "--out", str(out), "--", sys.executable, "-c", "print('ran')", timeout=60)
+    assert p.returncode != 0 and "ran" not in p.stdout
+    why = "needs distributed-ucxx in the cluster's Python" if os.geteuid() == 0 else "needs root"
+    assert why in p.stderr, p.stderr
+    assert not out.exists()

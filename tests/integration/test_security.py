@@ -126,6 +126,42 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo, protocol):
         shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.mark.skipif(not os.environ.get("DASKPROBE_UCX_PYTHON"),
+                    reason="distributed-ucxx is not installed here: set DASKPROBE_UCX_PYTHON to a Python that has it")
+def test_a_ucx_cluster_and_its_command_are_in_a_network_of_their_own():
+    """UCX's listener binds every interface and a UCX endpoint carries nothing the peer guard could check: the
+    cluster and the command run in a network namespace of their own, with loopback alone. No listener of
+    theirs is in ours, where every other user is."""
+    python = os.environ["DASKPROBE_UCX_PYTHON"]
+    home = Path(tempfile.mkdtemp(prefix="daskprobe-sec-ucx-"))
+    try:
+        home.chmod(0o777)
+        flow, out = write_flow(home / "flow.py", COMMAND), Path(tempfile.mkdtemp(prefix="daskprobe-sec-out-")) / "run"
+        run = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "1", "--no-trace",
+                                "--probes", "proc", "--protocol", "ucx", "--python", python, "--out", str(out), "--",
+                                python, str(flow), str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(home / "ready", run)
+            meta = json.loads((out / "run.json").read_text())
+            members = [p for p in meta["processes"] if p["role"] in ("scheduler", "worker")]
+            ours = os.stat("/proc/self/ns/net").st_ino
+            theirs = {os.stat(f"/proc/{p['pid']}/ns/net").st_ino for p in members}
+            interfaces = {line.split(":")[0].strip() for line in
+                          Path(f"/proc/{members[0]['pid']}/net/dev").read_text().splitlines()[2:]}
+            ports = {split_address(p["listen"])[1] for p in members}
+            here = {s.local for s in tcp_sockets() if s.state == LISTEN and int(s.local.rpartition(":")[2]) in ports}
+        finally:
+            (home / "go").touch()
+            stdout, stderr = run.communicate(timeout=240)
+        assert run.returncode == 0, stderr[-3000:]
+        assert len(theirs) == 1 and ours not in theirs
+        assert interfaces == {"lo"}, interfaces
+        assert not here, here
+        assert meta["scheduler_address"].startswith("ucx://")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def test_a_command_the_clusters_user_cannot_read_is_refused_before_anything_starts(tmp_path):
     """Root's own files stay root's: the run says who cannot read what, and starts nothing."""
     hidden = Path(tempfile.mkdtemp(prefix="daskprobe-hidden-"))  # 0700, root's

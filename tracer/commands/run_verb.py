@@ -6,7 +6,7 @@ import sys
 
 from . import options
 from .. import variants
-from ..capture.protocols import PROTOCOLS
+from ..capture.protocols import PRIVATE_NETWORK, PROTOCOLS
 
 HELP = "start a cluster behind the probes and run a command against it"
 EXAMPLES = """examples:
@@ -34,9 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--nanny", action="store_true", default=False,
                    help="start workers under a nanny (default: no nanny)")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default="tcp",
-                   help="the cluster's comms: tcp; tls with a certificate made for the run; ws (websockets). "
-                        "Other than tcp, their messages are recorded by the comm tap inside Dask's processes "
-                        "(the proxy and the tap cannot read them) (default tcp)")
+                   help="the cluster's comms: tcp; tls with a certificate made for the run; ws (websockets); "
+                        "ucx (distributed-ucxx in --python's environment; root: the run gets a loopback-only "
+                        "network of its own). Other than tcp, their messages are recorded by the comm tap "
+                        "inside Dask's processes (the proxy and the tap cannot read them) (default tcp)")
     p.add_argument("--server-cmd", help="scheduler command instead of dask's, with {host} and {port} placeholders")
     options.probes(p, "default")
     options.sampling(p)
@@ -70,6 +71,8 @@ def main(args, command: list[str]) -> int:
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
     user = options.runs_as(args.user, command, [spec.python], [], "the cluster and your command")
+    if spec.protocol in PRIVATE_NETWORK:
+        _private_network(spec, user, say)
     if spec.server_cmd:
         say("warning: the --server-cmd server's own port serves whoever connects: only its proxy checks who")
     rate = args.sample_rate or _default_rate(probes, args.native, spec.python, user, say)
@@ -136,6 +139,27 @@ def _comm_tap(probes: list[str], args, say) -> list[str]:
             "and the tap cannot read them)")
         return [p for p in probes if p not in WIRE] + ["comm"]
     return probes
+
+
+def _private_network(spec, user, say) -> None:
+    """ucx:// (PRIVATE_NETWORK): the run in a network namespace of its own, loopback only, before any
+    thread or process starts (they inherit it); the cluster's Python must have distributed-ucxx."""
+    import subprocess
+    import threading
+    from ...probes.base import is_root
+    from ...probes.procs import own_network
+    if not is_root():
+        raise SystemExit(f"daskprobe: {spec.protocol}:// needs root: its listeners bind every interface and check "
+                         "no peer, so the cluster and your command run in a network namespace of their own")
+    if subprocess.run([spec.python, "-c", "import distributed_ucxx"], capture_output=True,
+                      **(user.popen() if user else {})).returncode:
+        raise SystemExit(f"daskprobe: {spec.protocol}:// needs distributed-ucxx in the cluster's Python "
+                         f"({spec.python}): give one that has it with --python, and run your command with it")
+    if threading.active_count() > 1:  # a thread started before would stay outside, and so its children
+        raise SystemExit("daskprobe: internal error: threads started before the run's network namespace")
+    own_network()
+    say(f"{spec.protocol}://: the cluster and your command run in a network namespace of their own, loopback "
+        "only (UCX listens on every interface and checks no peer): your command reaches no other host")
 
 
 def _spec(args, probes: list[str]):
