@@ -173,12 +173,12 @@ def test_collecting_a_host_that_sent_a_bad_pid_keeps_the_run_and_makes_it_partia
 
 
 def serve_briefly(tmp_path, monkeypatch, verbs: list[str]) -> Path:
-    """An Agent with no probes serving a listener for a lease of 0.5 s, asked `verbs` first; its directory."""
+    """An Agent with no probes serving a listener for a lease of 0.2 s, asked `verbs` first; its directory."""
     import socket
     import threading
     import uuid
     from daskprobe.probes import agent as agent_module
-    monkeypatch.setattr(agent_module, "LEASE_S", 0.5)
+    monkeypatch.setattr(agent_module, "LEASE_S", 0.2)
     agent = agent_module.Agent.__new__(agent_module.Agent)
     agent.dir = tmp_path / "agent"
     (agent.dir / "captures").mkdir(parents=True)
