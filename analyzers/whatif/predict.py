@@ -9,7 +9,7 @@ between them) is kept as measured."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,7 @@ from .capture import Job, jobs_of
 from ..critical_path import BATCH_NS
 from .costs import Costs, layout, measure
 from .replay import Draw, Setup, replay
+from .scaling import MAX_ADMIN_LOAD, Fit, ground
 
 CATEGORIES = ("compute", "gil_contention", "cpu_starvation", "network", "scheduler_decisions",
               "runtime_bookkeeping", "client")
@@ -97,12 +98,14 @@ def model(t: dict, meta: dict) -> Model:
                  *(_background(jobs, costs.cores) if contention else (0.0, 1.0)))
 
 
-def predict(t: dict, meta: dict, changes: Changes, samples: int = SAMPLES) -> dict:
-    return sweep(t, meta, [changes], samples)[0]
+def predict(t: dict, meta: dict, changes: Changes, samples: int = SAMPLES, scaling: Fit | None = None) -> dict:
+    return sweep(t, meta, [changes], samples, scaling)[0]
 
 
-def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -> list[dict]:
-    """One prediction per change (the model built once, the unchanged replays shared)."""
+def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES,
+          scaling: Fit | None = None) -> list[dict]:
+    """One prediction per change (the model built once, the unchanged replays shared). `scaling`: the
+    scheduler's costs as workers grow, from a bench (scaling.py); None: the run's, whatever the count."""
     for c in changes:
         _check(c)
     m = model(t, meta)
@@ -110,7 +113,7 @@ def sweep(t: dict, meta: dict, changes: list[Changes], samples: int = SAMPLES) -
     # each draw replayed unchanged: a saving is the difference of two replays with the same draw, so a
     # change that alters nothing saves exactly nothing, whatever the model's own error
     base = [[replay(j, _setup(m, Changes(), r), d) for j, d in zip(m.jobs, ds)] for r, ds in enumerate(draws)]
-    return [_predict(m, c, draws, base) for c in changes]
+    return [_predict(m, c, draws, base, scaling) for c in changes]
 
 
 def _check(c: Changes) -> None:
@@ -122,12 +125,13 @@ def _check(c: Changes) -> None:
         raise NotModelled(f"--scheduler {c.scheduler}: only ws and random are modelled")
 
 
-def _predict(m: Model, c: Changes, draws: list, bases: list) -> dict:
+def _predict(m: Model, c: Changes, draws: list, bases: list, scaling: Fit | None) -> dict:
     """The changed replay as it comes (makespan_s), scaled by measured / unchanged (scaled_s) and shifted
     by their difference (offset_s); the validation found the first the closest (docs/whatif.md). The
     saving (saving_s) is the unchanged replay less the changed one, draw by draw."""
     outside = m.outside_ns * (1.0 if c.client is None else c.client)
-    changed = [[replay(job, _setup(m, c, r), _changed(job, d, c)) for job, d in zip(m.jobs, ds)]
+    grow = _growth(m, c, scaling)
+    changed = [[replay(job, _setup(m, c, r, grow), _changed(job, d, c)) for job, d in zip(m.jobs, ds)]
                for r, ds in enumerate(draws)]
     first, base = changed[0], bases[0]
     raw = [(outside + sum(g.makespan_ns for g in ch)) / 1e9 for ch in changed]
@@ -141,12 +145,58 @@ def _predict(m: Model, c: Changes, draws: list, bases: list) -> dict:
     replayed = (m.outside_ns + sum(b.makespan_ns for b in base)) / 1e9
     scaled = (m.outside_ns + sum(g.makespan_ns * _ratio(j, b) for g, j, b in zip(first, m.jobs, base))) / 1e9
     error = replayed / measured - 1
-    return {"changes": c.text(), "measured_s": measured, "makespan_s": raw[0], "interval_s": _interval(raw, abs(error)),
+    ends = [(outside + sum(replay(job, _setup(m, c, 0, g), _changed(job, d, c)).makespan_ns
+                           for job, d in zip(m.jobs, draws[0]))) / 1e9 for g in grow.ends()]
+    workers = c.workers or len(m.costs.workers)
+    return {"changes": c.text(), "measured_s": measured, "makespan_s": raw[0],
+            "interval_s": _widened(_interval(raw, abs(error)), ends),
             "saving_s": saved[0], "saving_interval_s": _interval(saved, abs(error)),
             "replay_s": replayed, "replay_error": error, "scaled_s": scaled, "offset_s": measured + raw[0] - replayed,
             "split_s": {k: split.get(k, 0.0) / 1e9 for k in CATEGORIES},
-            "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c),
-            "thread_states": m.contention}
+            "measured_split_s": m.measured_split_s, "samples": len(raw), "notes": _notes(m, c, scaling),
+            "thread_states": m.contention, "workers": workers,
+            "ground": ground(workers, len(m.costs.workers), scaling),
+            "extrapolated": ground(workers, len(m.costs.workers), scaling) != "measured",
+            "scheduler_cpu_s": (sum(g.scheduler_ns for g in first) + grow.admin * raw[0] * 1e9) / 1e9,
+            "scheduler_costs": grow.text}
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The scheduler's costs at a change's worker count against the run's (scaling.py): a factor on its
+    per-task costs, the fit's low and high ends of it, and the share of its loop the added heartbeats take."""
+    factor: float = 1.0
+    low: float = 1.0
+    high: float = 1.0
+    admin: float = 0.0
+    text: str = ""
+
+    def ends(self) -> list[Growth]:
+        """The fit's low and high ends, to replay for the interval (none when they are the point)."""
+        if self.low == self.factor == self.high:
+            return []
+        return [replace(self, factor=f, low=f, high=f) for f in (self.low, self.high)]
+
+
+def _growth(m: Model, c: Changes, scaling: Fit | None) -> Growth:
+    run = len(m.costs.workers)
+    if scaling is None:
+        return Growth(text=f"the run's, measured at {run} workers, at any count (no --scaling)")
+    w = c.workers or run
+    try:
+        point, low, high = scaling.factor(w, run)
+    except ValueError as e:
+        raise NotModelled(str(e)) from None
+    admin = scaling.admin_load(w, run)
+    if admin >= MAX_ADMIN_LOAD:
+        raise NotModelled(f"at {w} workers, heartbeats alone would take {admin:.0%} of the scheduler's loop")
+    spread = f" (90% {low:.2f}-{high:.2f})" if low != high else " (no interval: runs at 2 worker counts)"
+    return Growth(point, low, high, admin, f"the run's x{point:.2f}{spread} per task as the bench's grow from {run} "
+                                           f"to {w} workers; heartbeats {admin:+.1%} of its loop")
+
+
+def _widened(interval: list[float], ends: list[float]) -> list[float]:
+    return [min(interval[0], *ends), max(interval[1], *ends)] if ends else interval
 
 
 def _ratio(job: Job, unchanged) -> float:
@@ -161,7 +211,7 @@ def _interval(preds: list[float], error: float) -> list[float]:
     return [float(min(lo, *ends)), float(max(hi, *ends))]
 
 
-def _setup(m: Model, c: Changes, seed: int) -> Setup:
+def _setup(m: Model, c: Changes, seed: int, grow: Growth = Growth()) -> Setup:
     k = m.costs
     loop = 1 - k.loop_gil if not c.gil else 1.0
     bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
@@ -169,12 +219,12 @@ def _setup(m: Model, c: Changes, seed: int) -> Setup:
                  cores=(c.cores or k.cores) if m.contention else math.inf,
                  background=m.background * (1.0 if c.load is None else c.load), run_rate=m.run_rate,
                  lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
-                 serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping,
-                 decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions),
+                 serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping * grow.factor,
+                 decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions) * grow.factor,
                  batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,
                  policy=c.scheduler or m.scheduler, delay_ns=k.delay_ns if c.delay_ms is None else c.delay_ms * 1e6,
                  network=1.0 if c.network is None else c.network, bookkeeping=bookkeeping, seed=seed,
-                 think=1.0 if c.client is None else c.client)
+                 think=1.0 if c.client is None else c.client, admin_load=grow.admin)
 
 
 def _draw(job: Job, r: int) -> Draw:
@@ -248,12 +298,12 @@ def _measured_split(attr: pd.DataFrame | None, makespan_s: float) -> dict:
     return out
 
 
-def _notes(m: Model, c: Changes) -> list[str]:
+def _notes(m: Model, c: Changes, scaling: Fit | None) -> list[str]:
     notes = []
     if not m.contention:
         notes.append("the run has no eBPF thread states: compute is replayed as measured, with no contention "
                      "for cores or the GIL (--threads and --workers beyond the cores may be optimistic)")
-    if (c.workers or len(m.costs.workers)) * (c.threads or m.costs.threads) > 4 * m.costs.cores:
+    if (c.workers or len(m.costs.workers)) * (c.threads or m.costs.threads) > 4 * m.costs.cores and not scaling:
         notes.append(f"{(c.workers or len(m.costs.workers)) * (c.threads or m.costs.threads)} threads on "
                      f"{m.costs.cores} cores: beyond what the run measured (the scheduler's cost per task is "
                      "the run's, at its size)")

@@ -16,7 +16,8 @@ What it models, in the order a task meets it:
   holds it.
 
 What it does not: work stealing, spilling, the client's own work (kept as measured), retries,
-heartbeats, memory, the event loops' CPU as a change changes it (only the run's average load).
+heartbeats but as a share of the scheduler's loop (Setup.admin_load), memory, the event loops' CPU
+as a change changes it (only the run's average load).
 The walk back along its own critical path (`split`) gives the predicted time its categories."""
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Setup:
     seed: int = 0
     run_rate: float = 1.0  # share of a CPU the run's tasks got while they wanted one (own / (own + runnable))
     think: float = 1.0  # factor on the client's time before sending a graph
+    admin_load: float = 0.0  # share of the scheduler's loop taken by heartbeats beyond the run's (scaling.py)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Draw:
 class Result:
     makespan_ns: float
     split_ns: dict = field(default_factory=dict)
+    scheduler_ns: float = 0.0  # the scheduler's work charged in the replay (heartbeats beyond the run's not in)
 
 
 class _Replay:
@@ -80,7 +83,7 @@ class _Replay:
         n, W = len(job.keys), s.workers
         self.rng = np.random.default_rng(s.seed)
         self.events, self.seq = [], 0
-        self.sched_free, self.loop_free = 0.0, [0.0] * W
+        self.sched_free, self.loop_free, self.sched_busy = 0.0, [0.0] * W, 0.0
         self.last_send = {}
         self.dependents = [[] for _ in range(n)]
         for i, ds in enumerate(job.deps):
@@ -138,8 +141,10 @@ class _Replay:
         return leave
 
     def scheduler(self, t: float, cost: float) -> float:
-        """The scheduler's loop takes `cost` from when it is free: when it is done."""
-        self.sched_free = max(t, self.sched_free) + cost
+        """The scheduler's loop takes `cost` from when it is free: when it is done. Heartbeats beyond the
+        run's take their share of the loop, so its own work goes that much slower."""
+        self.sched_busy += cost
+        self.sched_free = max(t, self.sched_free) + cost / (1 - self.s.admin_load)
         return self.sched_free
 
     # -- graphs and the client -------------------------------------------------------------------
@@ -387,7 +392,7 @@ def _expected(job: Job, d: Draw) -> list[float]:
 def replay(job: Job, s: Setup, d: Draw) -> Result:
     r = _Replay(job, s, d)
     end = r.run()
-    return Result(end, split(r, end))
+    return Result(end, split(r, end), r.sched_busy)
 
 
 def split(r: _Replay, end: float) -> dict:

@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   daskprobe whatif runs/x --decisions 0 --bookkeeping x0.5 --gil 0 --json
   daskprobe whatif runs/x --scheduler random
   daskprobe whatif runs/x --findings                     # what each finding's advice would save
+  daskprobe whatif runs/x --workers 64,256,1024 --scaling runs/bench  # the scheduler's costs as a bench's grow
 what it models and how well: docs/whatif.md
 """
 TABLES = {"tasks": None, "jobs": None, "graphs": None, "processes": None, "attempts": None,
@@ -56,6 +57,10 @@ def add_arguments(p) -> None:
     p.add_argument("--runtime", choices=["dask", "rsds"], help="the runtime (only dask is modelled)")
     p.add_argument("--samples", type=options.bounded(int, 1, 200), default=10,
                    help="replays per prediction: the run's durations, then resampled ones (default 10)")
+    p.add_argument("--scaling", metavar="BENCH_DIR",
+                   help="the scheduler's costs per task and per heartbeat as they grow with workers, fitted on a "
+                        "bench's runs (daskprobe bench --worker zero --probes proxy,pyspy,proc, at several "
+                        "--workers); without it, the run's own at any count")
     p.add_argument("--findings", action="store_true",
                    help="instead: what each finding of summary.json would save, where the model can replay its "
                         "advice")
@@ -83,8 +88,10 @@ def main(args, command: list[str]) -> int:
     if not run.has_table("tasks"):
         raise SystemExit(f"daskprobe: {run.path} has no analysis tables: run 'daskprobe build {run.path}' first")
     t = {name: run.table(name, missing_ok=True, columns=cols) for name, cols in TABLES.items()}
+    meta = run.meta()
+    fit = scaling(args.scaling) if args.scaling else None  # after the run's tables: it may become the bench's owner
     try:
-        out = _findings(run, t, args.samples) if args.findings else sweep(t, run.meta(), changes(args), args.samples)
+        out = _findings(run, t, args.samples) if args.findings else sweep(t, meta, changes(args), args.samples, fit)
     except NotModelled as e:
         raise SystemExit(f"daskprobe: whatif: {e}")
     if args.json:
@@ -95,12 +102,34 @@ def main(args, command: list[str]) -> int:
     return 0
 
 
+def scaling(path: str):
+    """The fit of a bench directory's results (analyzers/whatif/scaling.py); as root in another user's
+    directory, this process becomes that user first."""
+    from pathlib import Path
+
+    from ...analyzers.whatif.scaling import fit
+    from ...dashboards import bench_results
+    from ...probes import users
+    bench = Path(path)
+    if not (bench / "results.csv").is_file():
+        raise SystemExit(f"daskprobe: whatif: {bench} is not a bench directory (no results.csv)")
+    users.work_as_owner_of(bench)
+    try:
+        return fit(bench_results.load(bench), source=str(bench))
+    except ValueError as e:
+        raise SystemExit(f"daskprobe: whatif: --scaling: {e}")
+
+
 def _findings(run, t: dict, samples: int) -> list[dict]:
     from ...analyzers.whatif.advice import savings
     path = run / "summary.json"
     if not path.exists():
         raise SystemExit(f"daskprobe: no summary.json in {run.path}: run 'daskprobe report {run.path}' first")
-    return savings(t, run.meta(), json.loads(path.read_text()).get("findings", []), samples)
+    found = json.loads(path.read_text()).get("findings", [])
+    if found and not any("what_if" in f for f in found):
+        raise SystemExit(f"daskprobe: {run.path}'s summary.json predates the what-if model (its findings have no "
+                         f"what_if): run 'daskprobe report {run.path}' first")
+    return savings(t, run.meta(), found, samples)
 
 
 def render_savings(out: list[dict]) -> str:
@@ -115,17 +144,19 @@ def render(out: list[dict]) -> str:
     head = (f"measured makespan {first['measured_s']:.3f} s; the model's replay of the run unchanged "
             f"{first['replay_s']:.3f} s ({first['replay_error']:+.1%}), the error a prediction may have before any other")
     cats = list(first["split_s"])
-    rows = [["", "makespan s", "90% interval", "vs run", *cats]]
+    rows = [["", "makespan s", "90% interval", "vs run", "ground", "scheduler CPU s", *cats]]
     measured = first["measured_split_s"]
     if measured:
-        rows.append(["measured", f"{first['measured_s']:.3f}", "", "1.00",
+        rows.append(["measured", f"{first['measured_s']:.3f}", "", "1.00", "", "",
                      *(f"{measured.get(c, 0):.3f}" for c in cats)])
     for p in out:
         lo, hi = p["interval_s"]
         rows.append([p["changes"], f"{p['makespan_s']:.3f}", f"{lo:.3f}-{hi:.3f}",
-                     f"{p['makespan_s'] / p['measured_s']:.2f}", *(f"{p['split_s'][c]:.3f}" for c in cats)])
+                     f"{p['makespan_s'] / p['measured_s']:.2f}", p["ground"], f"{p['scheduler_cpu_s']:.3f}",
+                     *(f"{p['split_s'][c]:.3f}" for c in cats)])
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head, "", *("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, width)))
                          for r in rows)]
+    costs = [f"scheduler costs at {p['workers']} workers: {p['scheduler_costs']}" for p in out]
     notes = sorted({n for p in out for n in p["notes"]})
-    return "\n".join(lines + [f"note: {n}" for n in notes])
+    return "\n".join(lines + list(dict.fromkeys(costs)) + [f"note: {n}" for n in notes])
