@@ -12,6 +12,8 @@ pub const MAX_FRAMES: u64 = 1 << 20;
 pub const MAX_FRAME_LEN: u64 = 1 << 42;
 /// Bytes of frame 0 and sub-headers kept per message; the rest is counted only.
 pub const KEEP_CAP: usize = 16 << 20;
+/// Bytes of a kept frame allocated when it starts; a larger one grows as its bytes come.
+pub const RESERVE_MAX: usize = 1 << 20;
 /// A frame after frame 0 is kept only if it is this small and starts like a msgpack map.
 pub const SUBHEADER_MAX: u64 = 64 << 10;
 
@@ -286,8 +288,9 @@ impl Parser {
             let wanted = self.frame < head || (len <= SUBHEADER_MAX && is_msgpack_map(data[0]));
             self.keeping = wanted;
             if wanted {
-                // at its size at once: a frame read in many chunks (a graph's megabytes) is not regrown per chunk
-                let size = len.min((KEEP_CAP - self.kept_bytes) as u64) as usize;
+                // at its size at once, not regrown per chunk; but only up to RESERVE_MAX before its bytes come,
+                // since the length is the peer's word
+                let size = len.min((KEEP_CAP - self.kept_bytes).min(RESERVE_MAX) as u64) as usize;
                 self.kept.push((self.frame as u32, Vec::with_capacity(size)));
             }
         }
@@ -355,5 +358,24 @@ mod resync_tests {
         for at in 1..m.len() {
             assert_ne!(plausible_start(&m[at..]), Some(true), "a false start at {at}");
         }
+    }
+}
+
+#[cfg(test)]
+mod reserve_tests {
+    use super::*;
+
+    /// A peer that announces a 16 MiB frame 0 and sends 10 bytes of it gets RESERVE_MAX reserved, not 16 MiB.
+    #[test]
+    fn a_kept_frame_reserves_at_most_reserve_max_before_its_bytes_come() {
+        let len = (KEEP_CAP - 1) as u64;
+        let mut stream = (16 + len).to_le_bytes().to_vec();
+        stream.extend_from_slice(&1u64.to_le_bytes());
+        stream.extend_from_slice(&len.to_le_bytes());
+        stream.extend_from_slice(&[0x81; 10]);
+        let (mut p, mut out) = (Parser::new(), Vec::new());
+        p.feed(&stream, 1, 2, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(p.kept.last().unwrap().1.capacity(), RESERVE_MAX);
     }
 }
