@@ -114,3 +114,15 @@ def test_ucx_without_distributed_ucxx_is_refused_before_anything_starts(tmp_path
     why = "needs distributed-ucxx in the cluster's Python" if os.geteuid() == 0 else "needs root"
     assert why in p.stderr, p.stderr
     assert not out.exists()
+
+
+def test_a_member_slow_to_exit_loses_none_of_its_records(tmp_path):
+    """The comm tap writes a process's last records at its exit, after Dask logged its end: a scheduler whose
+    exit takes a second more (an exit handler of another preload, run first) still ends its file whole."""
+    slow = tmp_path / "slow_exit.py"
+    slow.write_text("import atexit, time\natexit.register(time.sleep, 1.5)\n")
+    slow.chmod(0o644)
+    run, p = run_flow(tmp_path, PINNED_FLOW.format(n=4), "--workers", "2", "--probes", "comm", "--no-trace",
+                      "--config", f"distributed.scheduler.preload={slow}")
+    assert "comm tap:" not in p.stderr, p.stderr[-2000:]
+    assert read_status(run.comm_capture)["state"] == "ended"

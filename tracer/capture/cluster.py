@@ -398,13 +398,20 @@ class Cluster:
                        done=self._logged("End scheduler"))
         killed += stop_proxy(self.recorder, grace) if self.recorder else []
         if self.comm_dir:
-            self._merge_comm_tap()
+            self._merge_comm_tap(grace)
         if self.scratch != self.run.scratch:  # rmtree follows no link the cluster's user left there
             shutil.rmtree(self.scratch, ignore_errors=True)
         return killed
 
-    def _merge_comm_tap(self) -> None:
+    def _merge_comm_tap(self, grace: float) -> None:
         from ...probes.comm_capture import merge  # here: it imports pandas, which starting a run needs not
+        # A member that logged its end writes the comm tap's last records at exit (its atexit): merged before
+        # that, they were lost and the run partial (seen in the tests). Wait for the exits, up to `grace`.
+        deadline = time.monotonic() + grace
+        for m in self.members:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if m.proc:
+                    m.proc.wait(max(0.0, deadline - time.monotonic()))
         said = merge(self.comm_dir, self.run.comm_capture, self.user.uid if self.user else os.geteuid(),
                      {m.pid: m.name for m in self.members if m.pid})
         if said:
