@@ -95,7 +95,7 @@ class _Tap:
         self.records, self.writer, self.ids = records, writer, itertools.count(1)
         self.reading = contextvars.ContextVar("daskprobe_comm_tap_read", default=None)
         self.writing = contextvars.ContextVar("daskprobe_comm_tap_write", default=None)
-        self.accepted = []  # (comm class, its ends: (listen, peer)) of each backend tapped
+        self.accepted = []  # (comm class, its ends (listen, peer), what is told its number) per backend
 
     def opened(self, label: str, listen: str, peer: str) -> int:
         conn = next(self.ids)
