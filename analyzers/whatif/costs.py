@@ -33,6 +33,7 @@ class Costs:
     loop_gil: float  # share of the scheduler's busy time spent waiting for the GIL
     gil_share: float  # share of the tasks' CPU time that holds the GIL (on-CPU samples in compute)
     batch_ns: dict  # batched-send intervals, as critical_path.BATCH_NS
+    graph_cpu: float = 1.0  # of the graphs' handling (their wall time, as replayed), the share that was CPU
 
 
 def layout(t: dict, meta: dict) -> tuple[list[str], int, int, float]:
@@ -51,7 +52,10 @@ def measure(t: dict, meta: dict, spans: list[tuple[int, int]], n_tasks: int) -> 
     workers, threads, cores, delay = layout(t, meta)
     msgs = t["messages"]
     busy, gil = _scheduler_busy(t, spans)
-    per_task = max(0.0, busy - _scheduler_busy(t, _graph_spans(t))[0]) / max(1, n_tasks)
+    graphs = _graph_spans(t)
+    graph_busy = _scheduler_busy(t, graphs)[0]
+    per_task = max(0.0, busy - graph_busy) / max(1, n_tasks)
+    graph_wall = sum(b - a for a, b in graphs)
     share = _decision_share(t.get("cpu_samples"), spans)
     lat = _latencies(msgs, delay)
     x = exchanges(msgs)
@@ -60,7 +64,8 @@ def measure(t: dict, meta: dict, spans: list[tuple[int, int]], n_tasks: int) -> 
                  ns_per_byte=_per_byte(x, lat[("worker", "worker")] + delay),
                  serve_ns=_median(x.rep_first - x.req_last, 0.0), task_ns=per_task * (1 - share),
                  decide_ns=per_task * share, loop_gil=gil / busy if busy else 0.0,
-                 gil_share=_gil_share(t.get("cpu_samples")), batch_ns=dict(BATCH_NS))
+                 gil_share=_gil_share(t.get("cpu_samples")), batch_ns=dict(BATCH_NS),
+                 graph_cpu=min(1.0, graph_busy / graph_wall) if graph_busy > 0 else 1.0)
 
 
 def _natural(name: str):

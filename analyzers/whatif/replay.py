@@ -58,6 +58,7 @@ class Setup:
     run_rate: float = 1.0  # share of a CPU the run's tasks got while they wanted one (own / (own + runnable))
     think: float = 1.0  # factor on the client's time before sending a graph
     admin_load: float = 0.0  # share of the scheduler's loop taken by heartbeats beyond the run's (scaling.py)
+    graph_cpu: float = 1.0  # of a graph's handling, the share that is the scheduler's CPU (the rest: waits)
 
 
 @dataclass
@@ -140,10 +141,10 @@ class _Replay:
         self.last_send[stream] = leave
         return leave
 
-    def scheduler(self, t: float, cost: float) -> float:
-        """The scheduler's loop takes `cost` from when it is free: when it is done. Heartbeats beyond the
-        run's take their share of the loop, so its own work goes that much slower."""
-        self.sched_busy += cost
+    def scheduler(self, t: float, cost: float, cpu: float | None = None) -> float:
+        """The scheduler's loop takes `cost` from when it is free: when it is done; `cpu` of it its CPU (None:
+        all). Heartbeats beyond the run's take their share of the loop, so its own work goes that much slower."""
+        self.sched_busy += cost if cpu is None else cpu
         self.sched_free = max(t, self.sched_free) + cost / (1 - self.s.admin_load)
         return self.sched_free
 
@@ -155,7 +156,8 @@ class _Replay:
 
     def graph_arrives(self, t: float, g: int) -> None:
         self.graph_t[g]["arr"] = t
-        done = self.scheduler(t, self.job.graphs[g].process_ns * self.s.bookkeeping)
+        cost = self.job.graphs[g].process_ns * self.s.bookkeeping
+        done = self.scheduler(t, cost, cost * self.s.graph_cpu)
         self.graph_t[g]["done"] = done
         ready = [i for i in np.flatnonzero(self.job.graph == g) if not self.known[i]]
         for i in ready:
