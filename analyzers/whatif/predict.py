@@ -158,7 +158,7 @@ def _predict(m: Model, c: Changes, draws: list, bases: list, scaling: Fit | None
             "ground": ground(workers, len(m.costs.workers), scaling),
             "extrapolated": ground(workers, len(m.costs.workers), scaling) != "measured",
             "scheduler_cpu_s": (sum(g.scheduler_ns for g in first) + grow.admin * raw[0] * 1e9) / 1e9,
-            "scheduler_costs": grow.text}
+            "scheduler_costs": grow.text, "scaling": scaling.text() if scaling else None}
 
 
 @dataclass(frozen=True)

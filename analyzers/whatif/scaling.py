@@ -84,8 +84,8 @@ class Fit:
         return (heartbeats_per_s(workers) - heartbeats_per_s(run_workers)) * HEARTBEAT_MSGS * self.admin_msg_s
 
     def text(self) -> str:
-        return (f"{self.source}: the scheduler's CPU per task {self.intercept * 1e6:.0f} + {self.slope * 1e9:.1f}n ns at "
-                f"n workers (fit on {self.points} runs, {self.lo}..{self.hi} workers), "
+        return (f"{self.source}: the scheduler's CPU per task {self.intercept * 1e6:.0f} µs + {self.slope * 1e9:.1f} ns "
+                f"per worker (fit on {self.points} runs, {self.lo}..{self.hi} workers), "
                 f"{self.admin_msg_s * 1e6:.0f} µs per administrative message")
 
 

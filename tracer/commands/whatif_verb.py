@@ -157,6 +157,8 @@ def render(out: list[dict]) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head, "", *("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, width)))
                          for r in rows)]
-    costs = [f"scheduler costs at {p['workers']} workers: {p['scheduler_costs']}" for p in out]
+    costs = [f"scheduler costs from {p['scaling']}" for p in out if p["scaling"]]
+    costs += [f"scheduler costs at {p['workers']} workers: {p['scheduler_costs']}" if p["scaling"]
+              else f"scheduler costs: {p['scheduler_costs']}" for p in out]
     notes = sorted({n for p in out for n in p["notes"]})
     return "\n".join(lines + list(dict.fromkeys(costs)) + [f"note: {n}" for n in notes])
