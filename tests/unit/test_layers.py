@@ -3,6 +3,7 @@ tracer/, each stage's package imports only from the stages before it. A layer re
 one above it by name (an entry point it loads) counts as importing it."""
 
 import ast
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -12,11 +13,17 @@ LAYERS = ["probes", "analyzers", "dashboards", "tracer", "experiments"]  # botto
 STAGES = ["variants", "capture", "decode", "pipeline", "bench", "commands"]  # tracer's packages, in order
 
 
+@functools.cache
+def tree(path: Path) -> ast.AST:
+    """The module's syntax tree, parsed once for both tests and both kinds of edge (parsing is their cost)."""
+    return ast.parse(path.read_text())
+
+
 def imported_modules(path: Path):
     """(line, dotted path below daskprobe) for every import of a daskprobe module in `path`."""
     rel = path.relative_to(ROOT)
     package = list(rel.parts[:-1]) if rel.name != "__init__.py" else list(rel.parts[:-1])
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:  # relative: climb `level` packages from this module's own
                 base = package[:max(0, len(package) - node.level + 1)]
@@ -32,7 +39,7 @@ def imported_modules(path: Path):
 
 def entry_point_groups(path: Path):
     """(line, group) for every entry_points(group=...) a module loads."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree(path)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "entry_points":
             for kw in node.keywords:
                 if kw.arg == "group" and isinstance(kw.value, ast.Constant):
