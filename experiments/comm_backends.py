@@ -74,12 +74,14 @@ with LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_
 """
 
 
-def run_backend(python: str, protocol: str, graphs: list[str], work: Path) -> tuple[list[dict], Capture]:
-    """One run: its graphs' rows (as FLOW prints them) and what the comm tap recorded (its files merged)."""
+def run_backend(python: str, protocol: str, graphs: list[str], work: Path,
+                config: dict[str, str] | None = None) -> tuple[list[dict], Capture]:
+    """One run: its graphs' rows (as FLOW prints them) and what the comm tap recorded (its files merged).
+    `config`: more environment (Dask's config as DASK_* variables)."""
     comm = work / f"comm-{protocol}-{time.monotonic_ns()}"
     comm.mkdir(mode=0o700)
     env = dict(os.environ, DASKPROBE_COMM_TAP_DIR=str(comm), DASK_DISTRIBUTED__SCHEDULER__PRELOAD=str(COMM_TAP),
-               DASKPROBE_CAPTURE_RECORDS=str(COMM_TAP.with_name("capture_records.py")))
+               DASKPROBE_CAPTURE_RECORDS=str(COMM_TAP.with_name("capture_records.py")), **(config or {}))
     if protocol == "tls":
         certs = work / f"tls-{time.monotonic_ns()}"
         certs.mkdir(mode=0o700)

@@ -17,13 +17,15 @@ import pytest
 from daskprobe.experiments import comm_backends
 from daskprobe.probes import wire
 
-# Deterministic graphs: every task is computed once, on any backend (keys named, no data to steal).
+# Deterministic graphs: every task is computed once, on any backend (keys named, no stealing).
 GRAPHS = ["merge-40", "tree-4"]
 TASKS = 41 + 15
 # Sent on a timer, or in the shutdown's races, or told again when a replica came: their count follows
 # the run's timing (as test_comm_tap). Handshakes are checked apart: one each way per connection.
-TIMED = {"heartbeat_worker", "key-in-memory", "remove-worker", "retire_workers", "terminate", "reply",
-         "value", "handshake", "worker-status-change", "close-stream"}
+TIMED = {"heartbeat_worker", "heartbeat-client", "adjust-heartbeat-interval", "key-in-memory", "remove-worker",
+         "retire_workers", "terminate", "reply", "value", "handshake", "worker-status-change", "close-stream"}
+# A loaded machine makes the scheduler steal work, which adds messages of its own: off, as the runs compare
+STEADY = {"DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False"}
 # Follow where each task ran, which the scheduler decides anew each run: the data fetched from the other
 # worker (get_data, batched as requests overlap), its replicas told and released. Slack: 3 messages or 15%.
 PLACED = {"get_data", "add-keys", "release-worker-data", "free-keys"}
@@ -46,7 +48,7 @@ def _ops(cap) -> tuple[Counter, Counter]:
 
 
 def _run(python: str, protocol: str, work: Path) -> tuple[Counter, Counter, pd.DataFrame]:
-    rows, cap = comm_backends.run_backend(python, protocol, GRAPHS, work)
+    rows, cap = comm_backends.run_backend(python, protocol, GRAPHS, work, STEADY)
     assert [r["graph"] for r in rows] == GRAPHS
     return *_ops(cap), cap.messages
 
