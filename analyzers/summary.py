@@ -74,7 +74,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
                         | (task_stream_numbers(t["task_stream"]) if "task_stream" in t else {}))
     attempts = assign_jobs(t["attempts"], jobs)
     tasks = tasks_table(attempts, graphs)
-    path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), exchanges(t["messages"]))
+    fetched = exchanges(t["messages"])
+    path = critical_paths(jobs, tasks, attempts, graphs, told(t["messages"]), fetched)
     path = pd.concat([path, client_gaps(window, jobs, t["messages"])], ignore_index=True)
     path = path.sort_values("start_ns", kind="stable", ignore_index=True)
     if meta.get("cluster", {}).get("server_cmd"):  # a server of its own (RSDS) sends at once: no batched-send
@@ -84,7 +85,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span, ended),
              "workers_ended_s": {w: (ns - window[0]) / 1e9 for w, ns in ended.items()},
              "task_overhead_s": task_overhead(tasks), "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], span, len(tasks))}
-    moves = transfers(t["messages"])
+    moves = transfers(t["messages"], fetched)
     whole["moved"] = moved(moves)
     out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(attempts), "transfers": moves,
            "prefixes": prefix_costs(tasks, path, numbers["session_s"]), "critical_path": path}

@@ -30,6 +30,8 @@ def compute_rows(segs: pd.DataFrame, attempts: pd.DataFrame, task_tids: pd.DataF
     goes to `rest`; its task's attempt is the one whose `span` (two columns of attempts) holds the
     segment's start."""
     segs = segs.reset_index(drop=True)
+    if segs.empty:  # none of these segments (a cluster's run has no pool's): no merges to pay for
+        return segs.assign(category=rest, seconds=np.zeros(0))[COLUMNS]
     s0, s1 = segs.start_ns.to_numpy("int64"), segs.end_ns.to_numpy("int64")
     waited = {state: np.zeros(len(segs), dtype="int64") for state, _, _ in WAITS}
     tid = _task_thread(segs, attempts, task_tids, span)

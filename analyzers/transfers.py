@@ -13,9 +13,9 @@ COLUMNS = ["src", "dst", "kind", "t_first_ns", "t_last_ns", "bytes"]
 MIN_WIRE_S = 1e-3  # a rate over less wire time than this says more about the clock than the link
 
 
-def transfers(messages: pd.DataFrame) -> pd.DataFrame:
-    """Table transfers."""
-    fetched = exchanges(messages)
+def transfers(messages: pd.DataFrame, fetched: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Table transfers. fetched: exchanges(messages), if the caller has them."""
+    fetched = exchanges(messages) if fetched is None else fetched
     fetched = pd.DataFrame({"src": fetched.dst, "dst": fetched.src, "kind": "get_data", "t_first_ns": fetched.rep_first,
                             "t_last_ns": fetched.rep_last, "bytes": fetched.rep_bytes})
     m = messages[(messages.src_role == "worker") & (messages.dst_role == "worker") & messages.op.isin(PUSHED)]
