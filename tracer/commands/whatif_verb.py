@@ -89,9 +89,11 @@ def main(args, command: list[str]) -> int:
         raise SystemExit(f"daskprobe: {run.path} has no analysis tables: run 'daskprobe build {run.path}' first")
     t = {name: run.table(name, missing_ok=True, columns=cols) for name, cols in TABLES.items()}
     meta = run.meta()
-    fit = scaling(args.scaling) if args.scaling else None  # after the run's tables: it may become the bench's owner
     try:
-        out = _findings(run, t, args.samples) if args.findings else sweep(t, meta, changes(args), args.samples, fit)
+        if args.findings:
+            out = _findings(run, t, args.samples)
+        else:  # the bench read after the run: reading it, root may become its owner
+            out = sweep(t, meta, changes(args), args.samples, scaling(args.scaling) if args.scaling else None)
     except NotModelled as e:
         raise SystemExit(f"daskprobe: whatif: {e}")
     if args.json:
