@@ -8,7 +8,7 @@ to the recorder as bytes: a request is a JSON line on stdin; each reply is
 
 The recorder checks every reply (its sizes, types and values): this process is the cluster's too.
 
-    python -m daskprobe.tracer.agent_relay     (started by tracer/capture/agents.py, not by hand)
+    python -m daskprobe.tracer.capture.agent_relay     (started by tracer/capture/agents.py, not by hand)
 """
 
 from __future__ import annotations

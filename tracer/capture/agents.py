@@ -274,7 +274,7 @@ def _start_relay(user: tuple[int, int] | None, log: Path) -> subprocess.Popen:
     # its own session: a Ctrl-C at the terminal (attach's way to end) must leave it to read the agents
     # at the end. Not our_child's death signal: that fires when the thread that started it ends (the
     # agents may start in the pulls' thread); it ends when its stdin does, with us.
-    relay = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.agent_relay"], stdin=subprocess.PIPE,
+    relay = subprocess.Popen([sys.executable, "-m", "daskprobe.tracer.capture.agent_relay"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=env, start_new_session=True,
                              **kw)
     threading.Thread(target=_drain, args=(relay.stderr, log), name="daskprobe-relay-log", daemon=True).start()
