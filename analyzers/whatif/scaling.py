@@ -75,7 +75,7 @@ class Fit:
             raise ValueError(f"the bench's per-task cost fits to {base * 1e6:.0f} µs at {run_workers} workers")
         lo, hi = self.per_task_interval_s(workers)
         point = self.per_task_s(workers) / base
-        if lo != lo:
+        if math.isnan(lo):
             return point, point, point
         return point, max(0.0, lo) / base, hi / base
 
