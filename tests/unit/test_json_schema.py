@@ -15,6 +15,7 @@ from daskprobe.probes import json_schema, rates
 from daskprobe.probes.json_schema import SchemaError, problems
 from daskprobe.probes.rundir import RunDir
 from daskprobe.probes.run_json import RUN_JSON
+from sources import tree
 
 PACKAGE = Path(__file__).resolve().parents[2]
 LAYERS = ("probes", "analyzers", "dashboards", "tracer", "experiments")
@@ -80,7 +81,7 @@ def _written_keys() -> dict[str, str]:
     out = {}
     files = [p for layer in LAYERS for p in (PACKAGE / layer).rglob("*.py") if not {"target", "vendor"} & set(p.parts)]
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree(path)):
             if _writes_run_json(node):
                 out |= {k.arg: f"{path.relative_to(PACKAGE)}:{node.lineno}" for k in node.keywords if k.arg}
     return out

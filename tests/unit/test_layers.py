@@ -3,20 +3,15 @@ tracer/, each stage's package imports only from the stages before it. A layer re
 one above it by name (an entry point it loads) counts as importing it."""
 
 import ast
-import functools
 import re
 import tomllib
 from pathlib import Path
 
+from sources import tree
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["probes", "analyzers", "dashboards", "tracer", "experiments"]  # bottom to top
 STAGES = ["variants", "capture", "decode", "pipeline", "bench", "commands"]  # tracer's packages, in order
-
-
-@functools.cache
-def tree(path: Path) -> ast.AST:
-    """The module's syntax tree, parsed once for both tests and both kinds of edge (parsing is their cost)."""
-    return ast.parse(path.read_text())
 
 
 def imported_modules(path: Path):
