@@ -144,6 +144,8 @@ OURS = re.compile("^(?:" + "|".join(re.escape(f"{_OURS / d}/") for d in ("probes
 def stragglers(t: dict) -> pd.DataFrame:
     """Tasks on the critical path whose compute took far longer than their prefix's median (of at least 5
     tasks): job, key, prefix, worker, compute_s, median_s, path_s (their compute seconds on the path)."""
+    if t.get("stragglers") is not None:  # worked out once for all findings (summary.analyze)
+        return t["stragglers"]
     tasks, path = t.get("tasks"), t.get("critical_path")
     if tasks is None or path is None or tasks.empty:
         return pd.DataFrame()
