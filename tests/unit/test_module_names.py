@@ -6,6 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import sources
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["probes", "analyzers", "dashboards", "tracer", "experiments"]
 NAME = re.compile(r"daskprobe(\.[a-z_][a-z0-9_]*)+")
@@ -14,7 +16,7 @@ NAME = re.compile(r"daskprobe(\.[a-z_][a-z0-9_]*)+")
 def named_modules():
     for layer in LAYERS:
         for path in (ROOT / layer).rglob("*.py"):
-            tree = ast.parse(path.read_text())
+            tree = sources.tree(path)
             loggers = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call)
                        and getattr(n.func, "attr", None) == "getLogger" for a in n.args}  # a logger's name
             for node in ast.walk(tree):
