@@ -134,7 +134,7 @@ def analyze(t: dict, meta: dict) -> Analysis:
     """analyze_run(t, meta) once per distinct run and meta in the session: tests of different rules
     read the same run (a fifth of the unit layer's analyses), and an analysis takes a fifth of a
     second however small the run. The analysis is pure, so a run analysed again gives what it gave;
-    each caller gets its own copy to change."""
+    each caller gets its own copy to change. A test that patches the analysis calls analyze_run."""
     key = hashlib.sha256(pickle.dumps((sorted(t.items()), sorted(meta.items())))).hexdigest()
     if key not in ANALYSES:
         ANALYSES[key] = analyze_run(t, meta)
