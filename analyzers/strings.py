@@ -30,6 +30,8 @@ def in_python_strings(fn):
     """fn(tables, ...) run inside python_strings(), on its tables dict (first argument) converted."""
     @functools.wraps(fn)
     def run(tables: dict, *args, **kwargs):
+        if pd.get_option("mode.string_storage") == "python":  # called from inside: its tables are converted
+            return fn(tables, *args, **kwargs)
         with python_strings():
             return fn({name: as_python_strings(df) for name, df in tables.items()}, *args, **kwargs)
     return run
