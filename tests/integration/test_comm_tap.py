@@ -4,14 +4,16 @@ messages."""
 
 import json
 import os
+import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
 from daskprobe.probes.proxy_capture import read_capture, read_status
+from daskprobe.probes.rundir import RunDir
 
-from helpers import PINNED_FLOW, daskprobe, run_flow, searchable_dir
+from helpers import PINNED_FLOW, daskprobe, run_flow, searchable_dir, write_flow
 
 N = 20
 # Sent on a timer (heartbeat_worker every 0.5-1 s and the scheduler's reply to each), not for the
@@ -126,3 +128,23 @@ def test_a_member_slow_to_exit_loses_none_of_its_records(tmp_path):
                       "--config", f"distributed.scheduler.preload={slow}")
     assert "comm tap:" not in p.stderr, p.stderr[-2000:]
     assert read_status(run.comm_capture)["state"] == "ended"
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs daskprobe as the user nobody")
+def test_default_without_root_records_inside_the_comms_what_the_proxy_does(tcp):
+    """Without root (no tap) the default records the messages with the comm tap, not the proxy in their path: it
+    says so, and gets the same messages per op as the proxy's run of the same flow (as test_messages_match_tcp)."""
+    tmp = searchable_dir("comm-tap-not-root")
+    out, flow = tmp / "run", write_flow(tmp / "flow.py", PINNED_FLOW.format(n=N))
+    p = subprocess.run([*NOBODY, sys.executable, "-m", "daskprobe.tracer.commands", "run", "--workers", "2",
+                        "--no-trace", "--out", str(out), "--", sys.executable, str(flow)],
+                       capture_output=True, text=True, timeout=240, env=dict(os.environ, HOME=str(tmp)), cwd=tmp)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "messages inside Dask's comms: the comm tap, as the tap needs root" in p.stderr
+    run = RunDir(out)
+    assert run.messages_capture == run.comm_capture and not run.proxy_capture.exists()
+    assert read_status(run.comm_capture)["state"] == "ended" and run.meta()["partial"] is False
+    pd.testing.assert_series_equal(_counts(tcp), _counts(run), check_names=False)

@@ -86,3 +86,24 @@ def test_runs_default_sample_rate_is_lower_where_py_spy_reads_the_cluster(monkey
         monkeypatch.setattr(cluster, "ask_versions", lambda python, user, v=version: lambda: {"python": v})
         assert _default_rate(["pyspy"], False, "/opt/py/bin/python", None, said.append) == rate, version
     assert [s for s in said if "CPython 3.9.18" in s] and [s for s in said if "CPython 3.14.0" in s]
+
+
+@pytest.mark.parametrize("root,opts,chosen", [
+    (True, [], "tap"), (False, [], "comm"), (False, ["--nanny"], "proxy"),
+    (False, ["--python", "/opt/py/bin/python"], "proxy"), (False, ["--delay-ms", "5"], "proxy"),
+    (True, ["--delay-ms", "5"], "proxy"), (False, ["--server-cmd", "rsds-scheduler --port {port}"], "proxy"),
+])
+def test_runs_default_records_the_messages_off_their_path_where_it_can(monkeypatch, root, opts, chosen):
+    """The tap as root, else the comm tap inside Dask's processes (docs/measurements.md: the proxy's hop costs
+    a wake-up and two syscalls per message); the proxy where only it serves: a delay, a server that is not
+    Dask's, a nanny (its worker's last records), another interpreter, and a proxy kept there is said."""
+    from daskprobe.probes import base
+    from daskprobe.probes.registry import WIRE
+    from daskprobe.tracer.commands import options
+    from daskprobe.tracer.commands.run_verb import _wire
+    monkeypatch.setattr(base, "is_root", lambda: root)
+    monkeypatch.setattr(base, "native_binary", lambda name: f"/usr/bin/{name}")
+    said = []
+    got = _wire(options.parse_probes("default"), parser()[0].parse_args(["run", *opts]), said.append)
+    assert [w for w in WIRE if w in got] == [chosen]
+    assert bool(said) == any(o in opts for o in ("--nanny", "--python"))

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ...probes import rates
-from ...probes.base import LAST_READ_TIMEOUT, Probe, ended_early
+from ...probes.base import LAST_READ_TIMEOUT, Probe, ended_early, is_root
 from . import dask_versions
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ...probes.local_scheduler import CommandCaptures, descendants, pool_process, runs_as
@@ -200,7 +200,7 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
                              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
     code, client, started, cluster, hook, local = 1, None, [], None, None, None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
-        wire = " (messages from the wire: the tap; --probes all for the proxy)" if spec.tap else ""
+        wire = _recorder_said(spec)
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' + wire if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
@@ -453,6 +453,16 @@ def _follow_children(client: subprocess.Popen, started: list[Probe], run: RunDir
 def _collect(run: RunDir, local: CommandCaptures) -> None:
     for why in local.collect(run / "captures"):
         say(f"local-scheduler capture {why}")
+
+
+def _recorder_said(spec: ClusterSpec) -> str:
+    """Which recorder takes the messages, and why, where it is not the proxy (tls:// says its own)."""
+    if spec.tap:
+        return " (messages from the wire: the tap; --probes all for the proxy)"
+    if spec.comm_tap and spec.protocol == "tcp":
+        why = ", as the tap needs root" if not is_root() else ""
+        return f" (messages inside Dask's comms: the comm tap{why}; --probes all for the proxy)"
+    return ""
 
 
 def _capture_stopped(run: RunDir, recorder: str) -> str | None:

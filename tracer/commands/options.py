@@ -93,8 +93,8 @@ def probes(p: argparse.ArgumentParser, default: str) -> None:
                    help="comma-separated probes: proxy (or tap), pyspy, proc, cpu, gil, offcpu, tcp; 'all' (every "
                         "probe but tap; "
                         "those this machine cannot run are skipped and recorded); 'default' (every probe, the "
-                        "messages from the wire by the tap as root, through the proxy otherwise or with "
-                        "--delay-ms or --server-cmd) or 'none' for an untraced "
+                        "messages from the wire by the tap as root, else inside Dask's comms by the comm tap, through "
+                        "the proxy with --delay-ms, --server-cmd, --nanny or --python) or 'none' for an untraced "
                         f"baseline (default {default})")
 
 

@@ -66,7 +66,7 @@ def main(args, command: list[str]) -> int:
     from ..capture.session import Signals, default_command, run, say
 
     probes = options.parse_probes(args.probes)
-    probes = _wire(probes, args) if args.probes == "default" else probes
+    probes = _wire(probes, args, say) if args.probes == "default" else probes
     probes = _comm_tap(probes, args, say)
     spec, command = _spec(args, probes), command or default_command()
     options.check_command(command)
@@ -118,13 +118,23 @@ def _default_rate(probes: list[str], native: bool, python: str, user, say) -> fl
     return rates.PYSPY_SAMPLE_RATE
 
 
-def _wire(probes: list[str], args) -> list[str]:
-    """The default's message recorder: the tap, off the data path (its cost: docs/measurements.md), where
-    it can run; the proxy for --delay-ms (it holds the bytes) and --server-cmd (it checks who connects)."""
+def _wire(probes: list[str], args, say) -> list[str]:
+    """The default's message recorder, off the messages' path where it can be (the costs:
+    docs/measurements.md): the tap as root; else the comm tap inside Dask's processes. The proxy stays
+    for --delay-ms (it holds the bytes), --server-cmd (not Dask's comms; it checks who connects),
+    --nanny (a nanny ends its worker by SIGTERM: the comm tap would lose its last 200 ms) and another
+    interpreter (--python: the comm tap hooks the Dask that daskprobe runs on). Off tcp:// it is
+    _comm_tap's choice."""
     from ...probes.base import is_root, native_binary
-    if not is_root() or args.delay_ms or args.server_cmd or native_binary("daskprobe-tap") is None:
+    if args.delay_ms or args.server_cmd or args.protocol != "tcp":
         return probes
-    return ["tap" if p == "proxy" else p for p in probes]
+    if is_root() and native_binary("daskprobe-tap") is not None:
+        return ["tap" if p == "proxy" else p for p in probes]
+    keep = "--nanny" if args.nanny else "--python" if args.python != sys.executable else None
+    if keep:
+        say(f"messages: through the proxy, with {keep} (without either the comm tap, off their path, records them)")
+        return probes
+    return ["comm" if p == "proxy" else p for p in probes]
 
 
 def _comm_tap(probes: list[str], args, say) -> list[str]:
