@@ -12,6 +12,7 @@ from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holde
                        gil_holder_thread, gil_holders_beside_tasks, heaviest_graphs, hot_functions,
                        imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path, spills_on_path,
                        stragglers, why_slow)
+from .local import NEW_PROCESS
 from .task_threads import TASK_BLOCKED
 from .whatif.costs import layout
 
@@ -605,7 +606,6 @@ def _local_starvation(s: dict, meta: dict) -> dict | None:
 
 
 def _pool_start(s: dict) -> dict | None:
-    from .local import NEW_PROCESS
     sec = _parts(s, NEW_PROCESS)
     if not sec:
         return None

@@ -281,47 +281,6 @@ def _first_of_process(c: dict) -> np.ndarray:
     return out
 
 
-def analyze(t: dict, meta: dict, base: dict, sides: dict):
-    """The analysis of a local run (summary.analyze's, for jobs of a local scheduler): `base`, the summary's
-    fixed keys; `sides`, the SAMPLED tables. An Analysis."""
-    from .attribution import attribute
-    from .cpu import cpu_by_category, cpu_time
-    from .evidence import compute_profile
-    from .findings import local_findings
-    from .summary import Analysis, _jobs, _recomputed, _split
-    from .tasks import prefix_costs, recomputed
-    from .whole_run import cpu_check, in_flight, task_overhead
-    lt = t["local_tasks"].reset_index(drop=True)
-    procs = processes(t)
-    loops = other_loops(t["local_jobs"], procs)
-    a = attempts(t, loops)
-    jobs = jobs_table(t["local_jobs"], a)
-    tasks = tasks_table(a, jobs)
-    states, cpu, threads = sides["thread_states"], sides["cpu_samples"], sides["threads"]
-    path = pd.concat([critical_path(jobs, a, lt, t["local_jobs"], procs, states, loops),
-                      between_jobs(jobs, t["local_jobs"], procs)],
-                     ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
-    task_tids = task_threads(a, lt, threads)
-    attr = attribute(path, *as_processes(loops, procs, states, cpu, threads), a, task_tids)
-    window = (int(jobs.start_ns.min()), int(jobs.end_ns.max()))
-    again = recomputed(a)
-    ran = procs[procs.pid.isin(pd.concat([lt.pid, lt.exec_pid]).dropna().astype("int64"))]
-    cpu_in_window = cpu_time(cpu, states, threads[threads.pid.isin(ran.pid.astype("int64"))], window)
-    summary = base | numbers(jobs, tasks, a, window) | _split(attr) | {
-        "jobs": _jobs(jobs, tasks, a, attr, window, again), "recomputed": _recomputed(again),
-        "cpu_by_category_s": cpu_by_category(cpu_in_window), "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], window),
-        "worker_idle_s": {}, "workers_ended_s": {}, "task_overhead_s": task_overhead(tasks),
-        "scheduler_cpu_per_task_s": None, "moved": {}, "thread_states": "ebpf" if len(states) else "samples",
-        "local_scheduler": summary_of(t, tasks, meta)}
-    seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
-                "stack_categories": sides["stack_categories"], "processes": procs}
-    profile = compute_profile(seen, a, task_tids)
-    summary["findings"] = local_findings(summary, seen | {"compute_profile": profile}, meta)
-    out = {"jobs": jobs, "tasks": tasks, "in_flight": in_flight(a), "prefixes": prefix_costs(tasks, path, summary["session_s"]),
-           "critical_path": path, "attempt_threads": task_tids, "attribution": attr, "compute_profile": profile}
-    return Analysis(out, summary)
-
-
 def numbers(jobs: pd.DataFrame, tasks: pd.DataFrame, a: pd.DataFrame, window: tuple[int, int]) -> dict:
     """The summary's counts for a local run: the session is the jobs' span; no messages."""
     n = len(tasks)

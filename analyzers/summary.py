@@ -6,15 +6,13 @@ summary_json.py (copied into summary.json and shown by `daskprobe explain`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from . import local
-from .attribution import attribute, totals
-from .categories import (CATEGORIES, DEFINITIONS as CATEGORY_DEFINITIONS, UNCATEGORIZED, classify_stacks,
-                         default_rules, load_rules)
+from . import local, local_summary
+from .attribution import attribute
+from .categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
 from .evidence import compute_profile, path_samples, stragglers
@@ -22,21 +20,16 @@ from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
 from .strings import in_python_strings
-from .summary_json import DEFINITIONS, FEW_SAMPLES, SCHEMA
+from .summary_json import DEFINITIONS, SCHEMA
 from .transfers import moved, transfers
 from .thread_state import attempt_threads, thread_states, threads_table
+from .results import Analysis, job_entries, recomputed_keys, split
 from .whatif.advice import quote
 from .whole_run import cpu_check, in_flight, scheduler_cpu, task_overhead, worker_idle, workers_ended
 from ..probes.run_json import Meta
 
 INPUTS = ("processes", "messages", "attempts", "graphs", "samples", "stacks", "frames", "gil_waits", "offcpu", "proc",
           "thread_names", "task_stream", "connections", "local_jobs", "local_tasks")
-
-
-@dataclass
-class Analysis:
-    tables: dict  # name -> DataFrame, written to tables/
-    summary: dict
 
 
 SAMPLED = ("thread_states", "stack_categories", "cpu_samples", "threads")
@@ -66,7 +59,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     window = session(t["messages"], jobs)
     if (jobs.empty or t["attempts"].empty or window is None) and local.is_local(t) and len(t["local_jobs"]):
         sides = side() if side else sampled(t, meta, rules)  # a local scheduler's run (analyzers/local.py)
-        out = local.analyze(t, meta, base, sides)
+        out = local_summary.analyze(t, meta, base, sides)
         out.summary["findings"] = quote(out.summary.get("findings", []), {}, meta, local=True)
         return Analysis(out.tables | ({} if side else sides), out.summary)
     if jobs.empty or t["attempts"].empty or window is None:
@@ -82,7 +75,7 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         path["batch_ns"] = path.batch_ns.where(path.kind != "scheduler", 0)  # interval to hold its messages
     numbers, again, span = _numbers(t, jobs, tasks, attempts, window), recomputed(attempts), _makespan(jobs)
     ended = workers_ended(t.get("connections"), span)
-    whole = {"recomputed": _recomputed(again), "worker_idle_s": worker_idle(attempts, span, ended),
+    whole = {"recomputed": recomputed_keys(again), "worker_idle_s": worker_idle(attempts, span, ended),
              "workers_ended_s": {w: (ns - window[0]) / 1e9 for w, ns in ended.items()},
              "task_overhead_s": task_overhead(tasks), "scheduler_cpu_per_task_s": scheduler_cpu(t["proc"], span, len(tasks))}
     moves = transfers(t["messages"], fetched)
@@ -94,8 +87,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
     task_tids = attempt_threads(attempts, threads)  # attempts is t["attempts"] with its jobs: the same rows
     attr = attribute(path, t["processes"], states, cpu, threads, attempts, task_tids)
     cpu_in_window = cpu_time(cpu, states, threads[threads.pid.isin(_pids(t["processes"], CLUSTER))], span)
-    summary = base | numbers | _split(attr) | {
-        "jobs": _jobs(jobs, tasks, attempts, attr, window, again), "recomputed": whole["recomputed"],
+    summary = base | numbers | split(attr) | {
+        "jobs": job_entries(jobs, tasks, attempts, attr, window, again), "recomputed": whole["recomputed"],
         "cpu_by_category_s": cpu_by_category(cpu_in_window),
         "cpu_check": cpu_check(cpu_in_window, cpu, t["proc"], span)} | whole | {
         "thread_states": "ebpf" if len(states) else "samples"}
@@ -190,46 +183,3 @@ def _numbers(t: dict, jobs, tasks, attempts, window) -> dict:
             "messages_per_task": len(per_msg) / n if n else None,
             "bytes_per_task": float(per_msg.msg_bytes.sum()) / n if n else None,
             "ops_by_name": inside.op.value_counts().to_dict()}
-
-
-def _split(attr: pd.DataFrame) -> dict:
-    """Seconds per category (every category, 0 where none), their intervals, and the parts."""
-    tot = totals(attr).set_index("category").reindex([*CATEGORIES, UNCATEGORIZED])
-    tot = tot.fillna({"seconds": 0.0, "lo": 0.0, "hi": 0.0}).reset_index()
-    parts = attr.groupby(["kind", "part", "category"]).seconds.sum()
-    return {"critical_path_s": {r.category: float(r.seconds) for r in tot.itertuples()},
-            "critical_path_interval_s": {r.category: _interval(r) for r in tot.itertuples()},
-            "critical_path_parts_s": {f"{k}: {p} [{c}]": float(v) for (k, p, c), v in parts.items()}}
-
-
-def _interval(r) -> dict:
-    samples = None if pd.isna(r.samples) else int(r.samples)
-    return {"samples": samples, "lo": float(r.lo), "hi": float(r.hi),
-            "few_samples": samples is not None and samples < FEW_SAMPLES}
-
-
-def _jobs(jobs, tasks, attempts, attr, window, again) -> list[dict]:
-    out = []
-    for j in jobs.itertuples():
-        mine = attr[attr.job == j.job]
-        split = _split(mine)
-        out.append({"job": int(j.job), "start_s": (j.start_ns - window[0]) / 1e9,
-                    "makespan_s": (j.end_ns - j.start_ns) / 1e9, "graphs": int(j.graphs),
-                    "graph_bytes": int(j.graph_bytes),
-                    "requested": int(j.requested), "tasks": int((tasks.job == j.job).sum()),
-                    "dispatches": int((attempts.job == j.job).sum()), "end_key": j.end_key,
-                    "complete": bool(j.complete), "untold": int(j.untold),
-                    "recomputed": _recomputed(again[again.job == j.job]),
-                    "critical_path_s": split["critical_path_s"],
-                    "critical_path_interval_s": split["critical_path_interval_s"],
-                    "critical_path_parts_s": split["critical_path_parts_s"]})
-    return out
-
-
-def _recomputed(again: pd.DataFrame) -> dict:
-    if again.empty:  # most runs: the grouping below costs more than the rest of this summary key
-        return {"keys": 0, "times": 0, "compute_s": 0.0, "by_prefix": {}}
-    by = again.groupby("prefix").agg(n_keys=("key", "nunique"), times=("key", "size"), compute_s=("compute_s", "sum"))
-    return {"keys": int(again.key.nunique()), "times": len(again), "compute_s": float(again.compute_s.sum()),
-            "by_prefix": {p: {"keys": int(r.n_keys), "times": int(r.times), "compute_s": float(r.compute_s)}
-                          for p, r in by.sort_values(["times", "compute_s"], ascending=False).iterrows()}}

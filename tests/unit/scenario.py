@@ -10,7 +10,8 @@ import pickle
 import numpy as np
 import pandas as pd
 
-from daskprobe.analyzers.summary import Analysis, analyze as analyze_run
+from daskprobe.analyzers.results import Analysis
+from daskprobe.analyzers.summary import analyze as analyze_run
 from daskprobe.probes import rates
 
 MS = 1_000_000
