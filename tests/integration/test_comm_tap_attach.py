@@ -28,6 +28,23 @@ def _wait(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -
         time.sleep(0.1)
 
 
+def _started(cmd, log: Path, ready: str, procs: list, **popen) -> int:
+    """The process of cmd(port) once its log says `ready`: its port. A port free when chosen may be taken
+    before the process binds it on a busy machine: then another one."""
+    for attempt in range(3):
+        port = free_port()
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", *cmd(port)], stdout=out, stderr=subprocess.STDOUT,
+                                          **popen))
+        try:
+            _wait(log, ready, procs[-1])
+            return port
+        except AssertionError:
+            if attempt == 2 or "Address already in use" not in log.read_text(errors="replace"):
+                raise
+            procs.pop().wait(60)
+
+
 def test_attach_reads_a_tls_clusters_comm_tap():
     """The cluster runs as the user the command will (not root, as a user's own cluster would), which owns
     the comm tap's directory; root reads it."""
@@ -37,20 +54,17 @@ def test_attach_reads_a_tls_clusters_comm_tap():
     for d in (comm, certs):
         os.chown(d, user.uid, user.gid)
     env = user.env(dict(os.environ, DASKPROBE_COMM_TAP_DIR=str(comm)) | tls_env(certs, user))
-    port = free_port()
-    address = f"tls://127.0.0.1:{port}"
     common = ["--no-dashboard", "--preload", str(COMM_TAP)]
     logs = [tmp / "scheduler.log", tmp / "worker.log"]
+    popen = dict(env=env, cwd=tmp, **user.popen())
     procs = []
     try:
-        for cmd, log in ((["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
-                           "--protocol", "tls"], logs[0]),
-                         (["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
-                           "--listen-address", f"tls://127.0.0.1:{free_port()}"], logs[1])):
-            with open(log, "wb") as out:
-                procs.append(subprocess.Popen([sys.executable, "-m", *cmd, *common], env=env, stdout=out,
-                                              stderr=subprocess.STDOUT, cwd=tmp, **user.popen()))
-            _wait(log, "Registered to" if "worker" in cmd[0] else "Scheduler at", procs[-1])
+        port = _started(lambda port: ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                      "--protocol", "tls", *common], logs[0], "Scheduler at", procs, **popen)
+        address = f"tls://127.0.0.1:{port}"
+        _started(lambda port: ["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                               "--listen-address", f"tls://127.0.0.1:{port}", *common], logs[1], "Registered to",
+                 procs, **popen)
         flow = write_flow(tmp / "flow.py", FLOW)
         out = tmp / "run"
         p = daskprobe("attach", address, "--comm-dir", str(comm), "--probes", "proc", "--no-agents", "--no-trace",

@@ -318,13 +318,13 @@ __attribute__((noinline)) double spin_outer(long n) { return spin_leaf(n) * 0.5 
 CALLS_LIB = """
 import ctypes, sys, time
 sys.stdin.readline()
-end = time.monotonic() + 0.3
-while time.monotonic() < end:  # Python first: the library comes after the agent read the mappings
+end = time.process_time() + 0.3  # its own CPU time: as many samples however busy the machine
+while time.process_time() < end:  # Python first: the library comes after the agent read the mappings
     pass
 lib = ctypes.CDLL(sys.argv[1])
 lib.spin_outer.restype = ctypes.c_double
-end = time.monotonic() + 1.5
-while time.monotonic() < end:
+end = time.process_time() + 1.5
+while time.process_time() < end:
     lib.spin_outer(ctypes.c_long(200_000))
 """
 

@@ -67,6 +67,18 @@ async def tapped_echo(capture, tmp_path):
         listener.stop()
 
 
+async def peer_found(capture, timeout: float = 30.0) -> None:
+    """Until the tap has named the connection's peer: its lookup reads every process's fds in a thread of
+    its own, which a busy machine may run after this short a connection would have closed (its pid then
+    unknown, -1, as the tap says of a peer gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # a capture read while the tap writes it
+            if (read_capture(capture).connections.peer_pid >= 0).any():
+                return
+        await asyncio.sleep(0.1)
+
+
 def test_the_tap_reads_every_message_distributed_writes(tmp_path):
     msgs = [{"op": f"m{i}", "data": to_serialize(np.random.bytes(size)) if i % 2 else os.urandom(size)}
             for i, size in enumerate(SIZES * 4)]
@@ -77,6 +89,7 @@ def test_the_tap_reads_every_message_distributed_writes(tmp_path):
             for m in msgs:
                 await comm.write(m)
                 await comm.read()
+            await peer_found(capture)
             await comm.close()
             await asyncio.sleep(0.3)  # the last segments reach the tap
 
