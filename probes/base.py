@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
-import re
 import shutil
 import signal
 import sysconfig

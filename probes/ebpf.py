@@ -114,7 +114,7 @@ class Ebpf(Probe):
         self.proc.stdin.flush()
         self.unanswered += 1
         deadline = time.monotonic() + timeout
-        while self.unanswered and (line := self._line(deadline)) == b"open\n":
+        while self.unanswered and self._line(deadline) == b"open\n":
             self.unanswered -= 1
 
     def _line(self, deadline: float) -> bytes:

@@ -139,7 +139,7 @@ def warm_up() -> None:
     stage imports what it needs."""
     with contextlib.suppress(Exception):
         from ..decode import tables  # noqa: F401
-        from ...dashboards import trace_writer
+        from ...dashboards import trace_writer  # noqa: F401
         from ...analyzers import summary  # noqa: F401
         from ...dashboards import html_report, terminal  # noqa: F401
         html_report.warm_up()
