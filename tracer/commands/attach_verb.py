@@ -47,7 +47,8 @@ def main(args, command: list[str]) -> int:
     from ..capture.attached import Attached, AttachSpec
     from ..pipeline.build import finalize
     from ..capture.own_cluster import remind
-    from ..capture.session import Signals, attach, say
+    from ..capture.say import say
+    from ..capture.session import Signals, attach
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
     rate = args.sample_rate or rates.SAMPLE_RATE

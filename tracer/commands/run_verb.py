@@ -63,7 +63,8 @@ def main(args, command: list[str]) -> int:
     from ...probes.rundir import RunDir
     from ..pipeline.build import finalize, warm_up
     from ..capture.own_cluster import remind
-    from ..capture.session import Signals, default_command, run, say
+    from ..capture.say import say
+    from ..capture.session import Signals, default_command, run
 
     probes = options.parse_probes(args.probes)
     probes = _wire(probes, args, say) if args.probes == "default" else probes
