@@ -493,7 +493,10 @@ def test_each_thread_s_ticks_add_up_to_its_cpu_time_and_the_others_are_read_at_5
                 f"{stolen / 1e7:.1f} stolen"
         # +-1.5 periods at each end; where it shares its CPU a tick finds it by chance
         assert expected - 3 - 3 * expected ** 0.5 <= ticked <= most + 3 + 3 * most ** 0.5, shown
-        assert mine.fns.map(lambda f: name in f).mean() > 0.9, shown
+        # its start and end run outside the function (no Python frame yet or left, or timed's read of
+        # schedstat): a tick may find it there, twice at most, else nine in ten name the function
+        outside = (~mine.fns.map(lambda f: name in f)).sum()
+        assert outside <= max(2, 0.1 * len(mine)), (outside, shown)
     assert "crunch" in set().union(*s[s.tid == cpu["cruncher"][0]].fns)
     sleeper = s[s.thread_name == "sleeper"]
     # asleep but for its start (a tick may find it there, by a chance of about 1 in 200)
