@@ -61,6 +61,25 @@ def cpu_share_of(t: dict, tids: set[int]) -> float:
     return float(running[running.tid.isin(tids)].weight_s.sum() / total) if total else 0.0
 
 
+def cpu_shares(t: dict) -> dict[str, float]:
+    """Of the cluster's eBPF CPU samples (any thread on a CPU, at one rate) while an event loop waited for
+    a CPU within a job, the shares of: the threads that ran tasks ("tasks"), workers' threads Python never
+    saw ("native": no thread state of theirs, so a native library's, a BLAS or OpenMP pool; the Python
+    sampler cannot see them), and the rest ("dask": event loops, Dask's other threads, the client)."""
+    smp, threads, procs, waited = t["samples"], t.get("threads"), t.get("processes"), _starved(t)
+    tasks = t.get("attempt_threads")
+    if waited is None or threads is None or procs is None or tasks is None or "source" not in smp:
+        return {}
+    ebpf = smp[(smp.source == "ebpf") & smp.pid.isin(procs[procs.role != "probe"].pid)]
+    ebpf = ebpf[inside(ebpf.t_ns.to_numpy(), *waited)]
+    if ebpf.empty:
+        return {}
+    task = ebpf.tid.isin(tasks.tid)
+    python = threads[threads.ident.notna()].tid
+    native = ~task & ebpf.pid.isin(procs[procs.role == "worker"].pid) & ~ebpf.tid.isin(python)
+    return {"tasks": float(task.mean()), "native": float(native.mean()), "dask": float((~task & ~native).mean())}
+
+
 def gil_holders_beside_tasks(t: dict) -> set[int]:
     """The workers' threads seen holding the GIL that are neither an event loop nor one that ran tasks."""
     smp, tids, procs = t["samples"], t.get("attempt_threads"), t.get("processes")
@@ -71,14 +90,21 @@ def gil_holders_beside_tasks(t: dict) -> set[int]:
     return set(held.tid) - set(tids.tid)
 
 
-def _running_while_starved(t: dict) -> pd.DataFrame:
-    """On-CPU samples inside event loops' runnable intervals within jobs."""
-    states, cpu, path = t.get("thread_states"), t.get("cpu_samples"), t.get("critical_path")
-    if states is None or cpu is None or path is None or states.empty or cpu.empty:
-        return pd.DataFrame(columns=["process", "category", "tid", "weight_s"])
+def _starved(t: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """Event loops' runnable intervals within jobs (starts, ends; ns), or None without thread states."""
+    states, path = t.get("thread_states"), t.get("critical_path")
+    if states is None or path is None or states.empty:
+        return None
     waits = states[(states.state == "runnable") & (states.tid == states.pid)]
     jobs = path[path.job >= 0]
-    waited = intersect(*union(waits.start_ns, waits.end_ns), *union(jobs.start_ns, jobs.end_ns))[:2]
+    return intersect(*union(waits.start_ns, waits.end_ns), *union(jobs.start_ns, jobs.end_ns))[:2]
+
+
+def _running_while_starved(t: dict) -> pd.DataFrame:
+    """On-CPU samples inside event loops' runnable intervals within jobs."""
+    cpu, waited = t.get("cpu_samples"), _starved(t)
+    if cpu is None or cpu.empty or waited is None:
+        return pd.DataFrame(columns=["process", "category", "tid", "weight_s"])
     running = cpu[cpu.on_cpu.fillna(False).astype(bool)]  # on a CPU: never one of the waiting threads then
     return running[inside(running.t_ns.to_numpy(), *waited)]
 

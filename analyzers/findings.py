@@ -8,8 +8,8 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, cpu_share_of, gil_holder,
-                       gil_holder_thread, gil_holders_beside_tasks, heaviest_graphs, hot_functions,
+from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, cpu_share_of, cpu_shares,
+                       gil_holder, gil_holder_thread, gil_holders_beside_tasks, heaviest_graphs, hot_functions,
                        imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path, spills_on_path,
                        stragglers, why_slow)
 from .local import NEW_PROCESS
@@ -17,6 +17,7 @@ from .task_threads import TASK_BLOCKED
 from .whatif.costs import layout
 
 MIN_SHARE = 0.10
+MIN_NATIVE = 0.2  # of the CPU samples while the path waited for a CPU: a library's pool, if more than Dask's own
 SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "shuffle", "percentile")
 
 
@@ -170,6 +171,18 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
                         "or daskprobe's own probes): measure on a quiet machine, or give the cluster cores of its own",
                         what_if={"load": 0.0})
     over = oversubscribed_s(t, cpus or 0)
+    shares = cpu_shares(t)
+    native = shares.get("native", 0.0)
+    if cpus and over < sec and shares and native >= max(MIN_NATIVE, shares["dask"]):
+        return _finding("library-threads", sec, "threads on the critical path waited for CPUs busy with threads "
+                        "a library started in the workers", evidence + f"; more tasks than CPUs computed at once "
+                        f"for only {over:.2f} s; of the eBPF CPU samples meanwhile, {native:.0%} were worker threads "
+                        f"Python never saw (a native library's pool), {shares['tasks']:.0%} the task threads, "
+                        f"{shares['dask']:.0%} Dask's own and the client",
+                        "the tasks' libraries run threads of their own beside the tasks (BLAS, OpenMP): one each "
+                        "per task thread (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS set to 1 in the "
+                        "workers' environment, as a nanny sets them unless the environment has them), or fewer "
+                        "task threads")
     if cpus and over < sec:  # the tasks never outnumbered the cores for long enough: fewer threads would not help
         return _finding("cpu-contention", sec, "threads on the critical path waited for CPUs busy with Dask's own "
                         "work", evidence + f"; more tasks than CPUs computed at once for only {over:.2f} s",

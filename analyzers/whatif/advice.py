@@ -27,6 +27,7 @@ NOT_MODELLED = {
     "spilling": "memory and spilling are not modelled",
     "event-loop-blocked": "an event loop blocked by other code is not modelled",
     "cpu-contention": "the event loops' own CPU competing with the tasks is not modelled",
+    "library-threads": "a library's threads competing with the tasks are not modelled",
     "worker-saturation": "more workers would spill less: memory is not modelled",
     "client": "the script's own time before its work and after its result is not in the replayed makespan",
     "cpu-starvation": "no fewer threads than the run's to replay",

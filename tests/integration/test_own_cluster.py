@@ -4,6 +4,7 @@ from inside what they got: the scheduler's address, no worker processes or threa
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -259,3 +260,29 @@ if __name__ == "__main__":
     line, = _said(p)
     assert "its workers are as it asked" in line and "to match" not in line and "note: " not in p.stderr
     assert json.loads(p.stdout.split("WORKERS", 1)[1]) == [[2, 2**30]]
+
+
+# A task's numpy product, and what its worker's environment and threads were: the threads of its process
+# that Python never started (the kernel's count against Python's) are a BLAS pool's.
+BLAS = """
+import os, threading
+import numpy as np
+from distributed import Client
+
+def blas():
+    a = np.ones((300, 300))
+    a @ a
+    return ({k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+            len(os.listdir("/proc/self/task")) - len(threading.enumerate()))
+
+with Client() as c:
+    print("BLAS", repr(c.submit(blas).result()), flush=True)
+"""
+
+
+def test_workers_without_a_nanny_get_the_environment_a_nanny_gives_one_blas_thread_each(tmp_path):
+    # As `dask worker` and LocalCluster have it (distributed.nanny.pre-spawn-environ): else each worker's
+    # BLAS runs a thread per CPU beside the task threads, which the user's own cluster would not.
+    _, p = run_flow(tmp_path, BLAS, "--probes", "none", "--no-trace")
+    env, native = ast.literal_eval(p.stdout.split("BLAS ", 1)[1].splitlines()[0])
+    assert env == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"} and native == 0, (env, native)

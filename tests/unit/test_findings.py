@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from daskprobe.analyzers import evidence
-from scenario import META, Scenario, analyze, two_task_chain
+from scenario import META, MS, Scenario, analyze, two_task_chain
 
 
 def found(s: Scenario, meta: dict = META) -> dict:
@@ -563,6 +563,33 @@ def test_fewer_threads_is_advised_only_where_the_tasks_outnumbered_the_cpus():
     assert "cpu-starvation" in ids(3) and "cpu-contention" not in ids(3)
     assert "cpu-starvation" not in ids(2)
     assert "Dask's own" in ids(2)["cpu-contention"]["title"]
+
+
+def test_cpus_busy_with_threads_python_never_saw_in_a_worker_are_a_librarys_pool():
+    """The scheduler waits 8 ms for a CPU while 2 tasks compute on 2 CPUs. The eBPF samples meanwhile: the
+    task thread twice, and five of a worker's threads that no Python thread state names (BLAS's pool) ->
+    library-threads; were those Dask's own Python threads of that worker, cpu-contention."""
+    import pandas as pd
+    from daskprobe.analyzers.findings import findings
+    s = short_session(Scenario())
+    s.state("scheduler", "runnable", 36, 44)
+    a = analyze(s.tables(), META | {"cpus": 2})
+    a.summary["cpu_check"] = {"scheduler": {"proc_s": 0.2}}
+    spans = a.tables["tasks"].assign(compute_start_ns=30 * MS, compute_stop_ns=50 * MS)  # both at once
+    ebpf = pd.DataFrame({"t_ns": [t * MS for t in range(37, 44)], "pid": 200, "tid": [201, 250, 251, 250, 201, 251, 250],
+                         "source": "ebpf"})
+
+    def ids(python_idents) -> dict:
+        threads = pd.DataFrame({"pid": 200, "tid": [200, 201, 250, 251], "ident": [1, 7, *python_idents]})
+        t = s.tables() | a.tables | {"samples": ebpf, "tasks": spans, "threads": threads,
+                                     "attempt_threads": pd.DataFrame({"tid": [201]})}
+        return {f["id"]: f for f in findings(a.summary, t, META | {"cpus": 2})}
+    native = ids([None, None])
+    assert "library-threads" in native and "cpu-contention" not in native
+    assert "71% were worker threads Python never saw" in native["library-threads"]["evidence"]
+    assert "OPENBLAS_NUM_THREADS" in native["library-threads"]["advice"]
+    dasks = ids([2, 3])
+    assert "cpu-contention" in dasks and "library-threads" not in dasks
 
 
 def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():

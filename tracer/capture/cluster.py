@@ -43,6 +43,16 @@ COMM_TAP = Path(__file__).parents[2] / "probes" / "comm_tap.py"
 # scheduler listens.
 EXIT_AFTER_MAIN = (
     "import atexit, importlib, os, runpy, sys, threading\n"
+    # A worker without a nanny gets the environment a nanny sets before its worker starts (one BLAS and
+    # OpenMP thread per process, malloc trimming), as `dask worker` and LocalCluster give; before numpy loads.
+    "if '--no-nanny' in sys.argv:\n"
+    "    import importlib.util, dask.config, yaml\n"
+    "    with open(os.path.join(importlib.util.find_spec('distributed').submodule_search_locations[0],\n"
+    "                           'distributed.yaml')) as f:\n"
+    "        dask.config.update_defaults(yaml.safe_load(f))\n"
+    "    for k, v in dask.config.get('distributed.nanny.pre-spawn-environ', {}).items():\n"
+    "        if v is not None:\n"
+    "            os.environ.setdefault(k, str(v))\n"
     "if sys.argv[1] == '--gated':\n"
     "    del sys.argv[1]\n"
     "    importlib.import_module(sys.argv[1].partition('.')[0])\n"
