@@ -271,6 +271,8 @@ impl Target {
     }
 }
 
+const AGREE_TRIES: usize = 6;
+
 /// Our reader for this interpreter, if we have one and it agrees with py-spy.
 fn our_reader(pid: i32, spy: &mut PythonSpy) -> Result<Reader, String> {
     let minor = spy.version.minor;
@@ -278,8 +280,14 @@ fn our_reader(pid: i32, spy: &mut PythonSpy) -> Result<Reader, String> {
     let a = &spy.addresses;
     let mut r = Reader::new(pid, layout, a.interpreter_address, a.threadstate_address, a.imports_modules_address)
         .map_err(|e| format!("our CPython 3.{minor} reader: {e}"))?;
-    // A thread starting or ending between the two reads can spoil one check.
-    if (0..3).any(|_| agrees(&mut r, spy)) {
+    // A thread starting or ending between the two reads can spoil one check; on a busy machine a
+    // start takes longer than three checks in a row (the interpreter starting its threads): 50 ms apart.
+    if (0..AGREE_TRIES).any(|i| {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agrees(&mut r, spy)
+    }) {
         Ok(r)
     } else {
         Err(format!("our CPython 3.{minor} reader disagreed with it on this interpreter"))
