@@ -422,6 +422,24 @@ def test_data_carried_in_the_graph_is_named_and_fewer_tasks_is_not_advised():
     assert "data-in-graph" not in found(s)
 
 
+def test_the_clients_dask_share_is_data_in_graphs_when_its_graphs_carry_data():
+    """Between two computations the client's main thread runs its own code two thirds of the time and
+    waits the rest while its event loop serializes: the client finding counts all of it, unless the graphs
+    carried data (the second: 50 MB for one task), where data-in-graph holds the Dask third."""
+    s = client_between("/home/me/flow.py")
+    for smp in s.samples[::3]:  # the main thread waits ...
+        smp["active"] = False
+        s.sample("client", smp["t_ns"] / MS, "dumps", "/venv/lib/python3.11/site-packages/distributed/protocol/core.py",
+                 tid=401)  # ... while the loop serializes
+    whole = found(s)["client"]
+    s.graphs[-1]["msg_bytes"] = 50_000_000
+    carried = found(s)
+    assert "data-in-graph" in carried and "client-graph" not in carried
+    assert carried["client"]["seconds"] == pytest.approx(whole["seconds"] * 32 / 49, rel=0.01), (whole, carried)
+    assert "counted under data-in-graph" in carried["client"]["evidence"]
+    assert "counted under data-in-graph" not in whole["evidence"]
+
+
 def test_update_graphs_batched_in_one_message_count_its_bytes_once():
     """100 client.submit calls leave in one 1.6 MB message: 16 kB per task, not 1.6 MB."""
     s = Scenario()
