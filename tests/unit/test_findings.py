@@ -594,8 +594,8 @@ def test_cpus_busy_with_threads_python_never_saw_in_a_worker_are_a_librarys_pool
     a = analyze(s.tables(), META | {"cpus": 2})
     a.summary["cpu_check"] = {"scheduler": {"proc_s": 0.2}}
     spans = a.tables["tasks"].assign(compute_start_ns=30 * MS, compute_stop_ns=50 * MS)  # both at once
-    ebpf = pd.DataFrame({"t_ns": [t * MS for t in range(37, 44)], "pid": 200, "tid": [201, 250, 251, 250, 201, 251, 250],
-                         "source": "ebpf"})
+    ebpf = pd.DataFrame({"t_ns": [t * MS for t in range(37, 44)], "pid": 200,
+                         "tid": [201, 250, 251, 250, 201, 251, 250], "source": "ebpf"})
 
     def ids(python_idents) -> dict:
         threads = pd.DataFrame({"pid": 200, "tid": [200, 201, 250, 251], "ident": [1, 7, *python_idents]})
