@@ -134,7 +134,7 @@ def _client(s: dict, t: dict) -> dict | None:
         evidence += (f"; by the client's {split['samples']} sample reads: Dask's client-side work "
                      f"{split.get('dask', 0):.0%}, your own code {split.get('yours', 0):.0%}, waiting "
                      f"{split.get('waiting', 0):.0%}")
-    if _carries_data(s) and split:  # data-in-graph's seconds hold the client's Dask share: not counted twice
+    if _data_graph(s) and split:  # data-in-graph's seconds hold the client's Dask share: not counted twice
         sec, split = sec * (1 - split["dask"]), split | {"dask": 0.0}
         evidence += " (Dask's share is counted under data-in-graph)"
     if split.get("dask", 0) > max(split.get("yours", 0), split.get("waiting", 0)):
@@ -333,15 +333,15 @@ BIG_GRAPH_BYTES = 10e6        # a graph this large, at this much per task, carri
 DATA_PER_TASK_BYTES = 100e3
 
 
-def _carries_data(s: dict) -> bool:
+def _data_graph(s: dict) -> dict | None:
+    """heaviest_graphs', where those graphs carried data (large, and large per task)."""
     g = heaviest_graphs(s)
-    return bool(g) and g["bytes"] >= BIG_GRAPH_BYTES and g["bytes"] / g["tasks"] >= DATA_PER_TASK_BYTES
+    return g if g and g["bytes"] >= BIG_GRAPH_BYTES and g["bytes"] / g["tasks"] >= DATA_PER_TASK_BYTES else None
 
 
 def _graph_data(s: dict, t: dict) -> dict | None:
-    if not _carries_data(s):
+    if not (g := _data_graph(s)):
         return None
-    g = heaviest_graphs(s)
     sec = _parts(s, "graph upload", "scheduler: graph to dispatch") + \
         (client_split(t) or {}).get("dask", 0.0) * _cat(s, "client")
     return _finding("data-in-graph", sec, "the task graphs carried data",

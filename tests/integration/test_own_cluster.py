@@ -276,8 +276,11 @@ def blas():
     a = np.ones((300, 300))
     a @ a
     # the fewest of three reads: a thread Python is starting is in /proc a moment before it is in threading's list
-    return ({k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
-            min(unseen() for _ in range(3) if not time.sleep(0.05)))
+    counts = []
+    for _ in range(3):
+        counts.append(unseen())
+        time.sleep(0.05)
+    return {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}, min(counts)
 
 with Client() as c:
     print("BLAS", repr(c.submit(blas).result()), flush=True)

@@ -126,8 +126,13 @@ fn main() {
         }
     }
     // A reader starved of a CPU may be behind when its time is up: the blocks the kernel has handed
-    // over already are read still (without waiting for more), else the run's last messages are lost.
+    // over already are read still (without waiting for more), else the run's last messages are lost;
+    // up to the packets captured by then, so that a cluster that goes on talking (attach) cannot keep it.
+    let end = stop_at.unwrap_or(u64::MAX);
     while let Ok(Some((t, seg))) = tap.next(0) {
+        if t > end {
+            break;
+        }
         streams.segment(t, &seg);
     }
     tap.count_drops();
