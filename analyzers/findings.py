@@ -276,9 +276,11 @@ def _task_gil(s: dict, t: dict, meta: dict) -> dict | None:
                         "sleep or block between its work, move it out of the worker process, or have it release "
                         "the GIL (numpy, C); more threads or processes for the tasks would not help",
                         what_if={"gil": False, "load": 0.0})  # the thread gone: its GIL and the CPU it took
-    return _finding("task-gil", sec, "tasks waited for the GIL held by other tasks",
+    loops = _loops_held_by_tasks(s, t)
+    return _finding("task-gil", sec + loops, "tasks waited for the GIL held by other tasks",
                     f"task threads on the critical path waited {sec:.2f} s to take the GIL, time Dask counts "
-                    f"as compute; {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
+                    "as compute" + (f", and the workers' event loops {loops:.2f} s" if loops else "")
+                    + f"; {c.get('workers', '?')} worker(s) x {c.get('threads', '?')} thread(s)"
                     + _hot_where(t),
                     "pure-Python tasks run one at a time in a process however many threads it has: more "
                     "worker processes with one thread each (dask worker --nworkers N --nthreads 1, or "
@@ -444,9 +446,10 @@ def _worker_gil_holder(t: dict) -> str | None:
 
 
 def _loops_held_by_tasks(s: dict, t: dict) -> float:
-    """The workers' event loops' waits for the GIL on the path, when the tasks ran their own Python: the
-    task threads held it, so they are the hot function's cost (the loop cannot run while it computes)."""
-    by_tasks = _worker_gil_holder(t) == "tasks" and _python_hot(t)
+    """The workers' event loops' waits for the GIL on the path, when task threads held it: task-gil's when
+    the tasks also waited for each other (the loop is one more thread in their queue), else the hot
+    function's when the tasks ran their own Python (the loop cannot run while it computes)."""
+    by_tasks = _worker_gil_holder(t) == "tasks" and (_task_gil_s(s) or _python_hot(t))
     return _gil_by_process(s, task_threads=False).get("worker", 0.0) if by_tasks else 0.0
 
 
@@ -476,7 +479,7 @@ def _hot_function(s: dict, t: dict) -> dict | None:
                         f"{h['function']} is vectorized already: a cheaper algorithm in the calls it makes, less "
                         "data per task, or more cores shorten it; rewriting its Python will not")
     held = f"; the thread held the GIL in {h['python']:.0%} of them (its own Python)" if h["python"] else ""
-    loops = _loops_held_by_tasks(s, t)
+    loops = 0.0 if _task_gil_s(s) else _loops_held_by_tasks(s, t)
     held += f"; the workers' event loops waited {loops:.2f} s on the path for the GIL it held" if loops else ""
     return _finding("hot-function", comp * h["share"] + loops, f"the tasks spent their time in {h['function']}",
                     evidence + held,

@@ -256,6 +256,26 @@ def test_task_threads_waiting_for_the_gil_are_named_first_not_counted_as_compute
     assert quiet["critical_path_s"]["compute"] == pytest.approx(0.020)
 
 
+def test_event_loops_waiting_for_the_gil_among_waiting_tasks_are_task_gils_not_the_hot_functions():
+    """Task threads queue for each other's GIL and the worker's loop queues with them (4 ms on the path):
+    the loop's waits count for task-gil, which comes first; without the tasks' waits they are the hot
+    function's."""
+    def run(waits: bool) -> dict:
+        s = gil_bound_tasks(waits)
+        for t in (16, 17, 18, 19, 21, 22, 31, 32, 33, 34, 36, 37):
+            s.sample("worker-0", t, "crunch", "/home/me/flow.py", tid=201, name="Dask-Default-Threads-0", ident=7)
+        for t0, t1 in ((13, 14), (24, 25), (28, 29), (39, 40)):
+            s.state("worker-0", "gil", t0, t1)
+        return analyze(s.tables(), META | {"cluster": {"workers": 1, "threads": 4}}).summary["findings"]
+    f = run(True)
+    by = {x["id"]: x for x in f}
+    assert f[0]["id"] == "task-gil" and by["task-gil"]["seconds"] == pytest.approx(0.016 + 0.004), f
+    assert "and the workers' event loops" in by["task-gil"]["evidence"]
+    assert "gil-contention" not in by and "event loops" not in by.get("hot-function", {}).get("evidence", ""), f
+    alone = {x["id"]: x for x in run(False)}
+    assert "task-gil" not in alone and "event loops waited" in alone["hot-function"]["evidence"], alone
+
+
 def test_tasks_waiting_for_the_gil_of_a_thread_that_runs_no_task_name_that_thread():
     """A thread of the user's spins in pure Python in the worker: the tasks' GIL waits are its doing,
     and more processes for the tasks is not the advice."""
