@@ -410,9 +410,11 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
     assert len(before) > 20 and len(long_after) > 20, (len(before), len(long_after))
     assert before.stale.mean() > 0.2, before.stale.value_counts()  # it mostly slept between reads
     assert not before.stale[before.active].any(), "a thread found running is always read"
-    # in phase_rest, or (a read as it ends) leaving the thread: never phase_one's stack kept
-    assert long_after.fns.map(lambda f: "phase_one" not in f and ("phase_rest" in f or "Thread._delete" in f)).all(), \
+    # in phase_rest, or (a read as it ends) past its function, leaving the thread: never phase_one's stack kept
+    leaving = long_after.fns.map(lambda f: "run" not in f)  # Thread.run's cleanup, Thread._delete (CI, beside load)
+    assert long_after.fns.map(lambda f: "phase_one" not in f and "phase_rest" in f)[~leaving].all(), \
         long_after[["t_ns", "stale", "fns"]].head()
+    assert leaving.sum() <= 2, long_after[leaving][["t_ns", "fns"]]
     assert not long_after.stale.any(), "asleep since its stack was read: current"
 
 

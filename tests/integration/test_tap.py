@@ -123,6 +123,26 @@ def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
     assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
 
 
+def test_a_sigterm_ends_the_tap_with_what_it_read_written_and_said(tmp_path):
+    # a stop that runs out of patience (a reader starved on a busy machine) sends SIGTERM: the tap
+    # ends at once, and what it read is on disk with its status ended, not cut off while capturing
+    capture = tmp_path / "tap.bin"
+
+    async def main():
+        async with tapped_echo(capture, tmp_path) as (comm, tap):
+            for i in range(5):
+                await comm.write({"op": f"m{i}"})
+                await comm.read()
+            await asyncio.sleep(0.5)  # their block retired (100 ms) and handed over
+            tap.send_signal(signal.SIGTERM)
+            assert tap.wait(30) == 0
+            await comm.close()
+
+    asyncio.run(main())
+    assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
+    assert read_status(capture)["state"] == "ended", read_status(capture)
+
+
 def dask_bytes(op: str, size: int) -> bytes:
     """One message as distributed's TCP comm puts it on the wire."""
     frames, _, _ = _add_frames_header(dumps({"op": op, "data": to_serialize(np.random.bytes(size))}))
@@ -333,11 +353,13 @@ def test_a_running_cluster_tapped_midway_shows_every_task_after(tmp_path):
             client.gather(client.map(operator.add, range(300), range(300), key=after))
             time.sleep(0.3)
         finally:
-            stop_proxy(tap)
+            t0, killed = time.monotonic(), stop_proxy(tap)
     cap = read_capture(tmp_path / "tap.bin")
     keys = keys_by_op(cap)
     # every task run after the tap started: sent to a worker, and reported done by it
-    assert set(after) <= keys["compute-task"] and set(after) <= keys["task-finished"]
+    why = (f"{len(cap.messages)} messages; stopped in {time.monotonic() - t0:.1f} s, killed: {bool(killed)}; "
+           f"status {read_status(tmp_path / 'tap.bin')}; log: {(tmp_path / 'tap.log').read_text()[-2000:]}")
+    assert set(after) <= keys["compute-task"] and set(after) <= keys["task-finished"], why
     assert not any(k.startswith("before-") for k in keys["compute-task"] | keys["task-finished"])
     # the connections open before it started were joined mid-stream: each direction that spoke says so
     spoke = cap.messages.groupby(["conn", "direction"]).size().index

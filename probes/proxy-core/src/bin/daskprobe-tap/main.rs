@@ -28,6 +28,14 @@ use daskprobe_proxy::failures::{log, Failures};
 
 const NO_WAKE_MS: i32 = 40;
 
+/// Set by SIGTERM (what a stop that ran out of patience sends): the reader ends at once, with the
+/// blocks already handed over read and everything written, instead of losing what it holds.
+static TERM: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_term(_: libc::c_int) {
+    TERM.store(true, Ordering::Relaxed);
+}
+
 fn port_label(v: &str) -> Result<(u16, String), String> {
     let (port, label) = v.split_once('=').unwrap_or((v, ""));
     Ok((port.parse().map_err(|e| format!("port {v}: {e}"))?, label.to_string()))
@@ -87,6 +95,7 @@ fn main() {
             unsafe { libc::eventfd_write(wake, 1) };
         });
     }
+    unsafe { libc::signal(libc::SIGTERM, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let mut streams = streams::Streams::new(ports.clone(), tx);
     let failures = Failures::default();
     println!("ready");
@@ -94,7 +103,7 @@ fn main() {
     // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
     let mut stop_at = None;
     let mut drops = 0;
-    while stop_at.map_or(true, |at| now_ns() < at) {
+    while !TERM.load(Ordering::Relaxed) && stop_at.map_or(true, |at| now_ns() < at) {
         // without an eventfd, stdin's news is seen at the next packets or within NO_WAKE_MS
         let idle = if wake < 0 { NO_WAKE_MS } else { -1 };
         // what was queued is written within FLUSH_EVERY though no packet comes
@@ -106,6 +115,7 @@ fn main() {
                 writer.queued = true;
             }
             Ok(None) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {} // SIGTERM: TERM says
             Err(e) => failures.note(&format!("reading packets: {e}")),
         }
         let dropped = tap.take_drops();
@@ -128,7 +138,7 @@ fn main() {
     // A reader starved of a CPU may be behind when its time is up: the blocks the kernel has handed
     // over already are read still (without waiting for more), else the run's last messages are lost;
     // up to the packets captured by then, so that a cluster that goes on talking (attach) cannot keep it.
-    let end = stop_at.unwrap_or(u64::MAX);
+    let end = if TERM.load(Ordering::Relaxed) { now_ns() } else { stop_at.unwrap_or(u64::MAX) };
     while let Ok(Some((t, seg))) = tap.next(0) {
         if t > end {
             break;
