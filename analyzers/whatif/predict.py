@@ -224,7 +224,8 @@ def _setup(m: Model, c: Changes, seed: int, grow: Growth = Growth()) -> Setup:
                  batch_ns=k.batch_ns, gil_share=k.gil_share if c.gil and m.contention else 0.0,
                  policy=c.scheduler or m.scheduler, delay_ns=k.delay_ns if c.delay_ms is None else c.delay_ms * 1e6,
                  network=1.0 if c.network is None else c.network, bookkeeping=bookkeeping, seed=seed,
-                 think=1.0 if c.client is None else c.client, admin_load=grow.admin, graph_cpu=k.graph_cpu)
+                 think=1.0 if c.client is None else c.client, admin_load=grow.admin, graph_cpu=k.graph_cpu,
+                 run_workers=len(k.workers), run_cores=k.cores if m.contention else math.inf)
 
 
 def _draw(job: Job, r: int) -> Draw:

@@ -8,8 +8,9 @@ What it models, in the order a task meets it:
 - the messages: batched sends (a stream sends at once unless it sent in its last interval, else at the
   interval's end), then the link's latency, plus bytes over its bandwidth for task data between workers;
 - each worker: `threads` threads taking ready tasks by priority, each start after the worker's measured
-  handoff time, each task-finished after its measured time from the compute's end; and an event loop
-  that serves other workers' get_data one at a time;
+  handoff time, each task-finished after its measured time from the compute's end; its warm-up once,
+  before its first start (capture.warm_ups); and an event loop that serves other workers' get_data one
+  at a time;
 - the machine: tasks computing share its cores with its other load (`background`: processor sharing
   of their CPU time, not of their blocked time); the workers' own times stretch as the tasks' CPU
   time does, relative to the run; the threads of one worker share its GIL for the share of CPU that
@@ -59,6 +60,8 @@ class Setup:
     think: float = 1.0  # factor on the client's time before sending a graph
     admin_load: float = 0.0  # share of the scheduler's loop taken by heartbeats beyond the run's (scaling.py)
     graph_cpu: float = 1.0  # of a graph's handling, the share that is the scheduler's CPU (the rest: waits)
+    run_workers: int = 0  # the run's: its workers' warm-ups are replayed on as many workers as start cold now
+    run_cores: float = math.inf  # the run's, on which its workers warmed up together
 
 
 @dataclass
@@ -108,6 +111,7 @@ class _Replay:
         self.slow = {"gil": [0.0] * n, "cpu": [0.0] * n}
         self.running, self.ps_last, self.version = {}, 0.0, [0] * n
         self.graph_t = [dict() for _ in job.graphs]
+        self.warm, self.warm_until = _warm_ups(job, s), [None] * W  # a worker is cold until its first start
 
     # -- the event queue -------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -292,7 +296,10 @@ class _Replay:
             _, i = heapq.heappop(self.queue[w])
             self.free[w] -= 1
             self.held_by[i] = freed_by if t > self.t["inputs"][i] else None
-            self.at(t + self.worker_time(self.d.before_ns[i]), self.compute_starts, i, w)  # the thread's handoff
+            if self.warm_until[w] is None:  # its threads' first tasks wait for its warm-up together
+                self.warm_until[w] = t + (self.warm.pop(0) if self.warm else 0.0)
+            handoff = self.worker_time(self.d.before_ns[i])
+            self.at(max(t, self.warm_until[w]) + handoff, self.compute_starts, i, w)
 
     def worker_time(self, ns: float) -> float:
         """A worker's own time: as measured, stretched as much more (or less) as the tasks' CPU time is
@@ -389,6 +396,18 @@ def _expected(job: Job, d: Draw) -> list[float]:
         a[0] += x
         a[1] += 1
     return [mean[g][0] / mean[g][1] / 1e9 for g in job.group]
+
+
+def _warm_ups(job: Job, s: Setup) -> list[float]:
+    """The job's warm-ups, ns, for the workers to start their first task in it, in that order: as many as
+    started cold in the run, scaled by the workers now to the run's. Each is the CPU it took where the run's
+    cold workers outnumbered its cores, stretched where they outnumber them now."""
+    warm = [float(x) for x in (job.warm_ns if job.warm_ns is not None else []) if x > 0]
+    if not warm or not s.run_workers:
+        return []
+    n = min(s.workers, max(1, round(len(warm) * s.workers / s.run_workers)))
+    stretch = min(1.0, s.run_cores / len(warm)) * max(1.0, n / s.cores)
+    return [warm[k % len(warm)] * stretch for k in range(n)]
 
 
 def replay(job: Job, s: Setup, d: Draw) -> Result:

@@ -75,6 +75,34 @@ def test_a_fan_in_on_two_workers_by_hand():
     assert sum(two["split_s"].values()) == pytest.approx(two["makespan_s"])
 
 
+def warm_start(one_worker: bool = False) -> Scenario:
+    """Two workers (or one with two threads) run three 10 ms tasks each in a row, the first after a
+    100 ms warm-up (imports): started at 122 though there at 21, the others as the one before ends."""
+    s = Scenario()
+    keys = [f"{chr(97 + i)}-0" for i in range(6)]  # a group each: none root-ish
+    s.graph(10, 11, keys)
+    for w in range(2):
+        for k in range(3):
+            start = 122 + 10 * k
+            s.task(keys[3 * w + k], "worker-0" if one_worker else f"worker-{w}", 20, 21, start, start + 10,
+                   start + 13, start + 14, thread=w + 1 if one_worker else 1)
+            s.told(keys[3 * w + k], start + 15, start + 16)
+    return s
+
+
+def test_a_worker_warms_up_once_whatever_the_keys_it_runs():
+    """Replayed: graph 0-1, scheduler 1-10, compute-task 10-11, warm-up and handoff 11-112, then the tasks
+    in a row, the last told 6 ms after its compute ends. On one worker (or one thread) one warm-up and six
+    tasks: 112 + 60 + 6 = 178 ms, not two warm-ups (278); on four workers each warms up, two run two."""
+    two = tables(warm_start())
+    assert predict(two, ONE, Changes())["replay_s"] == pytest.approx(148 * MS, abs=1.5 * MS)
+    assert predict(two, ONE, Changes(workers=1))["makespan_s"] == pytest.approx(178 * MS, abs=1.5 * MS)
+    assert predict(two, ONE, Changes(workers=4))["makespan_s"] == pytest.approx(138 * MS, abs=1.5 * MS)
+    threads = tables(warm_start(one_worker=True), workers=1)
+    assert predict(threads, META | {"cluster": {"threads": 2}}, Changes(threads=1))["makespan_s"] == \
+        pytest.approx(178 * MS, abs=1.5 * MS)
+
+
 def test_fewer_scheduler_costs_never_cost_time_and_the_split_adds_up():
     t = tables(fan_in(), workers=1)
     out = [predict(t, ONE, Changes(workers=2, bookkeeping=k)) for k in (1.0, 0.0)]
