@@ -85,6 +85,9 @@ def in_states(pid: pd.Series, tid: pd.Series, start: pd.Series, stop: pd.Series,
     return out
 
 
+SLOT_FREED_NS = 2e6  # a dispatch this soon after a task-finished reached the scheduler filled the slot it freed
+
+
 def worker_costs(tasks: pd.DataFrame, batch_ns: int) -> pd.DataFrame:
     """Per finished task, the worker's own time around its compute, ns (NaN where not seen):
     before: from the later of its compute-task (or its inputs) reaching the worker and the end of the
@@ -136,11 +139,12 @@ def jobs_of(t: dict, workers: list[str], delay_ns: int, batch_ns: int) -> list[J
     held = _holders(tasks, workers)
     tells = told(t["messages"])
     graphs = t["job_graphs"] if "job_graphs" in t else graph_jobs(t["graphs"], t["messages"])[0]
+    freed = np.sort(tasks.finished_recv_ns.dropna().to_numpy("float64"))
     out = []
     for j in t["jobs"][t["jobs"].complete].itertuples():
         mine = tasks[(tasks.job == j.job) & (tasks.outcome == "finished")]
         if len(mine):
-            out.append(_job(j, mine, graphs[graphs.job == j.job], tells, held, workers, delay_ns))
+            out.append(_job(j, mine, graphs[graphs.job == j.job], tells, held, workers, delay_ns, freed))
     return out
 
 
@@ -152,7 +156,7 @@ def _holders(tasks: pd.DataFrame, workers: list[str]) -> dict:
 
 
 def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held: dict, workers: list[str],
-         delay_ns: int) -> Job:
+         delay_ns: int, freed: np.ndarray) -> Job:
     mine = mine.reset_index(drop=True)
     index = {k: i for i, k in enumerate(mine.key)}
     graphs = graphs.sort_values("t_first_ns", kind="stable").reset_index(drop=True)
@@ -177,7 +181,7 @@ def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held:
               before_ns=mine.before_ns.to_numpy("float64"), after_ns=mine.after_ns.to_numpy("float64"),
               warm_ns=mine.warm_ns.to_numpy("float64"),
               told_before=len(wanted_keys - set(index)))
-    service = _graph_service(graphs.t_last_ns, graphs.graph_id.map(first))
+    service = _graph_service(graphs.t_last_ns, graphs.graph_id.map(first), freed)
     for g, cost in zip(graphs.itertuples(), service):
         job.graphs.append(_graph(g, cost, tells, index, int(j.start_ns), delay_ns))
     for g in job.graphs:  # the client sent it once told of its trigger: the replay tells it too
@@ -186,15 +190,22 @@ def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held:
     return job
 
 
-def _graph_service(arrived: pd.Series, first_sent: pd.Series) -> list[float]:
+def _graph_service(arrived: pd.Series, first_sent: pd.Series, freed: np.ndarray) -> list[float]:
     """The scheduler's own time on each graph (in arrival order), ns: from the later of its last byte and
     the previous graph's first dispatch to its own first dispatch. A graph queued behind another (a futures
-    loop's submits) waited for it: that wait is the other's cost, not its own."""
-    out, done = [], -np.inf
+    loop's submits) waited for it: that wait is the other's cost, not its own. A graph whose first dispatch
+    came right after a task-finished reached the scheduler (`freed`, sorted) waited for that slot (its
+    tasks queued, as root-ish ones are): the replay queues them itself, and its own time is taken as the
+    median of the graphs that did not wait."""
+    own, queued, done = [], [], -np.inf
     for a, f in zip(arrived.to_numpy("float64"), first_sent.to_numpy("float64", na_value=np.nan)):
-        out.append(0.0 if np.isnan(f) else max(0.0, f - max(a, done)))
+        start = max(a, done)
+        k = np.searchsorted(freed, f, side="right") - 1 if not np.isnan(f) else -1
+        queued.append(k >= 0 and start < freed[k] and f - freed[k] <= SLOT_FREED_NS)
+        own.append(0.0 if np.isnan(f) else max(0.0, f - start))
         done = max(done, f) if not np.isnan(f) else done
-    return out
+    typical = float(np.median([s for s, q in zip(own, queued) if not q] or [0.0]))
+    return [typical if q else s for s, q in zip(own, queued)]
 
 
 def _graph(g, process: float, tells: pd.DataFrame, index: dict, start_ns: int, delay_ns: int) -> Graph:

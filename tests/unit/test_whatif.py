@@ -6,9 +6,12 @@ compute-task's arrival and the end of the compute before it on its thread; the g
 the scheduler 9 ms (its last byte at 11, the first dispatch at 20); the scheduler's own time per
 task is unknown (no thread states, no proc): 0."""
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from daskprobe.analyzers.whatif import Changes, NotModelled, predict
+from daskprobe.analyzers.whatif.capture import _graph_service
 from daskprobe.tracer.commands.whatif_verb import changes, render
 
 from scenario import META, Scenario, analyze, two_task_chain
@@ -101,6 +104,17 @@ def test_a_worker_warms_up_once_whatever_the_keys_it_runs():
     threads = tables(warm_start(one_worker=True), workers=1)
     assert predict(threads, META | {"cluster": {"threads": 2}}, Changes(threads=1))["makespan_s"] == \
         pytest.approx(178 * MS, abs=1.5 * MS)
+
+
+def test_a_graph_whose_tasks_waited_for_a_slot_costs_the_scheduler_what_the_others_did():
+    """A futures loop's three submits (last bytes at 0, 1, 2 ms): the first dispatched at 3 ms, the others
+    each 0.5 ms after a task-finished freed a slot. Their wait is the slot's, which the replay queues
+    itself: each costs the first's 3 ms. Task-finished 8 ms before the dispatches: their own 10 ms."""
+    def service(freed_ms):
+        ns = _graph_service(pd.Series([0.0, 1e6, 2e6]), pd.Series([3e6, 13e6, 23e6]), np.array(freed_ms) * 1e6)
+        return [x / 1e6 for x in ns]
+    assert service([12.5, 22.5]) == pytest.approx([3, 3, 3])
+    assert service([5, 15]) == pytest.approx([3, 10, 10])
 
 
 def test_fewer_scheduler_costs_never_cost_time_and_the_split_adds_up():
