@@ -195,8 +195,8 @@ def _graph_service(arrived: pd.Series, first_sent: pd.Series, freed: np.ndarray)
     the previous graph's first dispatch to its own first dispatch. A graph queued behind another (a futures
     loop's submits) waited for it: that wait is the other's cost, not its own. A graph whose first dispatch
     came right after a task-finished reached the scheduler (`freed`, sorted) waited for that slot (its
-    tasks queued, as root-ish ones are): the replay queues them itself, and its own time is taken as the
-    median of the graphs that did not wait."""
+    tasks queued, as root-ish ones are): the replay makes them wait by its own rules (queued if root-ish,
+    else for a thread of their worker), and its own time is the median of the graphs that did not wait."""
     own, queued, done = [], [], -np.inf
     for a, f in zip(arrived.to_numpy("float64"), first_sent.to_numpy("float64", na_value=np.nan)):
         start = max(a, done)
