@@ -104,42 +104,40 @@ def test_the_tap_reads_every_message_distributed_writes(tmp_path):
     assert cap.malformed.empty and cap.skipped.empty  # seen from its SYN: in step from the first byte
 
 
-def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
-    # it writes from its reading thread, which sleeps until packets come: what it read before a
-    # quiet spell must be written all the same (a SIGKILL then loses nothing)
-    capture = tmp_path / "tap.bin"
-
+def five_messages_then(stop, capture: Path, tmp_path: Path, quiet: float) -> None:
+    """Five messages through the tap, `quiet` seconds without any, then `stop(tap)`."""
     async def main():
         async with tapped_echo(capture, tmp_path) as (comm, tap):
             for i in range(5):
                 await comm.write({"op": f"m{i}"})
                 await comm.read()
-            await asyncio.sleep(1.0)  # a block retired (100 ms), then a write due (200 ms), and slack
-            tap.kill()
-            tap.wait()
+            await asyncio.sleep(quiet)
+            stop(tap)
             await comm.close()
 
     asyncio.run(main())
-    assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
+
+
+def test_what_the_tap_read_is_on_disk_while_no_packets_come(tmp_path):
+    # it writes from its reading thread, which sleeps until packets come: what it read before a
+    # quiet spell must be written all the same (a SIGKILL then loses nothing); 1 s: a block retired
+    # (100 ms), then a write due (200 ms), and slack
+    five_messages_then(lambda tap: (tap.kill(), tap.wait()), tmp_path / "tap.bin", tmp_path, 1.0)
+    assert ops(read_capture(tmp_path / "tap.bin"), 0) == [f"m{i}" for i in range(5)]
 
 
 def test_a_sigterm_ends_the_tap_with_what_it_read_written_and_said(tmp_path):
     # a stop that runs out of patience (a reader starved on a busy machine) sends SIGTERM: the tap
-    # ends at once, and what it read is on disk with its status ended, not cut off while capturing
-    capture = tmp_path / "tap.bin"
+    # ends at once, and what it read is on disk with its status ended, not cut off while capturing;
+    # 0.5 s: the messages' block retired (100 ms) and handed over
+    capture, code = tmp_path / "tap.bin", []
 
-    async def main():
-        async with tapped_echo(capture, tmp_path) as (comm, tap):
-            for i in range(5):
-                await comm.write({"op": f"m{i}"})
-                await comm.read()
-            await asyncio.sleep(0.5)  # their block retired (100 ms) and handed over
-            tap.send_signal(signal.SIGTERM)
-            assert tap.wait(30) == 0
-            await comm.close()
+    def term(tap):
+        tap.send_signal(signal.SIGTERM)
+        code.append(tap.wait(30))
 
-    asyncio.run(main())
-    assert ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
+    five_messages_then(term, capture, tmp_path, 0.5)
+    assert code == [0] and ops(read_capture(capture), 0) == [f"m{i}" for i in range(5)]
     assert read_status(capture)["state"] == "ended", read_status(capture)
 
 
