@@ -453,6 +453,11 @@ def _loops_held_by_tasks(s: dict, t: dict) -> float:
     return _gil_by_process(s, task_threads=False).get("worker", 0.0) if by_tasks else 0.0
 
 
+def _loops_held_by_hot_function(s: dict, t: dict) -> float:
+    """Of _loops_held_by_tasks, the hot function's: none where task-gil holds them."""
+    return 0.0 if _task_gil_s(s) else _loops_held_by_tasks(s, t)
+
+
 def _loops_held_by_other(s: dict, t: dict) -> float:
     """The workers' event loops' waits for the GIL on the path, when a thread that runs no task held it."""
     return _gil_by_process(s, task_threads=False).get("worker", 0.0) if _worker_gil_holder(t) == "other" else 0.0
@@ -479,7 +484,7 @@ def _hot_function(s: dict, t: dict) -> dict | None:
                         f"{h['function']} is vectorized already: a cheaper algorithm in the calls it makes, less "
                         "data per task, or more cores shorten it; rewriting its Python will not")
     held = f"; the thread held the GIL in {h['python']:.0%} of them (its own Python)" if h["python"] else ""
-    loops = 0.0 if _task_gil_s(s) else _loops_held_by_tasks(s, t)
+    loops = _loops_held_by_hot_function(s, t)
     held += f"; the workers' event loops waited {loops:.2f} s on the path for the GIL it held" if loops else ""
     return _finding("hot-function", comp * h["share"] + loops, f"the tasks spent their time in {h['function']}",
                     evidence + held,
