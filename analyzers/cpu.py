@@ -14,8 +14,9 @@ sampler waits for, and each stands for the period its CPU ticked at then
 thread spinning for 93 mean periods was given 67 to 131 ticks). When
 the sampler polled instead, without eBPF states, a sample counts as CPU time
 only if the sampler saw its thread running (per /proc, and not parked in a
-known wait), and stands for the time since its process's previous read;
-that estimate carries the sampler's bias. A native sample (eBPF cpu-clock)
+known wait), and stands for the time since its process's previous read
+(reads spaced at random about the sampler's interval, period_ns: 1/rate, or
+longer on a cluster using little CPU); that estimate carries the sampler's bias. A native sample (eBPF cpu-clock)
 is on a CPU by construction and stands for 1/cpu_hz s.
 
 Category: a worker's sample taken inside a task's compute span, on the thread
@@ -60,17 +61,19 @@ def classify_samples(samples: pd.DataFrame, processes: pd.DataFrame, states: pd.
 
 def _weights(s: pd.DataFrame, rate: float, cpu_hz: float) -> np.ndarray:
     """Seconds each sample stands for: its tick's period for a tick's (1/rate where not recorded; none for
-    the other samples of a ticked process), else the gap since its process's previous read."""
-    period = 1.0 / rate
+    the other samples of a ticked process), else the gap since its process's previous read, at most
+    MAX_PERIODS of the sampler's mean interval then (its period_ns; 1/rate where not recorded)."""
     w = np.full(len(s), 1.0 / cpu_hz)
     py = s.source.to_numpy() == "pyspy"
-    rounds = s[py][["pid", "t_ns"]].drop_duplicates().sort_values(["pid", "t_ns"])
-    gap = rounds.groupby("pid").t_ns.diff() / 1e9
-    rounds["w"] = gap.fillna(period).clip(upper=MAX_PERIODS * period).to_numpy()
-    w[py] = s[py].merge(rounds, on=["pid", "t_ns"], how="left").w.to_numpy()
-    tick, ticked = _ticks(s)
     periods = s.period_ns.astype("Float64").fillna(0).to_numpy(float) / 1e9 if "period_ns" in s else np.zeros(len(s))
-    w[ticked] = np.where(tick[ticked], np.where(periods[ticked] > 0, periods[ticked], period), 0.0)
+    periods = np.where(periods > 0, periods, 1.0 / rate)
+    rounds = s[py][["pid", "t_ns"]].assign(period=periods[py]).drop_duplicates(["pid", "t_ns"])
+    rounds = rounds.sort_values(["pid", "t_ns"])
+    gap = (rounds.groupby("pid").t_ns.diff() / 1e9).fillna(rounds.period)
+    rounds["w"] = np.minimum(gap, MAX_PERIODS * rounds.period).to_numpy()
+    w[py] = s[py].merge(rounds[["pid", "t_ns", "w"]], on=["pid", "t_ns"], how="left").w.to_numpy()
+    tick, ticked = _ticks(s)
+    w[ticked] = np.where(tick[ticked], periods[ticked], 0.0)
     return w
 
 

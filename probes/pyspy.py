@@ -26,8 +26,9 @@ LINES = {
           "one thread's stack; ident: threading.get_ident() in that thread, 0 when unknown; stale: the stack "
           "was read before (up to 100 ms; 1 s with ticks) and the thread, off a CPU now, ran since; tick: read "
           "because a CPU's clock tick found the thread on it, one line per tick; period_ns: the CPU time such "
-          "a line stands for, the period its CPU's clock ticked at then (drawn at random about 1/rate), 0 for "
-          "the others (older captures end before ident, stale, tick or period_ns)"),
+          "a line stands for, the period its CPU's clock ticked at then (drawn at random about 1/rate); polling "
+          "(no ticks), the mean interval between reads then (pace.rs); 0 for the others (older captures end "
+          "before ident, stale, tick or period_ns)"),
     "A": ("t_ns:int pid:int name:str reader:str",
           "attached; reader: ours (cpython310 to cpython313), py-spy, or py-spy (why not ours)"),
     "E": ("t_ns:int pid:int message:str", "could not attach, or the process exited"),

@@ -27,11 +27,12 @@ WIRE = ("proxy", "tap", "comm")  # part of the cluster, not probe objects: they 
 
 
 def make(names: list[str], sample_rate: float = rates.SAMPLE_RATE, native: bool = False,
-         cpu_hz: int = rates.CPU_HZ) -> list[Probe]:
+         cpu_hz: int = rates.CPU_HZ, fixed_rate: bool = False) -> list[Probe]:
     """Probe objects for the chosen names (the proxy and the taps are part of the cluster, not listed here);
-    the eBPF kinds share one agent, stacks and /proc one sampler."""
+    the eBPF kinds share one agent, stacks and /proc one sampler. fixed_rate: a rate the user chose, kept
+    even where polling at it costs more than the sampler's share of the cluster's CPU."""
     sampled, kinds = [n for n in names if n in SAMPLER_KINDS], [n for n in names if n in EBPF_KINDS]
-    return ([Sampler(sampled, sample_rate, native)] if sampled else []) + ([Ebpf(kinds, cpu_hz)] if kinds else [])
+    return ([Sampler(sampled, sample_rate, native, fixed_rate)] if sampled else []) + ([Ebpf(kinds, cpu_hz)] if kinds else [])
 
 
 def doctor() -> list[tuple[str, str | None, str]]:

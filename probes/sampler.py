@@ -33,8 +33,8 @@ def _ptrace_allowed() -> bool:
 class Sampler(Probe):
     """One daskprobe-sampler for the kinds chosen (KINDS), named after them (`pyspy,proc`)."""
 
-    def __init__(self, kinds: list[str], rate: float = rates.SAMPLE_RATE, native: bool = False):
-        self.kinds, self.rate, self.native = [k for k in KINDS if k in kinds], rate, native
+    def __init__(self, kinds: list[str], rate: float = rates.SAMPLE_RATE, native: bool = False, fixed: bool = False):
+        self.kinds, self.rate, self.native, self.fixed = [k for k in KINDS if k in kinds], rate, native, fixed
         self.name = ",".join(self.kinds)
         self.roles = (STACK_ROLES if "pyspy" in self.kinds else set()) | (PROC_ROLES if "proc" in self.kinds else set())
 
@@ -52,6 +52,7 @@ class Sampler(Probe):
         self.stacks = "pyspy" in self.kinds and not self.partly_skipped()
         cap = self.captures = run / "captures"
         cmd = [native_binary("daskprobe-sampler"), "--rate", str(self.rate)] + (["--native"] if self.native else [])
+        cmd += ["--fixed"] if self.fixed else []
         cmd += ["--out", str(cap / pyspy.CAPTURE)] if self.stacks else []
         cmd += ["--proc", str(cap / procfs.CAPTURE), "--threads", str(cap / procfs.THREADS)] * ("proc" in self.kinds)
         self.log = run.log("sampler")

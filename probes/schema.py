@@ -180,8 +180,9 @@ DECODED = {
         C("tick", "boolean", "", "read because a CPU's clock tick (at the sampling rate) found the thread on it: "
           "it stands for period_ns of its CPU time; false where the sampler polled every thread, null for ebpf"),
         C("period_ns", "Int64", "ns", "for a tick's sample, the CPU time it stands for: the period its CPU's clock "
-          "ticked at then, drawn at random about 1/rate; 0 for other samples, null for ebpf and in captures "
-          "before it was recorded (then 1/rate)"),
+          "ticked at then, drawn at random about 1/rate; where the sampler polled every thread, the mean interval "
+          "between its reads then (1/rate, longer where reads at the rate would cost over 1.5% of the cluster's "
+          "CPU); 0 for other samples, null for ebpf and in captures before it was recorded (then 1/rate)"),
         C("source", "str", "", "pyspy (the Python sampler) or ebpf (the CPU sampler)"),
         C("cpu", "Int64", "", "the CPU it was on; null for pyspy"),
         PROCESS,

@@ -399,7 +399,7 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
         pytest.skip(why)
     target = _started(sys.executable, write_flow(tmp_path / "waker.py", WAKER))
     out = tmp_path / "samples.tsv"
-    with _sampled_from_go(target, "waker", out, "--poll"):
+    with _sampled_from_go(target, "waker", out, "--poll", "--fixed"):  # at 100 a second, whatever it costs
         switched = int(target.stdout.readline())
         target.wait(timeout=30)
     samples, stacks, frames = read_samples(out)
@@ -416,6 +416,56 @@ def test_a_stack_kept_for_a_thread_off_a_cpu_is_marked_stale_and_at_most_100_ms_
         long_after[["t_ns", "stale", "fns"]].head()
     assert leaving.sum() <= 2, long_after[leaving][["t_ns", "fns"]]
     assert not long_after.stale.any(), "asleep since its stack was read: current"
+
+
+DOZER = """
+import sys, threading, time
+
+def doze():  # an event loop with little to do: a millisecond of work every 50 ms
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end:
+        stop = time.thread_time() + 0.001
+        while time.thread_time() < stop:
+            pass
+        time.sleep(0.05)
+
+sys.stdin.readline()
+t = threading.Thread(target=doze, name="dozer")
+t.start()
+t.join()
+"""
+
+
+def _cpu_s(pid: int) -> float:
+    """The process's CPU time so far, from its CPU clock (clock_getcpuclockid's)."""
+    return time.clock_gettime(((~pid) << 3) | 2)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_polling_a_process_that_uses_little_cpu_reads_it_less_often_unless_the_rate_is_fixed(tmp_path, fixed):
+    # Polling at 100 a second costs the sampler about as much whatever the process does; against a
+    # process using 2% of a CPU, reads are spread out to cost at most 1.5% of that (pace.rs). The
+    # premise, from the kernel: the process used little CPU. --fixed keeps the rate asked for.
+    if why := Sampler(["pyspy"]).available():
+        pytest.skip(why)
+    target = _started(sys.executable, write_flow(tmp_path / "dozer.py", DOZER))
+    out = tmp_path / "samples.tsv"
+    with _sampled_from_go(target, "dozer", out, "--poll", *["--fixed"] * fixed):
+        t0, cpu0 = time.monotonic(), _cpu_s(target.pid)
+        time.sleep(2.0)
+        used = (_cpu_s(target.pid) - cpu0) / (time.monotonic() - t0)
+        target.wait(timeout=30)
+    assert used < 0.1, f"the process used {used:.0%} of a CPU: not the premise"
+    samples = read_samples(out)[0]
+    late = samples[samples.t_ns > samples.t_ns.min() + 1_000_000_000]  # after its first adjustments
+    intervals = late.drop_duplicates("t_ns").t_ns.diff().dropna() / 1e6
+    if fixed:
+        assert (late.period_ns == 10_000_000).all()
+        assert 5 <= intervals.median() <= 15, intervals.describe()
+    else:
+        assert late.period_ns.min() > 10_000_000, late.period_ns.describe()
+        # each read stands for its interval: the mean gap is the mean interval it carries, within jitter
+        assert 0.75 < intervals.mean() / (late.drop_duplicates("t_ns").period_ns.mean() / 1e6) < 1.25
 
 
 TICKED = """

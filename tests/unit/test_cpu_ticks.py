@@ -55,3 +55,14 @@ def test_a_tick_read_while_its_thread_waits_for_the_cpu_it_was_preempted_from_is
     c = classify_samples(_samples(rows), processes, states, pd.Series({0: "a"}), attempts, RATE, 99)
     # on a CPU; preempted (a tick's, not a read the sampler chose); asleep; woken since it slept
     assert c.on_cpu.tolist() == [True, True, False, False, False]
+
+
+def test_a_paced_read_stands_for_the_gap_since_the_one_before_up_to_three_of_its_intervals():
+    ms = 1_000_000
+    # polled at 10 ms, then spread to a 40 ms mean interval (a cluster using little CPU); one gap of 200 ms
+    # (the sampler starved) counts for three intervals
+    times, intervals = (0, 10, 20, 60, 95, 295), (10, 10, 10, 40, 40, 40)
+    rows = [(t * ms, 20, 21, "s", "pyspy", 1, True, False, False, False, 3) for t in times]
+    c = _classified(_samples(rows).assign(period_ns=pd.array([i * ms for i in intervals], dtype="Int64")))
+    # clipped at three times 1/rate (30 ms), as before pacing, the 40 ms and 35 ms gaps would lose CPU
+    assert c.weight_s.round(6).tolist() == [0.01, 0.01, 0.01, 0.04, 0.035, 0.12]

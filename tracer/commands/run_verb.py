@@ -80,7 +80,7 @@ def main(args, command: list[str]) -> int:
     made = options.missing_parents(args.out, command)
     run_dir = options.new_run(RunDir, args.out, command)
     with Signals() as signals:
-        code = run(spec, command, run_dir, probes, registry.make(probes, rate, args.native, args.cpu_hz),
+        code = run(spec, command, run_dir, probes, registry.make(probes, rate, args.native, args.cpu_hz, args.sample_rate is not None),
                    signals, sample_rate=rate, cpu_hz=args.cpu_hz, warm_up=warm_up, user=user)
         try:
             finalize(run_dir, trace=not args.no_trace)

@@ -2,12 +2,13 @@
 //! py-spy's (which reads each frame's code object, names and line table anew,
 //! about eight reads per frame):
 //! - a read reports the threads a CPU tick found (Read::Ticked), read afresh,
-//!   or the others (Read::OffCpu), or, polling, all (Read::All); a tick on a
+//!   or the others (Read::OffCpu), or, polling, all (Read::All, with the mean
+//!   interval between reads, pace.rs); a tick on a
 //!   thread already listed reads no list, and the GIL with its thread state;
 //!   the stacks BPF copied at ticks (`copied`, tickprog.rs) are only named;
 //! - a thread that has not run since its stack was read keeps it: no read; one
-//!   off a CPU keeps it for up to OFF_CPU_REREAD though it ran since, marked
-//!   stale (on-CPU samples are the ones whose stacks count);
+//!   off a CPU keeps it for up to OFF_CPU_REREAD (ten reads, polling) though it
+//!   ran since, marked stale (on-CPU samples are the ones whose stacks count);
 //! - from 3.11 on, the thread's frame stack is read in one piece (its
 //!   data-stack chunk), so only generator and coroutine frames, which live
 //!   elsewhere, cost a read; 3.10's frames are objects linked by f_back, a
@@ -47,8 +48,9 @@ const PAGE: usize = 4096;
 const PEEK: usize = 384;
 /// The thread list is walked again at least this often, even when nothing says it changed.
 const RELIST: Duration = Duration::from_secs(1);
-/// How long a thread found off a CPU keeps the stack last read, though it ran since: polling, and
-/// with ticks (which read it whenever it is on a CPU; then its stack off one is only where it waits).
+/// How long a thread found off a CPU keeps the stack last read, though it ran since: polling (at
+/// least; ten mean intervals where reads are spread out, as long as with ticks), and with ticks
+/// (which read it whenever it is on a CPU; then its stack off one is only where it waits).
 const OFF_CPU_REREAD: Duration = Duration::from_millis(100);
 const OFF_CPU_REREAD_TICKED: Duration = Duration::from_secs(1);
 
@@ -76,8 +78,8 @@ pub struct ThreadSample {
 /// Which threads of a process one read reports.
 #[derive(Clone, Copy)]
 pub enum Read<'a> {
-    /// every thread (without ticks: polling)
-    All,
+    /// every thread (without ticks: polling), at about this interval
+    All(Duration),
     /// the threads ticks found on a CPU, by native id, one sample per tick, each read afresh
     Ticked(&'a [u64]),
     /// with ticks, the others: every thread but those /proc shows running (ticks sample them), the
@@ -389,7 +391,10 @@ impl Reader {
         // Off a CPU but run since: Dask's threads (event loops, its profiler) mostly wake between two
         // reads to sleep again at once, and only on-CPU samples' stacks say what the CPU did. Such a
         // thread keeps the stack read up to OFF_CPU_REREAD before, marked stale.
-        let keep = if matches!(read, Read::OffCpu) { OFF_CPU_REREAD_TICKED } else { OFF_CPU_REREAD };
+        let keep = match read {
+            Read::All(every) => (every * 10).clamp(OFF_CPU_REREAD, OFF_CPU_REREAD_TICKED),
+            _ => OFF_CPU_REREAD_TICKED,
+        };
         let recent = read_at.is_some_and(|(at, _)| at.elapsed() < keep);
         let stale = !unchanged && !running && !owns_gil && recent;
         let tid = th.tid;

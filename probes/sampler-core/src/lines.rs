@@ -7,7 +7,7 @@ use crate::cpython::ThreadSample;
 use crate::frames::clean;
 use std::io::Write;
 
-/// `period_ns`: the CPU time a tick's sample stands for, 0 for the others.
+/// `period_ns`: the CPU time a tick's sample stands for; polling, the mean interval between reads then; 0 for the others.
 pub fn sample(out: &mut impl Write, t: u64, pid: i32, s: &ThreadSample, name: &str, period_ns: u64) {
     let _ = writeln!(out, "S\t{t}\t{pid}\t{}\t{}\t{}\t{name}\t{}\t{}\t{}\t{}\t{period_ns}",
                      s.tid, s.active as u8, s.owns_gil as u8, s.frame_ids, s.ident, s.stale as u8, s.tick as u8);

@@ -2,7 +2,7 @@
 //! sample stamped on the run's clock (CLOCK_MONOTONIC). CPython 3.10 to 3.13
 //! are read by our own reader (cpython.rs); other versions, and --native, by py-spy.
 //!
-//! usage: daskprobe-sampler [--out FILE] [--rate HZ] [--native] [--reader auto|pyspy] [--poll]
+//! usage: daskprobe-sampler [--out FILE] [--rate HZ] [--native] [--reader auto|pyspy] [--poll] [--fixed]
 //!                          [--proc FILE --threads FILE]
 //! Reads lines on stdin, at any time: "PID NAME", a process to sample (into
 //! --out); "proc PID", a process to read /proc for (procs.rs: the proc probe's
@@ -18,7 +18,9 @@
 //! sampler, woken for that thread (py-spy's reader reads them all, and only
 //! those ticked count as ticked); and every OFF_CPU_EVERY, for the threads
 //! off a CPU. Where perf events cannot be opened, and with --poll, every
-//! thread is read at the rate (polling).
+//! thread is read at the rate (polling), or less often where that would cost
+//! over 1.5% of the cluster's CPU (pace.rs; --fixed: at the rate); a process whose CPU clock has not
+//! moved since its last read is not read again: that read is repeated.
 //!
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
@@ -46,6 +48,7 @@ mod lines;
 mod linetable;
 mod mapped;
 mod names;
+mod pace;
 mod procstat;
 mod procs;
 mod pthread;
@@ -58,6 +61,7 @@ mod ticks;
 use cpython::{Read, Reader, ThreadSample};
 use daskprobe_clock::now_ns;
 use frames::{clean, Frames};
+use pace::Pace;
 use py_spy::config::LockingStrategy;
 use py_spy::python_process_info::PythonProcessInfo;
 use py_spy::{Config, PythonSpy};
@@ -105,10 +109,12 @@ struct Args {
     native: bool,
     pyspy_only: bool,
     poll: bool,
+    fixed: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { out: None, procs: None, rate: 100.0, native: false, pyspy_only: false, poll: false };
+    let mut a = Args { out: None, procs: None, rate: 100.0, native: false, pyspy_only: false, poll: false,
+                        fixed: false };
     let (mut proc, mut threads) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -119,6 +125,7 @@ fn parse_args() -> Result<Args, String> {
             "--rate" => a.rate = it.next().ok_or("--rate needs a value")?.parse().map_err(|e| format!("{e}"))?,
             "--native" => a.native = true,
             "--poll" => a.poll = true,
+            "--fixed" => a.fixed = true,
             "--reader" => match it.next().as_deref() {
                 Some("auto") => a.pyspy_only = false,
                 Some("pyspy") => a.pyspy_only = true,
@@ -195,6 +202,8 @@ struct Target {
     unread: bool,
     /// with ticks: which of its threads BPF copies the stacks of, and which it drops
     in_bpf: InBpf,
+    /// polling: its CPU clock before its last read, and that read's samples
+    last: Option<(u64, Vec<ThreadSample>)>,
 }
 
 impl Target {
@@ -210,7 +219,7 @@ impl Target {
             None => (None, "py-spy".into()),
         };
         Ok(Target { pid, spy, fast, reader, names: HashMap::new(), named_at: (Instant::now(), NAME_RETRY.0),
-                    unread: true, in_bpf: InBpf::default() })
+                    unread: true, in_bpf: InBpf::default(), last: None })
     }
 
     /// Appends to `samples` the threads `how` asks for (py-spy's reader reads them all, and keeps
@@ -341,6 +350,8 @@ struct Sampler<W: Write> {
     samples: Vec<ThreadSample>,
     /// the last read took too long to be placed in time, and was dropped
     dropped: bool,
+    /// polling: the mean interval between reads now (pace.rs), the period_ns of their samples
+    poll_ns: u64,
 }
 
 impl Sampler<BufWriter<Box<dyn Write>>> {
@@ -365,7 +376,7 @@ impl<W: Write> Sampler<W> {
     /// `due`: polling, the time to read; with ticks, to read the threads off a CPU.
     fn round(&mut self, t: &mut Target, ticked: &[Tick], copied: &[Copied], due: bool, ticking: bool) -> bool {
         if !ticking {
-            return !due || self.sample(t, Read::All, &[]);
+            return !due || self.sample(t, Read::All(Duration::from_nanos(self.poll_ns)), &[]);
         }
         self.copied(t, copied);
         let mine: Vec<Tick> = ticked.iter().filter(|k| k.pid == t.pid).copied().collect();
@@ -411,6 +422,16 @@ impl<W: Write> Sampler<W> {
     fn sample(&mut self, t: &mut Target, how: Read, ticks: &[Tick]) -> bool {
         let t0 = now_ns();
         self.samples.clear();
+        let polled = matches!(how, Read::All(_));
+        let cpu = polled.then(|| procs::cpu_ns(t.pid)).flatten();
+        if let Some(last) = t.last.as_ref().filter(|(was, _)| Some(*was) == cpu).map(|l| &l.1) {
+            // Nothing in it ran since its last read, which no stale stack made uncertain: each
+            // thread is where that read found it (one waiting for a CPU still waits).
+            for s in last {
+                lines::sample(&mut self.out, t0, t.pid, s, &t.names[&s.ident].1, self.poll_ns);
+            }
+            return true;
+        }
         let read = t.read(&mut self.frames, &mut self.out, &mut self.samples, how);
         let took = now_ns() - t0;
         let at = t0 + took / 2;
@@ -428,9 +449,11 @@ impl<W: Write> Sampler<W> {
                 for s in &self.samples {
                     // a thread's samples on ticks are one per tick of it: each stands for its tick's period
                     let k = s.tick.then(|| ticks.iter().position(|k| k.tid == s.tid)).flatten();
-                    let period = k.map_or(0, |k| ticks.swap_remove(k).period);
+                    let period = k.map_or(if polled { self.poll_ns } else { 0 }, |k| ticks.swap_remove(k).period);
                     lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident].1, period);
                 }
+                let sure = !self.samples.iter().any(|s| s.stale);
+                t.last = cpu.filter(|_| sure).map(|c| (c, self.samples.clone()));
                 true
             }
             false => {
@@ -464,7 +487,7 @@ fn main() {
     let mut procs = args.procs.as_ref()
         .map(|(p, t)| procs::Procs::open(p, t).expect("cannot open --proc or --threads"));
     let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, out), frames: Frames::default(), samples: Vec::new(),
-                           dropped: false };
+                           dropped: false, poll_ns: 0 };
     let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     let new_pids = read_pids(wake);
     let mut ticks = (args.out.is_some() && !args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
@@ -474,7 +497,7 @@ fn main() {
         });
     let mut targets: Vec<Target> = Vec::new();
     let (mut ticked, mut copied) = (Vec::new(), Vec::new());
-    let period = Duration::from_secs_f64(1.0 / args.rate);
+    let mut pace = Pace::new(args.rate, args.fixed);
     let mut next = Instant::now();
     let mut flushed = next;
     let mut timer = false;
@@ -521,6 +544,7 @@ fn main() {
             t.drain(&mut ticked, &mut copied);
         }
         let mut gone = Vec::new();
+        s.poll_ns = pace.interval_ns();
         targets.retain_mut(|t| {
             s.dropped = false;
             let mut alive = s.round(t, &ticked, &copied, polled || timer || asked, ticks.is_some());
@@ -541,6 +565,9 @@ fn main() {
             }
             alive
         });
+        if polled {
+            pace.read(targets.iter().map(|t| t.pid));
+        }
         // a pid reused by a process attached since is its own
         for pid in gone.into_iter().filter(|pid| !targets.iter().any(|t| t.pid == *pid)) {
             if let Some(ticks) = &ticks {
@@ -570,7 +597,7 @@ fn main() {
             None => {
                 let now = Instant::now();
                 if polled {
-                    next = (next + period).max(now); // fell behind: skip, don't burst
+                    next = (next + pace.next()).max(now); // fell behind: skip, don't burst
                 }
                 let poll = args.out.is_some().then(|| next.saturating_duration_since(now));
                 let read = procs.as_ref().map(|p| p.due_in());

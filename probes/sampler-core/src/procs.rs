@@ -173,7 +173,7 @@ impl Stat {
 
 /// CPU time (user + system, every thread's, ended ones' too) the process has used so far, in ns, from
 /// its CPU clock (clock_getcpuclockid's); None once it is gone.
-fn cpu_ns(pid: i32) -> Option<u64> {
+pub fn cpu_ns(pid: i32) -> Option<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     let clock = ((!pid) << 3) | 2; // CPUCLOCK_SCHED of the whole process
     (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)

@@ -102,7 +102,7 @@ fn main() {
     // Once told to stop, the kernel still holds the packets of its last block until it retires it
     // (RETIRE_MS): read on for three times that, so the end of the run is in, and no longer.
     let mut stop_at = None;
-    let mut drops = 0;
+    let (mut drops, mut segments, mut late) = (0, 0u64, 0u64);
     while !TERM.load(Ordering::Relaxed) && stop_at.map_or(true, |at| now_ns() < at) {
         // without an eventfd, stdin's news is seen at the next packets or within NO_WAKE_MS
         let idle = if wake < 0 { NO_WAKE_MS } else { -1 };
@@ -113,6 +113,8 @@ fn main() {
             Ok(Some((t, seg))) => {
                 streams.segment(t, &seg);
                 writer.queued = true;
+                segments += 1;
+                late += stop_at.is_some() as u64;
             }
             Ok(None) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {} // SIGTERM: TERM says
@@ -139,11 +141,13 @@ fn main() {
     // over already are read still (without waiting for more), else the run's last messages are lost;
     // up to the packets captured by then, so that a cluster that goes on talking (attach) cannot keep it.
     let end = if TERM.load(Ordering::Relaxed) { now_ns() } else { stop_at.unwrap_or(u64::MAX) };
+    let mut after = 0u64;
     while let Ok(Some((t, seg))) = tap.next(0) {
         if t > end {
             break;
         }
         streams.segment(t, &seg);
+        after += 1;
     }
     tap.count_drops();
     let dropped = tap.take_drops();
@@ -151,7 +155,11 @@ fn main() {
         drops += dropped;
         streams.dropped(now_ns(), dropped);
     }
-    streams.finish(now_ns());
+    let seeking = streams.finish(now_ns());
+    // how it ended, for a capture that holds less than expected (a test's failure prints the log)
+    let how = if TERM.load(Ordering::Relaxed) { "SIGTERM" } else { "its stdin's end" };
+    log(format_args!("ended on {how}: {segments} segments read, {late} after stdin ended, {after} at the end; \
+                      {seeking} directions never found a message start"));
     if drops > 0 {
         log(format_args!("the kernel dropped {drops} packets for want of room: the gaps they left are in the capture"));
     }

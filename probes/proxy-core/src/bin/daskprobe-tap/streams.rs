@@ -133,13 +133,17 @@ impl Streams {
     }
 
     /// Every direction still open is recorded as closed now, with what it carried.
-    pub fn finish(&mut self, t: u64) {
+    /// Closes every direction; returns how many that carried bytes never found a message start.
+    pub fn finish(&mut self, t: u64) -> usize {
+        let seeking = self.conns.values().flat_map(|c| c.dirs.iter())
+            .filter(|d| d.bytes > 0 && matches!(d.sync, Sync::Seeking { .. })).count();
         for conn in self.conns.values_mut() {
             for (k, d) in conn.dirs.iter_mut().enumerate() {
                 close(&self.out, conn.id, k as u8, d, t);
             }
         }
         self.conns.clear();
+        seeking
     }
 }
 
