@@ -124,25 +124,49 @@ fn parent(pid: i32) -> Option<i32> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Holders of a socket found and gone again before they were named (a child between its fork and
+/// its exec, or one that ended) are passed over this many times at most.
+const LOOKUPS: usize = 3;
+
+/// The process that opened the socket (see opener); a holder gone before it was named is passed over.
 fn owner_of(inode: u32) -> Option<i32> {
     let target = format!("socket:[{inode}]");
-    let known = OWNERS.lock().unwrap().clone();
-    let mut pid = known.iter().copied().find(|&p| holds(p, &target)).or_else(|| {
-        let mut pids: Vec<i32> = fs::read_dir("/proc").ok()?.flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|p| !known.contains(p)).collect();
-        pids.sort_unstable_by(|a, b| b.cmp(a)); // the newest first, as a cluster's processes most often are
-        pids.into_iter().find(|&p| holds(p, &target))
-    })?;
-    // A process forked after the socket was opened holds it too (a worker's child, say): the
-    // connection is its opener's, the oldest holder up the tree.
-    while let Some(up) = parent(pid).filter(|&up| up > 1 && holds(up, &target)) {
+    let mut passed = Vec::new();
+    for _ in 0..LOOKUPS {
+        let pid = holder(&target, &passed)?;
+        let Some(pid) = opener(pid, &target) else {
+            passed.push(pid);
+            continue;
+        };
+        let mut owners = OWNERS.lock().unwrap();
+        owners.retain(|&p| p != pid);
+        owners.insert(0, pid);
+        owners.truncate(OWNERS_KEPT);
+        return Some(pid);
+    }
+    None
+}
+
+/// A process forked after the socket was opened holds it too (a worker's child, or any fork until
+/// it execs): the connection is its opener's, the oldest holder up the tree from `pid`. None when
+/// the one reached holds it no more: it let it go (exec'd or ended) before its parent was read.
+fn opener(mut pid: i32, target: &str) -> Option<i32> {
+    while let Some(up) = parent(pid).filter(|&up| up > 1 && holds(up, target)) {
         pid = up;
     }
-    let mut owners = OWNERS.lock().unwrap();
-    owners.retain(|&p| p != pid);
-    owners.insert(0, pid);
-    owners.truncate(OWNERS_KEPT);
-    Some(pid)
+    holds(pid, target).then_some(pid)
+}
+
+/// A process holding `target`, not one of `passed`: among the owners found before first.
+fn holder(target: &str, passed: &[i32]) -> Option<i32> {
+    let known = OWNERS.lock().unwrap().clone();
+    known.iter().copied().filter(|p| !passed.contains(p)).find(|&p| holds(p, target)).or_else(|| {
+        let mut pids: Vec<i32> = fs::read_dir("/proc").ok()?.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|p| !known.contains(p) && !passed.contains(p)).collect();
+        pids.sort_unstable_by(|a, b| b.cmp(a)); // the newest first, as a cluster's processes most often are
+        pids.into_iter().find(|&p| holds(p, target))
+    })
 }
 
 /// `peer` is the connecting side's address, `ours` the accepted socket's local one.
@@ -176,6 +200,35 @@ mod tests {
             assert_eq!(socket_inode(&other, &ours), None, "no such socket: {host}");
             drop(client);
         }
+    }
+
+    #[test]
+    fn a_holder_gone_before_its_parent_was_read_is_not_named() {
+        // A child holds every fd of its parent from its fork (a parallel test's fork held this one's
+        // socket): found holding it, then killed and reaped before the climb read its parent, it was
+        // named the opener (CI, once, beside load). The climb from it must name nobody, so that the
+        // lookup is made again.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let inode = socket_inode(&accepted.peer_addr().unwrap(), &accepted.local_addr().unwrap()).unwrap();
+        let target = format!("socket:[{inode}]");
+        // SAFETY: the child only sleeps and exits (async-signal-safe), holding our fds the while
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::sleep(3);
+                libc::_exit(0);
+            }
+        }
+        let me = std::process::id() as i32;
+        let alive = opener(child, &target);
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(alive, Some(me), "while the child lives, the climb from it reaches us");
+        assert_eq!(opener(child, &target), None, "the child {child} is gone");
     }
 
     #[test]
