@@ -43,6 +43,7 @@ macro_rules! log {
 mod bpf;
 mod cpython;
 mod frames;
+mod jitter;
 mod layout;
 mod lines;
 mod linetable;
@@ -350,7 +351,7 @@ struct Sampler<W: Write> {
     samples: Vec<ThreadSample>,
     /// the last read took too long to be placed in time, and was dropped
     dropped: bool,
-    /// polling: the mean interval between reads now (pace.rs), the period_ns of their samples
+    /// polling: the mean interval between reads now (pace.rs)
     poll_ns: u64,
 }
 
@@ -422,13 +423,17 @@ impl<W: Write> Sampler<W> {
     fn sample(&mut self, t: &mut Target, how: Read, ticks: &[Tick]) -> bool {
         let t0 = now_ns();
         self.samples.clear();
-        let polled = matches!(how, Read::All(_));
-        let cpu = polled.then(|| procs::cpu_ns(t.pid)).flatten();
+        // polling: the mean interval the reads stand for
+        let every = match how {
+            Read::All(every) => Some(every.as_nanos() as u64),
+            _ => None,
+        };
+        let cpu = every.and_then(|_| procs::cpu_ns(t.pid));
         if let Some(last) = t.last.as_ref().filter(|(was, _)| Some(*was) == cpu).map(|l| &l.1) {
             // Nothing in it ran since its last read, which no stale stack made uncertain: each
             // thread is where that read found it (one waiting for a CPU still waits).
             for s in last {
-                lines::sample(&mut self.out, t0, t.pid, s, &t.names[&s.ident].1, self.poll_ns);
+                lines::sample(&mut self.out, t0, t.pid, s, &t.names[&s.ident].1, every.unwrap_or(0));
             }
             return true;
         }
@@ -449,7 +454,7 @@ impl<W: Write> Sampler<W> {
                 for s in &self.samples {
                     // a thread's samples on ticks are one per tick of it: each stands for its tick's period
                     let k = s.tick.then(|| ticks.iter().position(|k| k.tid == s.tid)).flatten();
-                    let period = k.map_or(if polled { self.poll_ns } else { 0 }, |k| ticks.swap_remove(k).period);
+                    let period = k.map_or(every.unwrap_or(0), |k| ticks.swap_remove(k).period);
                     lines::sample(&mut self.out, at, pid, s, &t.names[&s.ident].1, period);
                 }
                 let sure = !self.samples.iter().any(|s| s.stale);

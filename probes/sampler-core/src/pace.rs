@@ -15,6 +15,7 @@
 //! or never at its wake. An S line's period_ns is the mean interval at its
 //! read: the time the read stands for.
 
+use crate::jitter::Jitter;
 use crate::procs::cpu_ns;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -36,15 +37,14 @@ pub struct Pace {
     /// the reads since `since`, and the sampler's CPU then (ns)
     reads: u32,
     spent_at: u64,
-    /// xorshift64 state, for the intervals
-    random: u64,
+    jitter: Jitter,
 }
 
 impl Pace {
     pub fn new(rate: f64, fixed: bool) -> Pace {
         let period = Duration::from_secs_f64(1.0 / rate);
         Pace { period, fixed, interval: period, since: Instant::now(), cpu: HashMap::new(), reads: 0,
-               spent_at: process_cpu_ns(), random: daskprobe_clock::now_ns() | 1 }
+               spent_at: process_cpu_ns(), jitter: Jitter::new() }
     }
 
     /// The mean interval in force, in ns: the period_ns of the reads made now.
@@ -71,13 +71,7 @@ impl Pace {
 
     /// The wait before the next read: the mean interval, drawn within half of it either side.
     pub fn next(&mut self) -> Duration {
-        let mut x = self.random;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.random = x;
-        let mean = self.interval.as_nanos() as u64;
-        Duration::from_nanos(mean / 2 + x % mean.max(1))
+        Duration::from_nanos(self.jitter.around(self.interval.as_nanos() as u64))
     }
 }
 

@@ -24,6 +24,7 @@
 //! its CPU time over that period, not over the mean (67 to 131 ticks for 93
 //! mean periods of CPU, in one test's runs).
 
+use crate::jitter::Jitter;
 use crate::remote::{u32_at, u64_at};
 use crate::tickprog::{TickProgram, Walk, AT_CPU, AT_TIME, PERF_EVENT_IOC_SET_BPF};
 use std::io::Error;
@@ -93,8 +94,8 @@ pub struct Ticks {
     timer: libc::c_int,
     /// the mean period, ns
     period: u64,
-    /// xorshift64 state, for the periods
-    random: u64,
+    /// draws the periods
+    jitter: Jitter,
     /// None where BPF programs cannot be loaded: then every process's ticks wake the sampler
     program: Option<TickProgram>,
     /// BPF's clock is the kernel's: in a time namespace, this much behind ours
@@ -170,8 +171,7 @@ impl Ticks {
         }
         let poll = rings.iter().map(|r| r.fd).chain([wake, timer])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-        let random = daskprobe_clock::now_ns() | 1;
-        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, random, program,
+        Ok(Ticks { rings, poll, wake, timer, period: attr.sample_period, jitter: Jitter::new(), program,
                    timens: daskprobe_clock::timens_ns() })
     }
 
@@ -242,7 +242,7 @@ impl Ticks {
             let just_ticked = woke || now.saturating_sub(r.copied_at) < self.period / REDRAW_WITHIN;
             if r.ticks >= PERIOD_TICKS && just_ticked {
                 r.ticks = 0;
-                let period = self.next_period();
+                let period = self.jitter.around(self.period);
                 let r = &mut self.rings[i];
                 if unsafe { libc::ioctl(r.fd, PERF_EVENT_IOC_PERIOD, &period as *const u64) } == 0 {
                     // a tick in the ring now, not yet drained, ended the old period
@@ -250,15 +250,6 @@ impl Ticks {
                 }
             }
         }
-    }
-
-    fn next_period(&mut self) -> u64 {
-        let mut x = self.random;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.random = x;
-        self.period / 2 + x % self.period.max(1)
     }
 }
 
