@@ -21,10 +21,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// the reads' CPU at most this share of the watched processes'
-pub const SHARE: f64 = 0.015;
+const SHARE: f64 = 0.015;
 const ADJUST: Duration = Duration::from_millis(500);
 /// ten reads a second at least, whatever they cost
-pub const MAX_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_INTERVAL: Duration = Duration::from_millis(100);
 
 pub struct Pace {
     period: Duration,
