@@ -161,9 +161,14 @@ class CommandCaptures:
     def env(self) -> dict[str, str]:
         return {ENV_DIR: str(self.dir)}
 
-    def writes(self, pid: int) -> bool:
-        """Process `pid` has begun its capture (it imported Dask's local scheduler)."""
-        return os.path.lexists(self.dir / f"{PREFIX}{pid}{SUFFIX}")
+    def writers(self) -> set[int]:
+        """The processes that have begun their capture (they imported Dask's local scheduler)."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return set()
+        pids = (n[len(PREFIX):-len(SUFFIX)] for n in names if n.startswith(PREFIX) and n.endswith(SUFFIX))
+        return {int(p) for p in pids if p.isdigit()}
 
     def collect(self, captures: Path) -> list[str]:
         """Copy them into `captures` and remove the directory; what was refused or cut."""

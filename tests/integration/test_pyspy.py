@@ -4,6 +4,7 @@ a process that switches between two functions at times it records itself."""
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -283,10 +284,11 @@ def test_ident_is_what_threading_get_ident_returned_in_the_thread(tmp_path, vers
 
 
 @contextlib.contextmanager
-def _sampled_from_go(target: subprocess.Popen, name: str, out: Path, *options: str):
-    """The sampler attached to target, which is then told to go; stopped after the block."""
+def _sampled_from_go(target: subprocess.Popen, name: str, out: Path, *options: str, log: Path | None = None):
+    """The sampler attached to target, which is then told to go; stopped after the block. `log`: its stderr."""
     p = subprocess.Popen([native_binary("daskprobe-sampler"), "--out", str(out), *options],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         stderr=log.open("w") if log else None)
     try:
         assert p.stdout.readline().strip() == "ready"
         p.stdin.write(f"{target.pid} {name}\n")
@@ -466,6 +468,54 @@ def test_polling_a_process_that_uses_little_cpu_reads_it_less_often_unless_the_r
         assert late.period_ns.min() > 10_000_000, late.period_ns.describe()
         # each read stands for its interval: the mean gap is the mean interval it carries, within jitter
         assert 0.75 < intervals.mean() / (late.drop_duplicates("t_ns").period_ns.mean() / 1e6) < 1.25
+
+
+NAPPER = """
+import sys, threading, time
+
+def nap_one():
+    time.sleep(1.0)
+
+def nap_two():
+    time.sleep(1.0)
+
+def run():
+    nap_one()
+    print(time.monotonic_ns(), flush=True)
+    nap_two()
+
+sys.stdin.readline()
+t = threading.Thread(target=run, name="napper")
+t.start()
+t.join()
+"""
+
+
+def test_with_ticks_a_process_that_has_not_run_is_not_read_again_until_it_runs(tmp_path):
+    # Every 200 ms the sampler reads the threads off a CPU. A process whose CPU clock has not moved
+    # since its last such read is not read again: that read is repeated. Ground truth: the time the
+    # thread left one sleep for the next, on the run's clock; it ran then, so it is read anew.
+    if why := Sampler(["pyspy"]).available():
+        pytest.skip(why)
+    target = _started(sys.executable, write_flow(tmp_path / "napper.py", NAPPER))
+    out, log = tmp_path / "samples.tsv", tmp_path / "sampler.log"
+    with _sampled_from_go(target, "napper", out, log=log):
+        switched = int(target.stdout.readline())
+        target.wait(timeout=30)
+    if "no CPU ticks" in log.read_text():
+        pytest.skip("no perf events here: the sampler polls (the polling tests cover it)")
+    samples, stacks, frames = read_samples(out)
+    fn = frames.set_index("frame_id").function
+    s = samples[samples.thread_name == "napper"]
+    fns = s.stack_id.map(stacks.set_index("stack_id").frame_ids).map(lambda ids: {fn[i] for i in ids})
+    before = fns[(s.t_ns > s.t_ns.min() + 250_000_000) & (s.t_ns < switched)]
+    after = fns[s.t_ns > switched + 250_000_000]
+    assert len(before) >= 2 and len(after) >= 2, (len(before), len(after))
+    assert before.map(lambda f: "nap_one" in f).all() and after.map(lambda f: "nap_two" in f).all(), \
+        (before.tolist(), after.tolist())
+    due, repeated = map(int, re.search(r"(\d+) reads due, (\d+) of them", log.read_text()).groups())
+    # two seconds asleep, read every 200 ms: all but the reads after its start and its switch repeat
+    assert repeated >= 3 and repeated <= due, log.read_text()
 
 
 TICKED = """

@@ -19,8 +19,8 @@
 //! those ticked count as ticked); and every OFF_CPU_EVERY, for the threads
 //! off a CPU. Where perf events cannot be opened, and with --poll, every
 //! thread is read at the rate (polling), or less often where that would cost
-//! over 1.5% of the cluster's CPU (pace.rs; --fixed: at the rate); a process whose CPU clock has not
-//! moved since its last read is not read again: that read is repeated.
+//! over 1.5% of the cluster's CPU (pace.rs; --fixed: at the rate). A process whose CPU clock has not
+//! moved since its last read (polled, or of its threads off a CPU) is not read again: that read is repeated.
 //!
 //! Output: the lines defined by LINES in daskprobe/probes/pyspy.py
 //! (docs/formats.md), written by lines.rs and frames.rs, append-only, flushed
@@ -203,7 +203,7 @@ struct Target {
     unread: bool,
     /// with ticks: which of its threads BPF copies the stacks of, and which it drops
     in_bpf: InBpf,
-    /// polling: its CPU clock before its last read, and that read's samples
+    /// its CPU clock before its last read (polled, or of the threads off a CPU), and that read's samples
     last: Option<(u64, Vec<ThreadSample>)>,
 }
 
@@ -353,6 +353,9 @@ struct Sampler<W: Write> {
     dropped: bool,
     /// polling: the mean interval between reads now (pace.rs)
     poll_ns: u64,
+    /// reads due (polled, or of the threads off a CPU) whose process's CPU clock was read, and of them
+    /// those repeated (it had not run since): logged at the end
+    reads: (u64, u64),
 }
 
 impl Sampler<BufWriter<Box<dyn Write>>> {
@@ -428,10 +431,13 @@ impl<W: Write> Sampler<W> {
             Read::All(every) => Some(every.as_nanos() as u64),
             _ => None,
         };
-        let cpu = every.and_then(|_| procs::cpu_ns(t.pid));
+        // Polling, and with ticks for the threads off a CPU (every OFF_CPU_EVERY, idle processes too).
+        let cpu = matches!(how, Read::All(_) | Read::OffCpu).then(|| procs::cpu_ns(t.pid)).flatten();
+        self.reads.0 += cpu.is_some() as u64;
         if let Some(last) = t.last.as_ref().filter(|(was, _)| Some(*was) == cpu).map(|l| &l.1) {
             // Nothing in it ran since its last read, which no stale stack made uncertain: each
             // thread is where that read found it (one waiting for a CPU still waits).
+            self.reads.1 += 1;
             for s in last {
                 lines::sample(&mut self.out, t0, t.pid, s, &t.names[&s.ident].1, every.unwrap_or(0));
             }
@@ -492,7 +498,7 @@ fn main() {
     let mut procs = args.procs.as_ref()
         .map(|(p, t)| procs::Procs::open(p, t).expect("cannot open --proc or --threads"));
     let mut s = Sampler { out: BufWriter::with_capacity(1 << 20, out), frames: Frames::default(), samples: Vec::new(),
-                           dropped: false, poll_ns: 0 };
+                           dropped: false, poll_ns: 0, reads: (0, 0) };
     let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     let new_pids = read_pids(wake);
     let mut ticks = (args.out.is_some() && !args.poll).then(|| Ticks::open(args.rate, wake, OFF_CPU_EVERY))
@@ -588,6 +594,7 @@ fn main() {
         }
         if STOP.load(Ordering::Relaxed) {
             s.flush();
+            log!("{} reads due, {} of them the last read repeated (its process had not run since)", s.reads.0, s.reads.1);
             if let Some(p) = procs.as_mut() {
                 p.finish();
             }
