@@ -472,22 +472,11 @@ def test_polling_a_process_that_uses_little_cpu_reads_it_less_often_unless_the_r
 
 NAPPER = """
 import sys, threading, time
-
-def nap_one():
-    time.sleep(1.0)
-
-def nap_two():
-    time.sleep(1.0)
-
-def run():
-    nap_one()
-    print(time.monotonic_ns(), flush=True)
-    nap_two()
-
+def nap_one(): time.sleep(1.0)
+def nap_two(): time.sleep(1.0)
+def run(): nap_one(); print(time.monotonic_ns(), flush=True); nap_two()
 sys.stdin.readline()
-t = threading.Thread(target=run, name="napper")
-t.start()
-t.join()
+threading.Thread(target=run, name="napper").start()
 """
 
 
