@@ -69,6 +69,7 @@ class Model:
     measured_split_s: dict
     background: float  # cores' worth of work besides the tasks' (_background)
     run_rate: float  # share of a CPU the tasks got while they wanted one
+    workers_share: float = 0.0  # of the background, the workers' own work (their event loops): it scales with them
 
 
 def model(t: dict, meta: dict) -> Model:
@@ -91,11 +92,13 @@ def model(t: dict, meta: dict) -> Model:
     elif threads == 1:  # no task held a GIL another task of its worker waited for: a thread beside
         for j in jobs:  # them did (a plugin's, a library's), and the replay keeps those waits as measured
             j.held_ns = j.gil_ns
-    costs = measure(t, meta, _spans(t["jobs"], jobs), sum(len(j.keys) for j in jobs))
+    spans = _spans(t["jobs"], jobs)
+    costs = measure(t, meta, spans, sum(len(j.keys) for j in jobs))
     measured = int(t["jobs"].end_ns.max() - t["jobs"].start_ns.min())
+    background, rate = _background(jobs, costs.cores, t, spans) if contention else (0.0, 1.0)
     return Model(jobs, costs, measured, measured - sum(j.measured_ns for j in jobs), cluster.get("scheduler") or "ws",
-                 contention, _measured_split(t.get("attribution"), measured / 1e9),
-                 *(_background(jobs, costs.cores) if contention else (0.0, 1.0)))
+                 contention, _measured_split(t.get("attribution"), measured / 1e9), background, rate,
+                 _workers_share(jobs, t, spans, background))
 
 
 def predict(t: dict, meta: dict, changes: Changes, samples: int = SAMPLES, scaling: Fit | None = None) -> dict:
@@ -217,7 +220,7 @@ def _setup(m: Model, c: Changes, seed: int, grow: Growth = Growth()) -> Setup:
     bookkeeping = 1.0 if c.bookkeeping is None else c.bookkeeping
     return Setup(workers=c.workers or len(k.workers), threads=c.threads or k.threads,
                  cores=(c.cores or k.cores) if m.contention else math.inf,
-                 background=m.background * (1.0 if c.load is None else c.load), run_rate=m.run_rate,
+                 background=_load(m, c), run_rate=m.run_rate,
                  lat_ns=k.lat_ns, ns_per_byte=k.ns_per_byte,
                  serve_ns=k.serve_ns, task_ns=k.task_ns * loop * bookkeeping * grow.factor,
                  decide_ns=k.decide_ns * loop * (1.0 if c.decisions is None else c.decisions) * grow.factor,
@@ -269,18 +272,61 @@ def _within_groups(groups: list[str], rng) -> np.ndarray:
     return pick
 
 
-def _background(jobs: list[Job], cores: int) -> tuple[float, float]:
+def _background(jobs: list[Job], cores: int, t: dict, spans: list[tuple[int, int]]) -> tuple[float, float]:
     """The machine's load besides the tasks, in cores, as processor sharing would explain the tasks' own
     waits for a CPU: their threads got own / (own + runnable) of a CPU (the run's rate, returned too)
-    while on average (own + runnable) / makespan of them wanted one. None where they hardly waited or
-    hardly wanted a CPU (the load is then not identifiable)."""
-    own = sum(float(j.own_ns.sum()) for j in jobs)
-    starved = sum(float(j.starved_ns.sum()) for j in jobs)
+    while on average (own + runnable) / makespan of them wanted one. Tasks that hardly wanted a CPU (no-ops)
+    say nothing of it: then the rate is the whole cluster's threads' (the runtime's own work, which
+    shares the CPUs too). None where they hardly waited (the load is then not identifiable)."""
+    own, starved = _tasks_time(jobs)
     wanted = (own + starved) / sum(j.measured_ns for j in jobs)
-    if starved < UNSTARVED * (own + starved) or wanted < FEW_CPUS or own <= 0:
+    if wanted < FEW_CPUS:
+        own, starved = _cluster_time(t, spans, ("scheduler", "worker", "client", "nanny"))
+    if starved < UNSTARVED * (own + starved) or own <= 0:
         return 0.0, 1.0
     rate = own / (own + starved)
     return min(MAX_LOAD * cores, max(0.0, cores / rate - wanted)), rate
+
+
+def _tasks_time(jobs: list[Job]) -> tuple[float, float]:
+    """ns the tasks computed on a CPU, and waited for one."""
+    return sum(float(j.own_ns.sum()) for j in jobs), sum(float(j.starved_ns.sum()) for j in jobs)
+
+
+def _cluster_time(t: dict, spans: list[tuple[int, int]], roles: tuple[str, ...]) -> tuple[float, float]:
+    """ns the processes of `roles` ran on a CPU (their CPU clocks, proc, between readings as if
+    steady) and their threads waited for one (thread states), inside the spans."""
+    p, proc, states = t["processes"], t.get("proc"), t.get("thread_states")
+    mine = p[p.role.isin(roles)]
+    if proc is None or proc.empty or states is None or mine.empty:
+        return 0.0, 0.0
+    keys = ["host", "pid"] if "host" in states and "host" in mine else ["pid"]
+    runnable = states[states.state == "runnable"].merge(mine[keys].drop_duplicates(), on=keys)
+    readings = proc[proc.process.isin(mine.name)].sort_values("t_ns")
+    cpu = wait = 0.0
+    for a, b in spans:
+        wait += float((runnable.end_ns.clip(a, b) - runnable.start_ns.clip(a, b)).clip(lower=0).sum())
+        for _, r in readings.groupby("process"):
+            at = np.interp([a, b], r.t_ns.to_numpy("float64"), r.cpu_s.to_numpy("float64"))
+            cpu += float(at[1] - at[0]) * 1e9
+    return cpu, wait
+
+
+def _workers_share(jobs: list[Job], t: dict, spans: list[tuple[int, int]], background: float) -> float:
+    """Of the background (cores), the share that was the workers' own work beside their tasks (event
+    loops: hand-overs, transfers, heartbeats), which a change of their count changes in proportion."""
+    if background <= 0:
+        return 0.0
+    own, starved = _tasks_time(jobs)
+    cpu, wait = _cluster_time(t, spans, ("worker",))
+    return min(1.0, max(0.0, cpu + wait - own - starved) / sum(j.measured_ns for j in jobs) / background)
+
+
+def _load(m: Model, c: Changes) -> float:
+    """The background with the change's workers: their share of it in proportion to their count."""
+    workers = c.workers or len(m.costs.workers)
+    grown = 1 + (workers / len(m.costs.workers) - 1) * m.workers_share
+    return m.background * grown * (1.0 if c.load is None else c.load)
 
 
 def _spans(jobs: pd.DataFrame, replayed: list[Job]) -> list[tuple[int, int]]:

@@ -277,3 +277,45 @@ def test_without_thread_states_more_cores_has_no_number_rather_than_none_saved()
     from daskprobe.analyzers.whatif.advice import quote
     (f,) = quote([{"id": "worker-saturation", "what_if": {"cores": 4}}], tables(fan_in(), workers=1), ONE)
     assert set(f["saving"]) == {"not_modelled"} and "thread states" in f["saving"]["not_modelled"]
+
+
+def _cluster(own_ms: float, starved_ms: float) -> tuple[list, dict]:
+    """A 100 ms job on two workers whose tasks computed `own_ms` and waited `starved_ms` for a CPU, in a
+    cluster whose processes' CPU clocks say each ran 40 ms (scheduler and workers) and whose threads
+    waited 60 ms for a CPU each: the machine's rate 0.4, the workers' own work beside the tasks'
+    (40 + 60) * 2 - own - starved ms."""
+    from types import SimpleNamespace
+    ms = 1_000_000
+    job = SimpleNamespace(own_ns=np.array([own_ms * ms]), starved_ns=np.array([starved_ms * ms]), measured_ns=100 * ms)
+    names = ["scheduler", "worker-0", "worker-1"]
+    t = {"processes": pd.DataFrame({"pid": [1, 2, 3], "name": names, "role": ["scheduler", "worker", "worker"],
+                                    "host": "local"}),
+         "proc": pd.DataFrame({"t_ns": [0, 200 * ms] * 3, "process": np.repeat(names, 2), "cpu_s": [0.0, 0.08] * 3}),
+         "thread_states": pd.DataFrame({"pid": [1, 2, 3, 2], "host": "local", "start_ns": [0, 0, 0, 40 * ms],
+                                        "end_ns": [60 * ms, 60 * ms, 60 * ms, 90 * ms],
+                                        "state": ["runnable", "runnable", "runnable", "blocked"]})}
+    return [job], t
+
+
+def test_no_op_tasks_read_the_machine_s_load_from_the_whole_cluster_s_threads():
+    # Tasks that wanted no CPU cannot say how loaded the CPUs were: the runtime's threads can (they ran
+    # 120 ms and waited 180: a rate of 0.4, as processor sharing would give 5 threads' worth on 2 cores).
+    from daskprobe.analyzers.whatif.predict import _background, _workers_share
+    jobs, t = _cluster(own_ms=1, starved_ms=0)
+    load, rate = _background(jobs, 2, t, [(0, 100_000_000)])
+    assert rate == pytest.approx(0.4) and load == pytest.approx(2 / 0.4 - 0.01)
+    # of that load, the workers' own work: (40 + 60) * 2 - 1 ms in 100 ms
+    assert _workers_share(jobs, t, [(0, 100_000_000)], load) == pytest.approx(1.99 / load)
+    # tasks that did want a CPU say it themselves: half their time waiting, a rate of 0.5
+    jobs, t = _cluster(own_ms=50, starved_ms=50)
+    assert _background(jobs, 2, t, [(0, 100_000_000)]) == pytest.approx((2 / 0.5 - 1.0, 0.5))
+
+
+def test_the_workers_share_of_the_load_grows_and_shrinks_with_their_count():
+    from types import SimpleNamespace
+    from daskprobe.analyzers.whatif.predict import _load
+    m = SimpleNamespace(background=2.0, workers_share=0.5, costs=SimpleNamespace(workers=["worker-0", "worker-1"]))
+    assert _load(m, Changes()) == 2.0
+    assert _load(m, Changes(workers=4)) == pytest.approx(3.0)  # the workers' 1 core doubles
+    assert _load(m, Changes(workers=1)) == pytest.approx(1.5)
+    assert _load(m, Changes(workers=4, load=0)) == 0.0  # a quiet machine: none of it
