@@ -55,7 +55,8 @@ def task_overhead(tasks: pd.DataFrame) -> dict:
             "max": float(over.max())} if len(over) else {}
 
 
-def _proc_cpu(proc: pd.DataFrame, name: str, window: tuple[int, int]) -> float | None:
+def proc_cpu(proc: pd.DataFrame, name: str, window: tuple[int, int]) -> float | None:
+    """CPU seconds process `name` used in the window: its CPU clock (proc), between readings as if steady."""
     p = proc[proc.process == name].sort_values("t_ns")
     if len(p) < 2:
         return None
@@ -64,7 +65,7 @@ def _proc_cpu(proc: pd.DataFrame, name: str, window: tuple[int, int]) -> float |
 
 
 def scheduler_cpu(proc: pd.DataFrame, window: tuple[int, int], n_tasks: int) -> float | None:
-    cpu = _proc_cpu(proc, "scheduler", window)
+    cpu = proc_cpu(proc, "scheduler", window)
     return None if cpu is None or not n_tasks else cpu / n_tasks
 
 
@@ -75,7 +76,7 @@ def cpu_check(time: pd.DataFrame, cpu: pd.DataFrame, proc: pd.DataFrame, window:
     c = cpu[cpu.on_cpu & (cpu.t_ns >= window[0]) & (cpu.t_ns <= window[1])]
     out = {}
     for name, part in time.groupby("process"):
-        kernel = _proc_cpu(proc, name, window)
+        kernel = proc_cpu(proc, name, window)
         reported = float(part.seconds.sum())
         out[name] = {"reported_s": reported, "proc_s": kernel, "ratio": reported / kernel if kernel else None,
                      "on_cpu_samples": int(part.samples.sum()),

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .capture import Job, jobs_of
 from ..critical_path import BATCH_NS
+from ..whole_run import proc_cpu
 from .costs import Costs, layout, measure
 from .replay import Draw, Setup, replay
 from .scaling import MAX_ADMIN_LOAD, Fit, ground
@@ -294,21 +295,18 @@ def _tasks_time(jobs: list[Job]) -> tuple[float, float]:
 
 
 def _cluster_time(t: dict, spans: list[tuple[int, int]], roles: tuple[str, ...]) -> tuple[float, float]:
-    """ns the processes of `roles` ran on a CPU (their CPU clocks, proc, between readings as if
-    steady) and their threads waited for one (thread states), inside the spans."""
+    """ns the processes of `roles` ran on a CPU (whole_run.proc_cpu) and their threads waited for one
+    (thread states), inside the spans."""
     p, proc, states = t["processes"], t.get("proc"), t.get("thread_states")
     mine = p[p.role.isin(roles)]
     if proc is None or proc.empty or states is None or mine.empty:
         return 0.0, 0.0
     keys = ["host", "pid"] if "host" in states and "host" in mine else ["pid"]
     runnable = states[states.state == "runnable"].merge(mine[keys].drop_duplicates(), on=keys)
-    readings = proc[proc.process.isin(mine.name)].sort_values("t_ns")
     cpu = wait = 0.0
     for a, b in spans:
         wait += float((runnable.end_ns.clip(a, b) - runnable.start_ns.clip(a, b)).clip(lower=0).sum())
-        for _, r in readings.groupby("process"):
-            at = np.interp([a, b], r.t_ns.to_numpy("float64"), r.cpu_s.to_numpy("float64"))
-            cpu += float(at[1] - at[0]) * 1e9
+        cpu += sum(proc_cpu(proc, name, (a, b)) or 0.0 for name in mine.name) * 1e9
     return cpu, wait
 
 
