@@ -50,6 +50,7 @@ class Job:
     told_before: int = 0  # keys the client asked for that were in memory before the job
     held_ns: np.ndarray | None = None  # waits for a GIL no task held (one thread per worker): replayed as measured
     warm_ns: np.ndarray | None = None  # at a worker's first task of the run, its handoff beyond the others' (warm_ups)
+    start_ns: np.ndarray | None = None  # its compute's start in the run (its load estimate, predict._background)
 
 
 def group_of(key: str) -> str:
@@ -179,7 +180,7 @@ def _job(j, mine: pd.DataFrame, graphs: pd.DataFrame, tells: pd.DataFrame, held:
               graph=mine.graph.map(gidx).fillna(0).to_numpy("int64"),
               wanted=mine.key.isin(wanted_keys).to_numpy(copy=True),
               before_ns=mine.before_ns.to_numpy("float64"), after_ns=mine.after_ns.to_numpy("float64"),
-              warm_ns=mine.warm_ns.to_numpy("float64"),
+              warm_ns=mine.warm_ns.to_numpy("float64"), start_ns=mine.compute_start_ns.to_numpy("float64"),
               told_before=len(wanted_keys - set(index)))
     service = _graph_service(graphs.t_last_ns, graphs.graph_id.map(first), freed)
     for g, cost in zip(graphs.itertuples(), service):

@@ -276,17 +276,38 @@ def _within_groups(groups: list[str], rng) -> np.ndarray:
 def _background(jobs: list[Job], cores: int, t: dict, spans: list[tuple[int, int]]) -> tuple[float, float]:
     """The machine's load besides the tasks, in cores, as processor sharing would explain the tasks' own
     waits for a CPU: their threads got own / (own + runnable) of a CPU (the run's rate, returned too)
-    while on average (own + runnable) / makespan of them wanted one. Tasks that hardly wanted a CPU (no-ops)
+    while `_concurrency` of them wanted one. Tasks that hardly wanted a CPU (no-ops)
     say nothing of it: then the rate is the whole cluster's threads' (the runtime's own work, which
     shares the CPUs too). None where they hardly waited (the load is then not identifiable)."""
     own, starved = _tasks_time(jobs)
     wanted = (own + starved) / sum(j.measured_ns for j in jobs)
     if wanted < FEW_CPUS:
         own, starved = _cluster_time(t, spans, ("scheduler", "worker", "client", "nanny"))
+    else:
+        wanted = _concurrency(jobs)
     if starved < UNSTARVED * (own + starved) or own <= 0:
         return 0.0, 1.0
     rate = own / (own + starved)
     return min(MAX_LOAD * cores, max(0.0, cores / rate - wanted)), rate
+
+
+def _concurrency(jobs: list[Job]) -> float:
+    """How many tasks wanted a CPU, on average over the time the tasks wanted one (each task counting
+    its own + starved share of its span): what its CPU was shared with besides the load. Averaged over the
+    makespan instead, a run whose tasks pause (transfers, a futures loop's gaps) would have its load
+    taken for more than it was."""
+    t, w = [], []
+    for j in jobs:
+        span = j.own_ns + j.gil_ns + j.starved_ns + j.blocked_ns
+        ok = (span > 0) & np.isfinite(j.start_ns)
+        t += [j.start_ns[ok], j.start_ns[ok] + span[ok]]
+        share = (j.own_ns[ok] + j.starved_ns[ok]) / span[ok]
+        w += [share, -share]
+    t, w = np.concatenate(t), np.concatenate(w)
+    order = np.argsort(t, kind="stable")
+    n = np.cumsum(w[order])[:-1].clip(min=0)
+    dt = np.diff(t[order])
+    return float((n * n * dt).sum() / (n * dt).sum()) if (n * dt).sum() > 0 else 0.0
 
 
 def _tasks_time(jobs: list[Job]) -> tuple[float, float]:

@@ -286,7 +286,8 @@ def _cluster(own_ms: float, starved_ms: float) -> tuple[list, dict]:
     (40 + 60) * 2 - own - starved ms."""
     from types import SimpleNamespace
     ms = 1_000_000
-    job = SimpleNamespace(own_ns=np.array([own_ms * ms]), starved_ns=np.array([starved_ms * ms]), measured_ns=100 * ms)
+    job = SimpleNamespace(own_ns=np.array([own_ms * ms]), starved_ns=np.array([starved_ms * ms]), measured_ns=100 * ms,
+                          gil_ns=np.zeros(1), blocked_ns=np.zeros(1), start_ns=np.zeros(1))
     names = ["scheduler", "worker-0", "worker-1"]
     t = {"processes": pd.DataFrame({"pid": [1, 2, 3], "name": names, "role": ["scheduler", "worker", "worker"],
                                     "host": "local"}),
@@ -309,6 +310,18 @@ def test_no_op_tasks_read_the_machine_s_load_from_the_whole_cluster_s_threads():
     # tasks that did want a CPU say it themselves: half their time waiting, a rate of 0.5
     jobs, t = _cluster(own_ms=50, starved_ms=50)
     assert _background(jobs, 2, t, [(0, 100_000_000)]) == pytest.approx((2 / 0.5 - 1.0, 0.5))
+
+
+def test_the_load_is_read_while_the_tasks_wanted_a_cpu_not_over_their_pauses():
+    # Two tasks of 50 ms each, together in the first half of a 100 ms job, each waiting half of it for a
+    # CPU (a rate of 0.5 on 2 cores): 4 threads' worth wanted a CPU while they ran, 2 of them the tasks'.
+    # Over the whole job they wanted 1 CPU on average: that would read a load of 3.
+    from types import SimpleNamespace
+    from daskprobe.analyzers.whatif.predict import _background
+    ms = 1_000_000
+    job = SimpleNamespace(own_ns=np.array([25, 25]) * ms, starved_ns=np.array([25, 25]) * ms,
+                          gil_ns=np.zeros(2), blocked_ns=np.zeros(2), start_ns=np.zeros(2), measured_ns=100 * ms)
+    assert _background([job], 2, {}, [(0, 100 * ms)]) == pytest.approx((2.0, 0.5))
 
 
 def test_the_workers_share_of_the_load_grows_and_shrinks_with_their_count():
