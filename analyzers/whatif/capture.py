@@ -44,7 +44,7 @@ class Job:
     worker: np.ndarray  # index of the worker it ran on
     graph: np.ndarray  # index in graphs
     wanted: np.ndarray  # the client asked for it
-    before_ns: np.ndarray  # on the worker from its compute-task (or inputs) to its start, thread free (warm-up out)
+    before_ns: np.ndarray  # its worker's loop's work handing it to a free thread (warm-up out; loop_work)
     after_ns: np.ndarray  # from its compute's end to its task-finished leaving, batching left out
     graphs: list[Graph] = field(default_factory=list)
     told_before: int = 0  # keys the client asked for that were in memory before the job
@@ -104,7 +104,19 @@ def worker_costs(tasks: pd.DataFrame, batch_ns: int) -> pd.DataFrame:
     after = (f.finished_sent_ns - f.compute_stop_ns).where(~(prev > f.finished_sent_ns - batch_ns))
     costs = pd.DataFrame({"before_ns": before.clip(lower=0), "after_ns": after.clip(lower=0)}, index=tasks.index)
     warm, excess = warm_ups(tasks[["worker", "thread"]], f.compute_start_ns, costs.before_ns)
-    return costs.assign(before_ns=costs.before_ns - excess, warm_ns=warm)
+    before = costs.before_ns - excess
+    return costs.assign(before_ns=loop_work(tasks.worker, f.compute_start_ns, before), warm_ns=warm)
+
+
+def loop_work(worker: pd.Series, start: pd.Series, before: pd.Series) -> pd.Series:
+    """Per task, of its handoff, its worker's event loop's own work: what its interval adds to the union of
+    the worker's handoffs begun before it. One loop hands tasks to all of a worker's threads, so with two
+    threads a handoff also waited for the other's; the replay queues them on the loop (replay.handing),
+    which puts that wait back wherever the threads are more than one."""
+    d = pd.DataFrame({"worker": worker, "a": start - before, "b": start}).dropna().sort_values(["worker", "a", "b"])
+    reach = d.groupby("worker").b.transform(lambda b: b.cummax().shift())
+    own = (d.b - np.fmax(d.a, reach.fillna(-np.inf))).clip(lower=0)
+    return own.reindex(before.index).fillna(before)
 
 
 def warm_ups(where: pd.DataFrame, start: pd.Series, before: pd.Series) -> tuple[pd.Series, pd.Series]:

@@ -8,7 +8,7 @@ What it models, in the order a task meets it:
 - the messages: batched sends (a stream sends at once unless it sent in its last interval, else at the
   interval's end), then the link's latency, plus bytes over its bandwidth for task data between workers;
 - each worker: `threads` threads taking ready tasks by priority, each start after the worker's measured
-  handoff time, each task-finished after its measured time from the compute's end; its warm-up once,
+  handoff time, handed one at a time by its event loop (capture.loop_work), each task-finished after its measured time from the compute's end; its warm-up once,
   before its first start (capture.warm_ups); and an event loop that serves other workers' get_data one
   at a time;
 - the machine: tasks computing share its cores with its other load (`background`: processor sharing
@@ -88,6 +88,7 @@ class _Replay:
         self.rng = np.random.default_rng(s.seed)
         self.events, self.seq = [], 0
         self.sched_free, self.loop_free, self.sched_busy = 0.0, [0.0] * W, 0.0
+        self.handing = [0.0] * W  # when each worker's loop is done handing tasks to its threads
         self.last_send = {}
         self.dependents = [[] for _ in range(n)]
         for i, ds in enumerate(job.deps):
@@ -299,7 +300,8 @@ class _Replay:
             if self.warm_until[w] is None:  # its threads' first tasks wait for its warm-up together
                 self.warm_until[w] = t + (self.warm.pop(0) if self.warm else 0.0)
             handoff = self.worker_time(self.d.before_ns[i])
-            self.at(max(t, self.warm_until[w]) + handoff, self.compute_starts, i, w)
+            self.handing[w] = max(t, self.warm_until[w], self.handing[w]) + handoff
+            self.at(self.handing[w], self.compute_starts, i, w)
 
     def worker_time(self, ns: float) -> float:
         """A worker's own time: as measured, stretched as much more (or less) as the tasks' CPU time is

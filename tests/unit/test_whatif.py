@@ -171,6 +171,23 @@ def test_a_graph_sent_after_a_result_follows_that_result_in_the_replay():
     assert p["makespan_s"] == pytest.approx(91 * MS)
 
 
+def test_two_threads_handed_their_tasks_at_once_are_one_handoff_of_the_loop():
+    """a-0 and b-1 reach a worker of 2 threads together and start together 1 ms later: its one event
+    loop handed both in that 1 ms. At one thread b-1 starts as a-0 ends, with no second handoff: the
+    makespan grows by its compute alone (10 ms), not also by its wait for the loop."""
+    s = Scenario()
+    s.graph(10, 11, ["a-0", "b-1"])
+    s.task("a-0", "worker-0", 20, 21, 22, 32, 35, 36)
+    s.task("b-1", "worker-0", 20, 21, 22, 32, 35, 36, thread=2)
+    s.told("a-0", 37, 38)
+    s.told("b-1", 37, 38)
+    t = tables(s, workers=1)
+    meta = META | {"cluster": {"threads": 2}}
+    two, one = predict(t, meta, Changes()), predict(t, meta, Changes(threads=1))
+    assert two["makespan_s"] == pytest.approx(two["replay_s"])
+    assert one["makespan_s"] - two["makespan_s"] == pytest.approx(10 * MS)
+
+
 def test_a_finding_quotes_what_its_advice_would_save():
     from daskprobe.analyzers.whatif.advice import quote
     t = tables(fan_in(), workers=1)
