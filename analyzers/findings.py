@@ -8,7 +8,7 @@ ordered by seconds; the terminal shows the first three, the report all.
 
 from __future__ import annotations
 
-from .evidence import (blocked_in, bookkeeping_per_task, client_split, cpu_holders, cpu_share_of, cpu_shares,
+from .evidence import (blocked_in, bookkeeping_per_task, cpu_holders, cpu_share_of, cpu_shares,
                        gil_holder, gil_holder_thread, gil_holders_beside_tasks, heaviest_graphs, hot_functions,
                        imports_on_path, loops_in_user_code, oversubscribed_s, p2p_on_path, spills_on_path,
                        stragglers, why_slow)
@@ -23,7 +23,8 @@ SHUFFLE_PREFIXES = ("set_index", "set-index", "sort", "quantile", "divisions", "
 
 def findings(s: dict, t: dict, meta: dict) -> list[dict]:
     """`s`: the summary so far; `t`: the decoded tables and the analysis' (tasks, critical_path,
-    cpu_samples, thread_states, stack_categories); `meta`: run.json."""
+    cpu_samples, thread_states, stack_categories) and the evidence several rules read (path_samples,
+    stragglers, client_split); `meta`: run.json."""
     session = s["session_s"] or 1.0
     found = [f for f in (_recomputed(s), _saturation(s, t, meta), _client(s, t), _starvation(s, t, meta),
                          _gil(s, t, meta), _task_gil(s, t, meta), _stragglers(s, t), _hot_function(s, t),
@@ -127,7 +128,7 @@ def _client(s: dict, t: dict) -> dict | None:
     sec, jobs = _cat(s, "client"), len(s["jobs"])
     if not sec:
         return None
-    split = client_split(t) or {}
+    split = t.get("client_split") or {}
     evidence = (f"time in which no computation of the client's was in the cluster, or the client had its result "
                 f"and had not yet submitted the next ({jobs} computation(s))")
     if split:
@@ -345,7 +346,7 @@ def _graph_data(s: dict, t: dict) -> dict | None:
     if not (g := _data_graph(s)):
         return None
     sec = _parts(s, "graph upload", "scheduler: graph to dispatch") + \
-        (client_split(t) or {}).get("dask", 0.0) * _cat(s, "client")
+        (t.get("client_split") or {}).get("dask", 0.0) * _cat(s, "client")
     return _finding("data-in-graph", sec, "the task graphs carried data",
                     f"job {g['job']}'s graphs were {g['bytes'] / 1e6:.0f} MB for {g['tasks']} tasks "
                     f"({g['bytes'] / g['tasks'] / 1e3:.0f} kB per task): objects embedded in a graph are serialized, "

@@ -15,7 +15,7 @@ from .attribution import attribute
 from .categories import DEFINITIONS as CATEGORY_DEFINITIONS, classify_stacks, default_rules, load_rules
 from .cpu import classify_samples, cpu_by_category, cpu_time
 from .critical_path import critical_paths
-from .evidence import compute_profile, path_samples, stragglers
+from .evidence import client_split, compute_profile, path_samples, stragglers
 from .findings import findings
 from .jobs import client_gaps, exchanges, graph_jobs, session, told
 from .tasks import assign_jobs, prefix_costs, recomputed, tasks_table
@@ -94,7 +94,8 @@ def analyze(t: dict, meta: dict, rules: list[Path] = (), side=None) -> Analysis:
         "thread_states": "ebpf" if len(states) else "samples"}
     seen = t | {"cpu_samples": cpu, "thread_states": states, "critical_path": path, "tasks": tasks, "threads": threads,
                 "stack_categories": sides["stack_categories"]}
-    seen |= {"path_samples": path_samples(seen), "stragglers": stragglers(seen)}  # several findings read them
+    seen |= {"path_samples": path_samples(seen), "stragglers": stragglers(seen),  # several findings read them
+             "client_split": client_split(seen)}
     profile = compute_profile(seen, attempts, task_tids)
     if local.is_local(t) and len(t["local_jobs"]):  # jobs of a local scheduler beside the cluster's: not analysed
         summary["local_scheduler"] = {"schedulers": sorted({k["scheduler"] for k in local.scheduler_kind(t).values()}),
