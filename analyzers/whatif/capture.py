@@ -46,11 +46,11 @@ class Job:
     wanted: np.ndarray  # the client asked for it
     before_ns: np.ndarray  # its worker's loop's work handing it to a free thread (warm-up out; loop_work)
     after_ns: np.ndarray  # from its compute's end to its task-finished leaving, batching left out
+    warm_ns: np.ndarray  # at a worker's first task of the run, its handoff beyond the others' (warm_ups)
+    start_ns: np.ndarray  # its compute's start in the run (its load estimate, predict._background)
     graphs: list[Graph] = field(default_factory=list)
     told_before: int = 0  # keys the client asked for that were in memory before the job
     held_ns: np.ndarray | None = None  # waits for a GIL no task held (one thread per worker): replayed as measured
-    warm_ns: np.ndarray | None = None  # at a worker's first task of the run, its handoff beyond the others' (warm_ups)
-    start_ns: np.ndarray | None = None  # its compute's start in the run (its load estimate, predict._background)
 
 
 def group_of(key: str) -> str:

@@ -404,7 +404,7 @@ def _warm_ups(job: Job, s: Setup) -> list[float]:
     """The job's warm-ups, ns, for the workers to start their first task in it, in that order: as many as
     started cold in the run, scaled by the workers now to the run's. Each is the CPU it took where the run's
     cold workers outnumbered its cores, stretched where they outnumber them now."""
-    warm = [float(x) for x in (job.warm_ns if job.warm_ns is not None else []) if x > 0]
+    warm = [float(x) for x in job.warm_ns if x > 0]
     if not warm or not s.run_workers:
         return []
     n = min(s.workers, max(1, round(len(warm) * s.workers / s.run_workers)))
