@@ -182,11 +182,8 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
                         "a library started in the workers", evidence + f"; more tasks than CPUs computed at once "
                         f"for only {over:.2f} s; of the eBPF CPU samples meanwhile, {native:.0%} were worker threads "
                         f"Python never saw (a native library's pool), {shares['tasks']:.0%} the task threads, "
-                        f"{shares['dask']:.0%} Dask's own and the client",
-                        "the tasks' libraries run threads of their own beside the tasks (BLAS, OpenMP): one each "
-                        "per task thread (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS set to 1 in the "
-                        "workers' environment, as a nanny sets them unless the environment has them), or fewer "
-                        "task threads")
+                        f"{shares['dask']:.0%} Dask's own and the client" + _pools_said(c),
+                        _pools_advice(c))
     if cpus and over < sec:  # the tasks never outnumbered the cores for long enough: fewer threads would not help
         return _finding("cpu-contention", sec, "threads on the critical path waited for CPUs busy with Dask's own "
                         "work", evidence + f"; more tasks than CPUs computed at once for only {over:.2f} s",
@@ -198,6 +195,38 @@ def _starvation(s: dict, t: dict, meta: dict) -> dict | None:
                     evidence + f"; more tasks than CPUs computed at once for {over:.2f} s",
                     "the machine has more busy threads than cores: fewer workers or threads, or more cores; "
                     "or less of the work that held the CPUs", what_if=_fewer_threads(t, meta))
+
+
+POOLS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # BLAS and OpenMP pools' sizes
+
+
+def _pools(c: dict) -> dict[str, str] | None:
+    """The BLAS and OpenMP pool sizes the workers started with (run.json cluster.worker_environ; unset:
+    None); None where the run does not say (attach)."""
+    env = c.get("worker_environ")
+    return None if env is None else {k: env.get(k) for k in POOLS}
+
+
+def _pools_said(c: dict) -> str:
+    pools = _pools(c)
+    return "" if pools is None else "; the workers started with " + ", ".join(
+        f"{k}={v}" if v is not None else f"{k} unset" for k, v in pools.items())
+
+
+def _pools_advice(c: dict) -> str:
+    """One thread per task thread for the pools the workers had larger (or unset, or not known); where
+    they had them all at 1, the threads are another library's."""
+    pools = _pools(c)
+    wide = [k for k, v in (pools or dict.fromkeys(POOLS)).items() if v != "1"]
+    if not wide:
+        return ("the workers' BLAS and OpenMP pools had one thread each already: these threads are another "
+                "library's pool (numexpr: NUMEXPR_MAX_THREADS; numba: NUMBA_NUM_THREADS; polars: "
+                "POLARS_MAX_THREADS; pyarrow: pyarrow.set_cpu_count; torch: torch.set_num_threads): one thread "
+                "each per task thread, or fewer task threads")
+    return ("the tasks' libraries run threads of their own beside the tasks (BLAS, OpenMP): one each per task "
+            f"thread ({', '.join(wide)} set to 1 in the workers' environment"
+            + (", as a nanny sets them unless the environment has them" if pools is None else "")
+            + "), or fewer task threads")
 
 
 def _fewer_threads(t: dict, meta: dict) -> dict | None:

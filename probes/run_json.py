@@ -39,6 +39,9 @@ CLUSTER = obj("cluster", "The cluster as asked for (run) or found (attach).", *(
     K("scheduler", str, "the scheduling policy (--scheduler: ws, random, ...)", "ws"),
     K("worker", str, "the worker mode (--worker: normal, zero)", "normal"),
     K("server_cmd", str | None, "the scheduler's own command (--server-cmd), if not Dask's"),
+    K("worker_environ", dict[str, str] | None, "what each worker's environment held when it started, of what "
+      "Dask's nanny sets first (distributed.nanny.pre-spawn-environ: OMP_NUM_THREADS, ...; daskprobe sets it "
+      "in workers without a nanny); null if not known (attach)"),
     K("python", str, "the interpreter the cluster ran under (--python)"),
     K("user", str | None, "the user the cluster and the command ran as; null: as daskprobe"),
     K("uid", int, "that user's uid"),

@@ -617,17 +617,27 @@ def test_cpus_busy_with_threads_python_never_saw_in_a_worker_are_a_librarys_pool
     ebpf = pd.DataFrame({"t_ns": [t * MS for t in range(37, 44)], "pid": 200,
                          "tid": [201, 250, 251, 250, 201, 251, 250], "source": "ebpf"})
 
-    def ids(python_idents) -> dict:
+    def ids(python_idents, environ=None) -> dict:
         threads = pd.DataFrame({"pid": 200, "tid": [200, 201, 250, 251], "ident": [1, 7, *python_idents]})
         t = s.tables() | a.tables | {"samples": ebpf, "tasks": spans, "threads": threads,
                                      "attempt_threads": pd.DataFrame({"tid": [201]})}
-        return {f["id"]: f for f in findings(a.summary, t, META | {"cpus": 2})}
+        meta = META | {"cpus": 2} | ({"cluster": {"worker_environ": environ}} if environ is not None else {})
+        return {f["id"]: f for f in findings(a.summary, t, meta)}
     native = ids([None, None])
     assert "library-threads" in native and "cpu-contention" not in native
     assert "71% were worker threads Python never saw" in native["library-threads"]["evidence"]
     assert "OPENBLAS_NUM_THREADS" in native["library-threads"]["advice"]
     dasks = ids([2, 3])
     assert "cpu-contention" in dasks and "library-threads" not in dasks
+    # the workers had one BLAS and OpenMP thread already (Dask's default): not told to set what they had
+    ones = ids([None, None], {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                              "MALLOC_TRIM_THRESHOLD_": "65536"})["library-threads"]
+    assert "set to 1" not in ones["advice"] and "another library's pool" in ones["advice"]
+    assert "the workers started with OMP_NUM_THREADS=1" in ones["evidence"]
+    # a user's environment that gave OpenMP four: that one is named, the others not
+    four = ids([None, None], {"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    advice = four["library-threads"]["advice"]
+    assert "(OMP_NUM_THREADS set to 1" in advice and "OPENBLAS_NUM_THREADS" not in advice
 
 
 def test_an_event_loop_a_little_idle_with_no_code_of_the_users_is_no_finding():

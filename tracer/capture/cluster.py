@@ -34,6 +34,18 @@ HOST = "127.0.0.1"
 NANNY_PRELOAD = Path(__file__).with_name("nanny_contact.py")
 PEER_GUARD = Path(__file__).with_name("peer_guard.py")
 COMM_TAP = Path(__file__).parents[2] / "probes" / "comm_tap.py"
+# The environment a nanny sets in its worker before it starts (one BLAS and OpenMP thread per process,
+# malloc trimming: distributed.nanny.pre-spawn-environ), the process's own environment first, without
+# importing distributed: defines pre_spawn() in the cluster's interpreter.
+PRE_SPAWN = (
+    "def pre_spawn():\n"
+    "    import importlib.util, os, dask.config, yaml\n"
+    "    with open(os.path.join(importlib.util.find_spec('distributed').submodule_search_locations[0],\n"
+    "                           'distributed.yaml')) as f:\n"
+    "        dask.config.update_defaults(yaml.safe_load(f))\n"
+    "    return {k: os.environ.get(k, str(v)) for k, v in\n"
+    "            dask.config.get('distributed.nanny.pre-spawn-environ', {}).items() if v is not None}\n"
+)
 # `python -m MODULE ARGS` for a Dask CLI, except that once its main has returned (it has logged its
 # end) the process runs its atexit handlers and exits without tearing its modules down: that took
 # 0.2 s of CPU per process, while the run is being finalized. Any interpreter runs it (-c, not a file
@@ -43,16 +55,11 @@ COMM_TAP = Path(__file__).parents[2] / "probes" / "comm_tap.py"
 # scheduler listens.
 EXIT_AFTER_MAIN = (
     "import atexit, importlib, os, runpy, sys, threading\n"
-    # A worker without a nanny gets the environment a nanny sets before its worker starts (one BLAS and
-    # OpenMP thread per process, malloc trimming), as `dask worker` and LocalCluster give; before numpy loads.
+    # A worker without a nanny gets that environment too, as `dask worker` and LocalCluster give; before
+    # numpy loads.
+    + PRE_SPAWN +
     "if '--no-nanny' in sys.argv:\n"
-    "    import importlib.util, dask.config, yaml\n"
-    "    with open(os.path.join(importlib.util.find_spec('distributed').submodule_search_locations[0],\n"
-    "                           'distributed.yaml')) as f:\n"
-    "        dask.config.update_defaults(yaml.safe_load(f))\n"
-    "    for k, v in dask.config.get('distributed.nanny.pre-spawn-environ', {}).items():\n"
-    "        if v is not None:\n"
-    "            os.environ.setdefault(k, str(v))\n"
+    "    os.environ.update(pre_spawn())\n"
     "if sys.argv[1] == '--gated':\n"
     "    del sys.argv[1]\n"
     "    importlib.import_module(sys.argv[1].partition('.')[0])\n"
@@ -492,15 +499,18 @@ def _children(ppid: int) -> list[tuple[int, str]]:
     return out
 
 
-def ask_versions(python: str, user: User | None = None) -> Callable[[], dict]:
+def ask_versions(python: str, user: User | None = None, environ: bool = False) -> Callable[[], dict]:
     """Ask an interpreter (the cluster's, the command's: they may differ from ours) for its version
     and its packages', as `user` (what a user's interpreter imports is theirs to choose: never run it
-    as root); the call returned waits for the answer. Asked early, answered meanwhile."""
+    as root); the call returned waits for the answer. Asked early, answered meanwhile. `environ`: and
+    the environment its workers get before they start (PRE_SPAWN), as `pre_spawn_environ`."""
     code = ("import json, sys, platform, importlib.metadata\n"
             "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
             "for m in ('dask', 'distributed', 'tornado', 'msgpack'):\n"
             "    try: out[m] = importlib.metadata.version(m)\n"
             "    except Exception: out[m] = None\n"
+            + (PRE_SPAWN + "try: out['pre_spawn_environ'] = pre_spawn()\n"
+               "except Exception: pass\n" if environ else "") +
             "print(json.dumps(out))")
     try:
         proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -188,23 +188,21 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     while the cluster's processes start and the probes get ready (the eBPF agent compiles for
     most of a second): what it loads then is not loaded while the run finalizes, nor while the command
     runs."""
+    layout = {"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
+              "workers_per_process": spec.workers_per_process, "memory_limit": spec.memory_limit(),
+              "proxy_delay_us": spec.proxy_delay_us, "protocol": spec.protocol, "scheduler": spec.scheduler,
+              "worker": spec.worker, "server_cmd": spec.server_cmd, "python": spec.python,
+              "user": user.name if user else None, "uid": user.uid if user else os.geteuid()}
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
-                    sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
-                    cluster={"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
-                             "workers_per_process": spec.workers_per_process,
-                             "memory_limit": spec.memory_limit(),
-                             "proxy_delay_us": spec.proxy_delay_us, "protocol": spec.protocol,
-                             "scheduler": spec.scheduler, "worker": spec.worker,
-                             "server_cmd": spec.server_cmd, "python": spec.python,
-                             "user": user.name if user else None, "uid": user.uid if user else os.geteuid()})
+                    sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)), cluster=layout)
     code, client, started, cluster, hook, local = 1, None, [], None, None, None
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
         wire = _recorder_said(spec)
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' + wire if probes else ''} ...")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
-        cluster_versions, client_python = ask_versions(spec.python, user), _client_python(command)
+        cluster_versions, client_python = ask_versions(spec.python, user, environ=True), _client_python(command)
         client_versions = client_python and ask_versions(client_python, user)
         cluster = Cluster(spec, run, user)
         phases = [("layout", time.perf_counter())]
@@ -221,7 +219,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
             phases.append(("warm-up", time.perf_counter()))
         signals.check()
         versions["cluster"] = cluster_versions()
-        run.update_meta(versions=versions)
+        environ = versions["cluster"].pop("pre_spawn_environ", None)
+        run.update_meta(versions=versions, cluster=layout | {"worker_environ": environ})
         for why in dask_versions.warnings(versions["cluster"]):
             say(f"warning: the cluster's {why}")
         if client_versions:
