@@ -37,6 +37,7 @@ from .base import LAST_READ_TIMEOUT
 from .ebpf_format import timens_ns
 from .procs import reap_exiting
 from .proxy import start_tap, stop_proxy
+from .rates import CPU_HZ, Sampling
 from .rundir import RunDir
 from .sockets import host_of, owned_by
 
@@ -69,13 +70,14 @@ def _peer_uid(s: socket.socket) -> int:
     return struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
 
 
-def join(run_id: str, rate: float, name: str, role: str) -> None:
+def join(run_id: str, sampling: Sampling, name: str, role: str) -> None:
     """This process, measured by its host's agent from now on: the agent is started here if the
     host has none yet (of two started at once, one keeps the name and the other exits)."""
     try:
         agent = int(ask(run_id, "pid"))
     except OSError:
-        p = subprocess.Popen([sys.executable, "-m", "daskprobe.probes.agent", run_id, str(rate)],
+        args = [str(sampling.rate), str(sampling.cpu_hz), *(["fixed"] if sampling.fixed else [])]
+        p = subprocess.Popen([sys.executable, "-m", "daskprobe.probes.agent", run_id, *args],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              start_new_session=True)
         p.stdout.readline()  # "ready", or nothing once it lost the name to another (or failed)
@@ -103,13 +105,13 @@ class _Joins:
     this host itself (`here`: the hosts of the members on the recorder's). `recorder`: the id
     of the recorder's Client."""
 
-    def __init__(self, run_id: str, rate: float, here: set[str], recorder: str):
-        self.name, self.run_id, self.rate = f"daskprobe-{run_id}", run_id, rate
+    def __init__(self, run_id: str, sampling: Sampling, here: set[str], recorder: str):
+        self.name, self.run_id, self.sampling = f"daskprobe-{run_id}", run_id, Sampling(*sampling)
         self.here, self.recorder = here, recorder
 
     async def _join(self, address: str, role: str) -> None:
         if host_of(address) not in self.here:  # the agent may take a second to start: not on the event loop
-            await asyncio.get_running_loop().run_in_executor(None, join, self.run_id, self.rate, address, role)
+            await asyncio.get_running_loop().run_in_executor(None, join, self.run_id, self.sampling, address, role)
 
 
 class WorkerAgent(_Joins, WorkerPlugin):
@@ -131,22 +133,22 @@ class SchedulerAgent(_Joins, SchedulerPlugin):
 
 
 class Agent:
-    def __init__(self, run_id: str, rate: float):
+    def __init__(self, run_id: str, sampling: Sampling):
         self.dir = Path(tempfile.mkdtemp(prefix=f"daskprobe-agent-{run_id}-")).resolve()  # 0700, made afresh
         self.run, self.members, self.skipped, self.probes, self.stopped = RunDir(self.dir), [], {}, [], False
         self.tapped: dict[int, str] = {}  # port -> the member listening there, as the recorder names it
         self.tap = None
         try:
-            self._start(rate)
+            self._start(sampling)
         except BaseException:  # a SIGTERM while the probes start too: nothing of it stays behind
             self.stop()
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
 
-    def _start(self, rate: float) -> None:
+    def _start(self, sampling: Sampling) -> None:
         for sub in ("captures", "logs"):
             (self.dir / sub).mkdir()
-        for probe in registry.make(PROBES, rate):
+        for probe in registry.make(PROBES, sampling.rate, False, sampling.cpu_hz, sampling.fixed):
             why = probe.available()
             self.skipped |= probe.partly_skipped() if why is None else dict.fromkeys(probe.name.split(","), why)
             if why is None:
@@ -263,7 +265,8 @@ class Agent:
         return words[0]
 
 
-def main(run_id: str, rate: str) -> None:
+def main(run_id: str, rate: str, cpu_hz: str = str(CPU_HZ), fixed: str = "") -> None:
+    """`python -m daskprobe.probes.agent RUN_ID RATE [CPU_HZ [fixed]]`"""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(_name(run_id))
@@ -271,10 +274,10 @@ def main(run_id: str, rate: str) -> None:
         return  # this host has its agent already
     listener.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a kill still stops its probes
-    agent = Agent(run_id, float(rate))
+    agent = Agent(run_id, Sampling(float(rate), int(cpu_hz), fixed == "fixed"))
     print("ready", flush=True)
     agent.serve(listener)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:5])

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(native_binary("daskprobe-sampler") is None, reas
 JOINER = """
 import sys, threading
 from daskprobe.probes.agent import join
-join(sys.argv[1], 100.0, "tcp://10.0.0.9:4321", "worker")
+from daskprobe.probes.rates import Sampling
+join(sys.argv[1], Sampling(100.0, 49, True), "tcp://10.0.0.9:4321", "worker")  # a rate the user chose
 print("joined", flush=True)
 done = threading.Event()
 
@@ -55,6 +56,10 @@ def test_agent_samples_its_joiners_and_hands_back_its_captures_only_to_its_user(
     try:
         assert joiner.stdout.readline().strip() == "joined"
         agent = int(ask(run_id, "pid"))
+        # its probes sample as the user asked the recorder: the rate kept, eBPF's CPU samples at 49 Hz
+        probes = subprocess.run(["pgrep", "-a", "-P", str(agent)], capture_output=True, text=True).stdout
+        assert any("daskprobe-sampler" in p and "--fixed" in p.split() for p in probes.splitlines()), probes
+        assert all("--cpu 49" in p for p in probes.splitlines() if "ebpf_agent" in p), probes
         if os.geteuid() == 0 and Path("/usr/bin/setpriv").exists():
             other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                                     "-c", NOBODY, run_id], capture_output=True, text=True, timeout=30)
@@ -125,8 +130,8 @@ import sys, time
 from distributed import Client
 from daskprobe.probes.agent import SchedulerAgent, WorkerAgent
 c = Client(sys.argv[1])
-for plugin in (WorkerAgent("deadbeef0001", 100.0, {"127.0.0.1"}, c.id),
-               SchedulerAgent("deadbeef0001", 100.0, {"127.0.0.1"}, c.id)):
+for plugin in (WorkerAgent("deadbeef0001", (100.0,), {"127.0.0.1"}, c.id),
+               SchedulerAgent("deadbeef0001", (100.0,), {"127.0.0.1"}, c.id)):
     c.register_plugin(plugin)
 print("registered", flush=True)
 time.sleep(600)

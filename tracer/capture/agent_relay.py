@@ -25,11 +25,11 @@ ROUND_TRIPS = 5  # clock exchanges per host and read; the recorder keeps the qui
 
 
 class Relay:
-    def __init__(self, address: str, run_id: str, rate: float, here: list[str]):
+    def __init__(self, address: str, run_id: str, sampling: list, here: list[str]):
         from distributed import Client
         self.client = Client(address, timeout=30, set_as_default=False)
-        self.plugins = [WorkerAgent(run_id, rate, set(here), self.client.id),
-                        SchedulerAgent(run_id, rate, set(here), self.client.id)]
+        self.plugins = [WorkerAgent(run_id, sampling, set(here), self.client.id),
+                        SchedulerAgent(run_id, sampling, set(here), self.client.id)]
         self.run_id = run_id
         for plugin in self.plugins:
             self.client.register_plugin(plugin)

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from ...probes.agent import CAPTURE_NAME, CHUNK
+from ...probes.rates import Sampling
 from ...probes.rundir import RunDir, open_append, write_new
 from ...probes.schema import HOST_PID
 from .agent_replies import BadReply, clean_state
@@ -44,13 +45,14 @@ class Agents:
     """Plugins on the cluster at `address` that start an agent on each host not in `here`, through a
     relay run as `user` (uid, gid; None: ours)."""
 
-    def __init__(self, address: str, here: set[str], rate: float, log: Path, user: tuple[int, int] | None = None):
+    def __init__(self, address: str, here: set[str], sampling: Sampling, log: Path,
+                 user: tuple[int, int] | None = None):
         self.run_id, self.here, self.log = uuid.uuid4().hex[:12], set(here), log
         self.seen: dict[str, dict] = {}  # host -> what its agent said, its clock, whether it was read to the end
         self.offsets: dict[tuple[str, str], int] = {}  # (host, capture) -> bytes read
         self.relay = _start_relay(user, log)
         try:
-            self._request("start", address=address, run_id=self.run_id, rate=rate, here=sorted(self.here))
+            self._request("start", address=address, run_id=self.run_id, sampling=sampling, here=sorted(self.here))
         except BaseException:  # a Ctrl-C too: no plugin may stay behind to start agents later
             self.close()
             raise

@@ -18,6 +18,7 @@ from pathlib import Path
 from ...probes.schema import HOST_PID
 from ...probes.sockets import host_of, listen_of
 from ...probes.proxy import start_tap, stop_proxy
+from ...probes.rates import Sampling
 from ...probes.rundir import RunDir, open_append
 from . import rpc
 from .members import ADDRESS, on_this_host, verify
@@ -90,7 +91,7 @@ class Attached:
         self.left: set[str] = set()  # names of workers gone from the scheduler's list
         self.unverified: dict[str, str] = {}  # local members not profiled: name -> why
         self.agents = None
-        self.rate: float | None = None  # the agents' sampling rate; None: no agents
+        self.sampling: Sampling | None = None  # how the agents sample; None: no agents
         self.puller: threading.Thread | None = None  # the pull running (or the agents starting), if one is
         self.agents_error: str | None = None
         self.partial_hosts: dict[str, str] = {}  # "agent@HOST" -> why its captures were not all read
@@ -158,7 +159,7 @@ class Attached:
         if new:
             self._tap_watch(new)
             self._record_unverified()
-        if self.agents is None and self.rate and not self._pulling() and any(m.machine != "local" for m in new):
+        if self.agents is None and self.sampling and not self._pulling() and any(m.machine != "local" for m in new):
             # the first member on another host joined: the agents start in the pulls' thread (their
             # plugins wait for the agent each starts, seconds), the looks go on meanwhile
             self.puller = threading.Thread(target=self._deploy_later, name="daskprobe-agents", daemon=True)
@@ -167,7 +168,7 @@ class Attached:
 
     def _deploy_later(self) -> None:
         from .say import say
-        say(self.deploy_agents(self.rate, later=True))
+        say(self.deploy_agents(self.sampling, later=True))
 
     def _tap_watch(self, members: list[Member]) -> None:
         """The tap watches their ports from now on."""
@@ -237,22 +238,22 @@ class Attached:
     def client_address(self) -> str:
         return self.spec.address
 
-    def deploy_agents(self, rate: float | None, later: bool = False) -> str | None:
-        """Agents on the other hosts (probes/agent.py), to sample the members there at `rate`
+    def deploy_agents(self, sampling: Sampling | None, later: bool = False) -> str | None:
+        """Agents on the other hosts (probes/agent.py), to sample the members there as `sampling` says
         (None: none); what the user is told of those members (None: there are none, yet: a worker
         that joins on another host later starts them then, at look)."""
-        self.rate = rate if self.spec.agents else None
+        self.sampling = sampling if self.spec.agents else None
         away = sorted({m.host for m in self.members if m.machine != "local"})
         if not away:
             return None
         said = f"not on this host: {', '.join(self.elsewhere())}: "
-        if not self.rate:
+        if not self.sampling:
             return said + "only their messages are recorded"
         try:
             from ...probes.agent import STREAM_S
             from .agents import Agents, relay_user
             scheduler = next((m.pid for m in self.members if m.role == "scheduler"), None)
-            agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.rate,
+            agents = Agents(self.spec.address, {m.host for m in self.members if m.machine == "local"}, self.sampling,
                             self.run.log("agents"), relay_user(scheduler))
             self.agents = agents
             self._pull_now(self.named_ports()) if later else self._pull()
@@ -260,7 +261,7 @@ class Attached:
             self.agents_error = f"{type(e).__name__}: {e}"[:1000]
             if not later:  # run.json is written by the main thread only
                 self.run.update_meta(agents_error=self.agents_error)
-            self.rate = None  # not tried again at each look
+            self.sampling = None  # not tried again at each look
             return said + (f"only their messages are recorded: no agents could start there ({type(e).__name__}: "
                            f"{str(e)[:300]}; is daskprobe installed on those hosts?)")
         return said + (f"agents on {', '.join(away)} sample them (stacks and /proc; eBPF where they run as root), "

@@ -279,7 +279,7 @@ def _client_hook(run: RunDir, spec: ClusterSpec | None, command: list[str]):
 
 def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
            probes: list[Probe], signals: Signals, sample_rate: float = rates.SAMPLE_RATE, cpu_hz: int = rates.CPU_HZ,
-           user: User | None = None) -> int:
+           user: User | None = None, fixed_rate: bool = False) -> int:
     """Record a cluster that is already running (an Attached) while a command runs against it (as `user`,
     None: as daskprobe), for `duration` seconds, or until interrupted; the command's exit code (0 without
     one). Nothing of the cluster is started or stopped."""
@@ -301,7 +301,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         if mine := cluster.unreadable():
             say(f"on this host but not profiled: {'; '.join(mine)} (another user's: run attach as the cluster's "
                 "user, or as root); only their messages or Dask's task stream record them")
-        if away := cluster.deploy_agents(sample_rate if "pyspy" in probe_names else None):
+        if away := cluster.deploy_agents(rates.Sampling(sample_rate, cpu_hz, fixed_rate) if "pyspy" in probe_names else None):
             say(away)
         _start_probes(probes, run, cluster.ports(), started)
         cluster.start()

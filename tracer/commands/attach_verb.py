@@ -67,7 +67,7 @@ def main(args, command: list[str]) -> int:
         recorder = ["comm"] if args.comm_dir else [] if cluster.unread else ["tap"]
         code = attach(cluster, command, args.duration, run_dir, [*recorder, *probes],
                       registry.make(probes, rate, False, args.cpu_hz, args.sample_rate is not None), signals,
-                      sample_rate=rate, cpu_hz=args.cpu_hz, user=user)
+                      sample_rate=rate, cpu_hz=args.cpu_hz, user=user, fixed_rate=args.sample_rate is not None)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
             shutil.rmtree(run_dir.path, ignore_errors=True)
             return code
