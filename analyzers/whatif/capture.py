@@ -92,7 +92,8 @@ SLOT_FREED_NS = 2e6  # a dispatch this soon after a task-finished reached the sc
 def worker_costs(tasks: pd.DataFrame, batch_ns: int) -> pd.DataFrame:
     """Per finished task, the worker's own time around its compute, ns (NaN where not seen):
     before: from the later of its compute-task (or its inputs) reaching the worker and the end of the
-    compute before it on its thread, to its start: the worker handing it to a thread; after: from its
+    compute before it on its thread, to its start: the worker handing it to a thread, less the warm-up and
+    the waits for the loop's other handoffs (loop_work); after: from its
     compute's end to its task-finished leaving, where the worker had sent none in the batched-send
     interval before (not held by it)."""
     f = tasks[["compute_recv_ns", "transfer_stop_ns", "compute_start_ns", "compute_stop_ns",

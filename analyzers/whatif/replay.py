@@ -8,9 +8,9 @@ What it models, in the order a task meets it:
 - the messages: batched sends (a stream sends at once unless it sent in its last interval, else at the
   interval's end), then the link's latency, plus bytes over its bandwidth for task data between workers;
 - each worker: `threads` threads taking ready tasks by priority, each start after the worker's measured
-  handoff time, handed one at a time by its event loop (capture.loop_work), each task-finished after its measured time from the compute's end; its warm-up once,
-  before its first start (capture.warm_ups); and an event loop that serves other workers' get_data one
-  at a time;
+  handoff time, its event loop handing them one at a time (capture.loop_work); each task-finished after
+  its measured time from the compute's end; its warm-up once, before its first start (capture.warm_ups);
+  and an event loop that serves other workers' get_data one at a time;
 - the machine: tasks computing share its cores with its other load (`background`: processor sharing
   of their CPU time, not of their blocked time); the workers' own times stretch as the tasks' CPU
   time does, relative to the run; the threads of one worker share its GIL for the share of CPU that

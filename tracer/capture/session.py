@@ -301,7 +301,8 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         if mine := cluster.unreadable():
             say(f"on this host but not profiled: {'; '.join(mine)} (another user's: run attach as the cluster's "
                 "user, or as root); only their messages or Dask's task stream record them")
-        if away := cluster.deploy_agents(rates.Sampling(sample_rate, cpu_hz, fixed_rate) if "pyspy" in probe_names else None):
+        sampling = rates.Sampling(sample_rate, cpu_hz, fixed_rate) if "pyspy" in probe_names else None
+        if away := cluster.deploy_agents(sampling):
             say(away)
         _start_probes(probes, run, cluster.ports(), started)
         cluster.start()
