@@ -73,6 +73,15 @@ def test_a_job_whose_end_was_not_recorded_is_incomplete_and_its_time_not_the_cli
     assert sum(out["critical_path_s"].values()) == pytest.approx(out["session_s"])
 
 
+def test_a_job_none_of_whose_keys_was_told_has_no_end_key():
+    # fire_and_forget: the client asked for nothing back; the task still ran as the command ended
+    s = Scenario()
+    s.graph(10, 11, ["a-0"])
+    s.task("a-0", "worker-0", 12, 13, 14, None, None, None, outcome="unfinished")
+    job = split(s)["jobs"][0]  # summary.json written and checked (strict in the tests): null, not NaN
+    assert job["end_key"] is None and job["untold"] == 1
+
+
 def test_a_worker_that_died_is_idle_only_until_it_died():
     s = Scenario()
     s.graph(10, 11, ["a-0", "b-0"])

@@ -41,7 +41,10 @@ def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
         if not outcome:
             report = reader.read()  # a signal may interrupt it: asked again (leaving the body), it reads on
             reader.close()
-            os.waitpid(pid, 0)
+            # at the end of its pipe the child has exited: reaped already by another's wait (seen once, a
+            # busy machine's run whose workers were being killed), its report is whole all the same
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
             with contextlib.suppress(ValueError):  # cut short: as if nothing came
                 outcome.update(json.loads(report))
             if not outcome:
