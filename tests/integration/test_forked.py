@@ -1,6 +1,7 @@
 """tracer/decode/forked.py: a piece of finalizing in a forked child."""
 
 import os
+import signal
 import time
 
 import pytest
@@ -58,6 +59,31 @@ def test_a_body_that_is_interrupted_stops_the_child_and_leaves_no_process(tmp_pa
     with pytest.raises(ChildFailed):
         joined()  # SIGTERM ended it before it could answer
     assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}")  # and it was reaped
+
+
+def test_a_signal_as_the_child_starts_ends_the_child_not_runs_the_parents_code(tmp_path, monkeypatch):
+    """The parent's SIGTERM (its body failed) may land before the child runs anything of its own (a busy
+    machine): raised there, it unwound through the parent's frames, which then ran in the child (it
+    waited for its sibling, ECHILD, and wrote run.json). Here SIGINT lands at the child's first instruction."""
+    real_fork, parent, ran = os.fork, os.getpid(), tmp_path / "ran-the-parents-code"
+
+    def fork():
+        pid = real_fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return pid
+    monkeypatch.setattr(os, "fork", fork)
+    try:
+        with beside(lambda: "done") as joined:
+            joined()
+    except (KeyboardInterrupt, ChildFailed) as e:
+        caught = e
+    finally:
+        if os.getpid() != parent:  # the child, here: say so and go
+            ran.write_text("")
+            os._exit(0)
+    assert not ran.exists()
+    assert isinstance(caught, ChildFailed) and "KeyboardInterrupt" in str(caught)
 
 
 def test_without_fork_the_piece_runs_here_after_the_body(monkeypatch):

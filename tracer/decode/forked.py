@@ -25,15 +25,23 @@ def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
+    # The child starts with SIGINT and SIGTERM held, until it is inside _child: one that landed sooner
+    # (the parent's, its body failed) would unwind it through the parent's frames, running them there.
+    mask, pid = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}), None
     try:
         pid = os.fork()
     except OSError:  # no fork now (memory, a process limit): fn runs here, when joined
+        pass
+    finally:
+        if pid != 0:  # the parent, with or without a child: its signals as they were
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if pid is None:
         os.close(r)
         os.close(w)
         yield lambda: _in_place(fn)
         return
     if pid == 0:
-        _child(fn, r, w)
+        _child(fn, r, w, mask)
     os.close(w)
     reader, outcome = os.fdopen(r), {}
 
@@ -41,10 +49,7 @@ def beside(fn: Callable[[], object]) -> Iterator[Callable[[], object]]:
         if not outcome:
             report = reader.read()  # a signal may interrupt it: asked again (leaving the body), it reads on
             reader.close()
-            # at the end of its pipe the child has exited: reaped already by another's wait (seen once, a
-            # busy machine's run whose workers were being killed), its report is whole all the same
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+            os.waitpid(pid, 0)
             with contextlib.suppress(ValueError):  # cut short: as if nothing came
                 outcome.update(json.loads(report))
             if not outcome:
@@ -74,10 +79,12 @@ def _in_place(fn):
         raise ChildFailed(f"{type(e).__name__}: {e}") from e
 
 
-def _child(fn, r: int, w: int) -> None:
-    """Run fn, write its result or error to the pipe, end without the parent's exit handlers."""
+def _child(fn, r: int, w: int, mask: set) -> None:
+    """Run fn, write its result or error to the pipe, end without the parent's exit handlers. `mask`:
+    the parent's signal mask, taken back here, where a signal is caught."""
     outcome = {"error": "interrupted"}
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(r)
         outcome = {"result": fn()}
     except BaseException as e:  # a signal's Interrupted too: the parent decides what it means
