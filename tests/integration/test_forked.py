@@ -65,7 +65,7 @@ def test_a_signal_as_the_child_starts_ends_the_child_not_runs_the_parents_code(t
     """The parent's SIGTERM (its body failed) may land before the child runs anything of its own (a busy
     machine): raised there, it unwound through the parent's frames, which then ran in the child (it
     waited for its sibling, ECHILD, and wrote run.json). Here SIGINT lands at the child's first instruction."""
-    real_fork, parent, ran = os.fork, os.getpid(), tmp_path / "ran-the-parents-code"
+    real_fork, parent, ran, caught = os.fork, os.getpid(), tmp_path / "ran-the-parents-code", None
 
     def fork():
         pid = real_fork()
@@ -73,6 +73,8 @@ def test_a_signal_as_the_child_starts_ends_the_child_not_runs_the_parents_code(t
             os.kill(os.getpid(), signal.SIGINT)
         return pid
     monkeypatch.setattr(os, "fork", fork)
+    # Python's own SIGINT handler, whatever an earlier test in this process left
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with beside(lambda: "done") as joined:
             joined()
@@ -82,6 +84,7 @@ def test_a_signal_as_the_child_starts_ends_the_child_not_runs_the_parents_code(t
         if os.getpid() != parent:  # the child, here: say so and go
             ran.write_text("")
             os._exit(0)
+        signal.signal(signal.SIGINT, handler)
     assert not ran.exists()
     assert isinstance(caught, ChildFailed) and "KeyboardInterrupt" in str(caught)
 
