@@ -278,15 +278,15 @@ def _client_hook(run: RunDir, spec: ClusterSpec | None, command: list[str]):
 
 
 def attach(cluster, command: list[str], duration: float | None, run: RunDir, probe_names: list[str],
-           probes: list[Probe], signals: Signals, sample_rate: float = rates.SAMPLE_RATE, cpu_hz: int = rates.CPU_HZ,
-           user: User | None = None, fixed_rate: bool = False) -> int:
+           probes: list[Probe], signals: Signals, sampling: rates.Sampling = rates.Sampling(),
+           user: User | None = None) -> int:
     """Record a cluster that is already running (an Attached) while a command runs against it (as `user`,
     None: as daskprobe), for `duration` seconds, or until interrupted; the command's exit code (0 without
     one). Nothing of the cluster is started or stopped."""
     address = cluster.client_address()
     run.update_meta(partial=True, command=command, attached=address, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config={}, probes=probe_names, skipped={},
-                    sample_rate=sample_rate, cpu_hz=cpu_hz, cpus=len(os.sched_getaffinity(0)),
+                    sample_rate=sampling.rate, cpu_hz=sampling.cpu_hz, cpus=len(os.sched_getaffinity(0)),
                     versions={"daskprobe": _own_version(), "host": platform.platform()})
     code, client, started, hook, local = 1, None, [], None, None
     try:
@@ -301,8 +301,7 @@ def attach(cluster, command: list[str], duration: float | None, run: RunDir, pro
         if mine := cluster.unreadable():
             say(f"on this host but not profiled: {'; '.join(mine)} (another user's: run attach as the cluster's "
                 "user, or as root); only their messages or Dask's task stream record them")
-        sampling = rates.Sampling(sample_rate, cpu_hz, fixed_rate) if "pyspy" in probe_names else None
-        if away := cluster.deploy_agents(sampling):
+        if away := cluster.deploy_agents(sampling if "pyspy" in probe_names else None):
             say(away)
         _start_probes(probes, run, cluster.ports(), started)
         cluster.start()

@@ -51,7 +51,8 @@ def main(args, command: list[str]) -> int:
     from ..capture.session import Signals, attach
 
     probes = [p for p in options.parse_probes(args.probes) if p not in registry.WIRE]
-    rate = args.sample_rate or rates.SAMPLE_RATE
+    # a rate the user chose is kept (fixed), here and by the agents on other hosts
+    sampling = rates.Sampling(args.sample_rate or rates.SAMPLE_RATE, args.cpu_hz, args.sample_rate is not None)
     if not re.fullmatch(r"(tcp|tls)://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):\d{1,5}", args.address):
         raise SystemExit(f"daskprobe: {args.address}: give the scheduler's address as tcp://HOST:PORT or "
                          "tls://HOST:PORT (its messages cannot be read: samples and Dask's task stream only)")
@@ -66,8 +67,8 @@ def main(args, command: list[str]) -> int:
                                       comm_dir=args.comm_dir), run_dir)
         recorder = ["comm"] if args.comm_dir else [] if cluster.unread else ["tap"]
         code = attach(cluster, command, args.duration, run_dir, [*recorder, *probes],
-                      registry.make(probes, rate, False, args.cpu_hz, args.sample_rate is not None), signals,
-                      sample_rate=rate, cpu_hz=args.cpu_hz, user=user, fixed_rate=args.sample_rate is not None)
+                      registry.make(probes, sampling.rate, False, sampling.cpu_hz, sampling.fixed), signals,
+                      sampling=sampling, user=user)
         if not cluster.members:  # it never attached (said why): nothing was recorded, nothing to keep
             shutil.rmtree(run_dir.path, ignore_errors=True)
             return code
