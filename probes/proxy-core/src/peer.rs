@@ -6,12 +6,14 @@
 //! a page per read and resumes by position, so sockets opening and closing
 //! meanwhile shift entries past the reader.
 
+use std::collections::HashMap;
 use std::fs;
 use std::mem::size_of;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc::Sender;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use crate::record;
 
@@ -183,6 +185,76 @@ pub fn record_pid_of(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<V
     });
 }
 
+/// How long a connection's record waits for its SYN's lookup to begin (the SYN's reader is behind)
+/// and, once begun, to end; past either it looks the pid up itself.
+const SYN_WAIT: Duration = Duration::from_secs(1);
+const LOOKUP_WAIT: Duration = Duration::from_secs(10);
+/// An early lookup no connection took (a SYN retransmitted, or to a port not watched) is dropped after this.
+const KEPT: Duration = Duration::from_secs(60);
+
+type Addrs = (SocketAddr, SocketAddr);
+
+/// Lookups begun as each connection's SYN came, by (peer, ours). The tap reads the stream's packets a
+/// block at a time, up to 100 ms after they came: a connection shorter than that (a scheduler's RPC to
+/// a worker) was closed by then, its socket and so its opener gone.
+#[derive(Default)]
+pub struct EarlyPids {
+    found: Mutex<HashMap<Addrs, (Instant, Option<i32>)>>, // None: looking
+    told: Condvar,
+}
+
+impl EarlyPids {
+    /// A SYN from `peer` to `ours` came: its opener is looked up now, while it surely holds the socket.
+    pub fn syn(self: &Arc<Self>, peer: SocketAddr, ours: SocketAddr) {
+        self.set((peer, ours), None);
+        let me = self.clone();
+        let _ = thread::Builder::new().name("syn-peer-pid".into()).spawn(move || {
+            let pid = pid_of(&peer, &ours).unwrap_or(-1);
+            me.set((peer, ours), Some(pid));
+        });
+    }
+
+    fn set(&self, addrs: Addrs, pid: Option<i32>) {
+        let mut found = self.found.lock().unwrap();
+        found.retain(|_, (at, _)| at.elapsed() < KEPT);
+        found.insert(addrs, (Instant::now(), pid));
+        self.told.notify_all();
+    }
+
+    /// The connection's peer record, sent from a thread of its own once its SYN's lookup ended; a
+    /// connection joined midway (no SYN seen) or whose SYN went unread is looked up now.
+    pub fn record_pid_of(self: &Arc<Self>, conn: u32, peer: SocketAddr, ours: SocketAddr, syn: bool,
+                         tx: Sender<Vec<u8>>) {
+        let me = self.clone();
+        let _ = thread::Builder::new().name(format!("c{conn}-peer-pid")).spawn(move || {
+            let early = if syn { me.take(&(peer, ours)) } else { None };
+            let pid = early.unwrap_or_else(|| pid_of(&peer, &ours).unwrap_or(-1));
+            let _ = tx.send(record::peer(conn, pid));
+        });
+    }
+
+    fn take(&self, addrs: &Addrs) -> Option<i32> {
+        let start = Instant::now();
+        let mut found = self.found.lock().unwrap();
+        loop {
+            let waited = start.elapsed();
+            let limit = match found.get(addrs) {
+                Some((_, Some(pid))) => {
+                    let pid = *pid;
+                    found.remove(addrs);
+                    return Some(pid);
+                }
+                Some((_, None)) => LOOKUP_WAIT,
+                None => SYN_WAIT,
+            };
+            if waited >= limit {
+                return None;
+            }
+            found = self.told.wait_timeout(found, limit - waited).unwrap().0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +272,27 @@ mod tests {
             assert_eq!(socket_inode(&other, &ours), None, "no such socket: {host}");
             drop(client);
         }
+    }
+
+    #[test]
+    fn a_connection_looked_up_at_its_syn_is_named_after_it_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (peer, local) = (accepted.peer_addr().unwrap(), accepted.local_addr().unwrap());
+        let early = Arc::new(EarlyPids::default());
+        early.syn(peer, local);
+        let (tx, rx) = std::sync::mpsc::channel();
+        early.record_pid_of(1, peer, local, true, tx.clone()); // waits for the SYN's lookup
+        let named = rx.recv().unwrap();
+        drop((ours, accepted));
+        early.syn(peer, local); // the socket is gone: a lookup now finds nobody
+        early.record_pid_of(2, peer, local, true, tx.clone());
+        early.record_pid_of(3, peer, local, false, tx); // joined midway: looked up at once, too late
+        assert_eq!(named, record::peer(1, std::process::id() as i32));
+        let mut late = vec![rx.recv().unwrap(), rx.recv().unwrap()];
+        late.sort();
+        assert_eq!(late, vec![record::peer(2, -1), record::peer(3, -1)]);
     }
 
     #[test]

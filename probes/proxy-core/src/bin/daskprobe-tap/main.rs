@@ -25,6 +25,7 @@ use std::thread;
 use daskprobe_clock::now_ns;
 use daskprobe_proxy::capture::{Capture, FLUSH_EVERY};
 use daskprobe_proxy::failures::{log, Failures};
+use daskprobe_proxy::peer::EarlyPids;
 
 const NO_WAKE_MS: i32 = 40;
 
@@ -97,6 +98,24 @@ fn main() {
     }
     unsafe { libc::signal(libc::SIGTERM, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let mut streams = streams::Streams::new(ports.clone(), tx);
+    let syns = match packets::Syns::open(&ports.keys().copied().collect::<Vec<_>>()) {
+        Ok(syns) => {
+            let (syns, early) = (Arc::new(syns), Arc::new(EarlyPids::default()));
+            streams = streams.with_early_pids(early.clone());
+            let reader = syns.clone();
+            thread::spawn(move || {
+                while let Ok((peer, ours)) = reader.next() {
+                    early.syn(peer, ours);
+                }
+            });
+            Some(syns)
+        }
+        Err(e) => {
+            log(format_args!("openers are looked up as their streams are read, up to {} ms late \
+                              (a connection closed by then has none): {e}", packets::RETIRE_MS));
+            None
+        }
+    };
     let failures = Failures::default();
     println!("ready");
     // Once told to stop, the kernel still holds the packets of its last block until it retires it
@@ -128,8 +147,12 @@ fn main() {
         writer.maybe();
         while let Ok((port, label)) = joined.try_recv() {
             ports.insert(port, label.clone());
-            if let Err(e) = tap.watch(&ports.keys().copied().collect::<Vec<_>>()) {
+            let watched = ports.keys().copied().collect::<Vec<_>>();
+            if let Err(e) = tap.watch(&watched) {
                 failures.note(&format!("watching port {port}: {e}"));
+            }
+            if let Some(Err(e)) = syns.as_ref().map(|s| s.watch(&watched)) {
+                failures.note(&format!("watching port {port}'s SYNs: {e}"));
             }
             streams.watch(port, label);
         }

@@ -57,11 +57,23 @@ fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
+/// Which of the watched ports' segments a packet socket keeps.
+#[derive(Clone, Copy, PartialEq)]
+enum Keep {
+    /// all but bare ACKs (no data, no SYN, FIN or RST: about half of Dask's segments, and nothing to a
+    /// stream put back together)
+    Streams,
+    /// a connection's first SYN (no ACK), its headers only
+    Syns,
+}
+
+/// How much of a SYN is kept: the largest IPv4 and TCP headers, with their options.
+const SYN_SNAP: u32 = 120;
+
 /// Accepts a TCP segment (IPv4 unfragmented, or IPv6 without extension headers) whose source
-/// or destination port is watched, unless it is a bare ACK (no data, no SYN, FIN or RST: about
-/// half of Dask's segments, and nothing to a stream put back together); drops every other packet
-/// in the kernel, uncopied, and on loopback (ifindex `lo`) the copy of each packet on its way out.
-fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
+/// or destination port is watched, and that `keep` keeps; drops every other packet in the kernel,
+/// uncopied, and on loopback (ifindex `lo`) the copy of each packet on its way out.
+fn filter(ports: &[u16], lo: i32, keep: Keep) -> Vec<libc::sock_filter> {
     use libc::{BPF_ABS, BPF_B, BPF_H, BPF_IND, BPF_JA, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_LDX, BPF_MSH,
                BPF_RET, BPF_RSH, BPF_ALU};
     let (ld_b, ld_h, ld_ind) = ((BPF_LD | BPF_B | BPF_ABS) as u16, (BPF_LD | BPF_H | BPF_ABS) as u16,
@@ -97,7 +109,10 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
                                             libc::BPF_ST as u16, (libc::BPF_MISC | libc::BPF_TAX) as u16);
     let (and, rsh, sub_x) = ((BPF_ALU | libc::BPF_AND | BPF_K) as u16, (BPF_ALU | BPF_RSH | BPF_K) as u16,
                              (BPF_ALU | libc::BPF_SUB | libc::BPF_X) as u16);
-    let bare_ack_dropped = |flags: libc::sock_filter, offset: libc::sock_filter, length: Vec<libc::sock_filter>| {
+    let kept = |flags: libc::sock_filter, offset: libc::sock_filter, length: Vec<libc::sock_filter>| {
+        if keep == Keep::Syns {
+            return vec![flags, op(and, 0, 0, 0x12), op(jeq, 0, 1, 0x02), op(ret, 0, 0, SYN_SNAP), op(ret, 0, 0, 0)];
+        }
         let mut v = vec![flags, op(jset, 0, 1, 0x07), op(ret, 0, 0, SNAP)]; // FIN, SYN or RST: kept
         v.extend(length); // A: the TCP header and data's length
         v.extend([op(st_mem, 0, 0, 0), offset, op(and, 0, 0, 0xf0), op(rsh, 0, 0, 2), op(tax, 0, 0, 0),
@@ -111,13 +126,13 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
     ports_then(&mut v4, op(ld_ind, 0, 0, 2));
     v4.push(op(ret, 0, 0, 0));
     // v4: the IP total length less the IP header's (X)
-    let v4 = to_end(v4, &bare_ack_dropped(op(ldx_ind_b, 0, 0, 13), op(ldx_ind_b, 0, 0, 12),
+    let v4 = to_end(v4, &kept(op(ldx_ind_b, 0, 0, 13), op(ldx_ind_b, 0, 0, 12),
                                           vec![op(ld_h, 0, 0, 2), op(sub_x, 0, 0, 0)]));
     let mut v6 = vec![op(ld_b, 0, 0, 6), op(jeq, 1, 0, 6), op(ret, 0, 0, 0)];
     ports_then(&mut v6, op(ld_h, 0, 0, 40));
     ports_then(&mut v6, op(ld_h, 0, 0, 42));
     v6.push(op(ret, 0, 0, 0));
-    let v6 = to_end(v6, &bare_ack_dropped(op(ld_b, 0, 0, 53), op(ld_b, 0, 0, 52), vec![op(ld_h, 0, 0, 4)]));
+    let v6 = to_end(v6, &kept(op(ld_b, 0, 0, 53), op(ld_b, 0, 0, 52), vec![op(ld_h, 0, 0, 4)]));
     let ancillary = |what: i32| op((BPF_LD | libc::BPF_W | BPF_ABS) as u16, 0, 0, (libc::SKF_AD_OFF + what) as u32);
     let mut prog = vec![ancillary(libc::SKF_AD_IFINDEX), op(jeq, 0, 3, lo as u32), ancillary(libc::SKF_AD_PKTTYPE),
                         op(jeq, 0, 1, libc::PACKET_OUTGOING as u32), op(ret, 0, 0, 0)];
@@ -130,8 +145,8 @@ fn filter(ports: &[u16], lo: i32) -> Vec<libc::sock_filter> {
     prog
 }
 
-fn attach_filter(fd: i32, ports: &[u16], lo: i32) -> io::Result<()> {
-    let prog = filter(ports, lo);
+fn attach_filter(fd: i32, ports: &[u16], lo: i32, keep: Keep) -> io::Result<()> {
+    let prog = filter(ports, lo, keep);
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog).map_err(|e| {
         io::Error::new(e.kind(), format!("the kernel refused a packet filter of {} instructions for {} ports: {e}",
@@ -147,13 +162,56 @@ fn step(what: &str) -> impl Fn(io::Error) -> io::Error + '_ {
     }
 }
 
+/// A packet socket keeping what `keep` keeps of the watched ports' segments, and loopback's ifindex.
+fn packet_socket(ports: &[u16], keep: Keep) -> io::Result<(i32, i32)> {
+    let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
+    let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })
+        .map_err(step("cannot open a packet socket"))?;
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
+    attach_filter(fd, ports, lo, keep)?;
+    Ok((fd, lo))
+}
+
+/// The SYNs opening connections to the watched ports, each read as it comes (a system call each:
+/// they are few), so that their openers are looked up before a short connection has closed.
+pub struct Syns {
+    fd: i32,
+    lo: i32,
+}
+
+impl Syns {
+    pub fn open(ports: &[u16]) -> io::Result<Syns> {
+        let (fd, lo) = packet_socket(ports, Keep::Syns)?;
+        Ok(Syns { fd, lo })
+    }
+
+    /// As Tap::watch.
+    pub fn watch(&self, ports: &[u16]) -> io::Result<()> {
+        attach_filter(self.fd, ports, self.lo, Keep::Syns)
+    }
+
+    /// The next SYN's (source, destination), waiting for it.
+    pub fn next(&self) -> io::Result<(SocketAddr, SocketAddr)> {
+        let mut buf = [0u8; SYN_SNAP as usize];
+        loop {
+            let n = unsafe { libc::recv(self.fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if let Some(s) = parse(&buf[..n as usize]) {
+                return Ok((s.src, s.dst));
+            }
+        }
+    }
+}
+
 impl Tap {
     pub fn open(ports: &[u16]) -> io::Result<Tap> {
-        let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-        let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })
-            .map_err(step("cannot open a packet socket"))?;
-        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
-        attach_filter(fd, ports, lo)?;
+        let (fd, lo) = packet_socket(ports, Keep::Streams)?;
         setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))
             .map_err(step("cannot use TPACKET_V3"))?;
         let req = libc::tpacket_req3 {
@@ -187,7 +245,7 @@ impl Tap {
     /// Watches these ports from now on (a member that joined while recording): the kernel
     /// swaps the filter in place, and packets already in the ring stay.
     pub fn watch(&self, ports: &[u16]) -> io::Result<()> {
-        attach_filter(self.fd, ports, self.lo)
+        attach_filter(self.fd, ports, self.lo, Keep::Streams)
     }
 
     /// From now on a write to `fd`, an eventfd, ends a wait in `next` (news from another thread).
@@ -409,5 +467,23 @@ mod tests {
             bare += (seg.payload.is_empty() && !seg.syn && !seg.fin && !seg.rst) as usize;
         }
         assert_eq!((data, syn, fin, bare), (500, 2, 2, 0));
+    }
+
+    /// Each connection's SYN, and nothing else of it (its SYN-ACK, data, FIN). Needs root.
+    #[test]
+    fn the_syns_socket_keeps_each_connection_s_first_syn_only() {
+        use std::io::Write;
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = server.local_addr().unwrap().port();
+        let Ok(syns) = Syns::open(&[port]) else { return }; // not root: nothing to test
+        let limit = libc::timeval { tv_sec: 5, tv_usec: 0 }; // a SYN missed fails, not hangs
+        setsockopt(syns.fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &limit).unwrap();
+        for _ in 0..2 {
+            let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            client.write_all(b"data").unwrap();
+            drop(server.accept().unwrap());
+            let (src, dst) = syns.next().unwrap();
+            assert_eq!((src, dst), (client.local_addr().unwrap(), server.local_addr().unwrap()));
+        }
     }
 }

@@ -13,9 +13,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use daskprobe_proxy::framing::{plausible_start, Event, Parser};
-use daskprobe_proxy::{peer, record};
+use daskprobe_proxy::peer::{self, EarlyPids};
+use daskprobe_proxy::record;
 
 use crate::packets::Segment;
 
@@ -67,11 +69,17 @@ pub struct Streams {
     next_id: u32,
     out: Sender<Vec<u8>>,
     drops: Drops,
+    early: Option<Arc<EarlyPids>>, // the openers looked up as their SYNs came; None: at open
 }
 
 impl Streams {
     pub fn new(labels: HashMap<u16, String>, out: Sender<Vec<u8>>) -> Self {
-        Streams { labels, conns: HashMap::new(), next_id: 1, out, drops: Drops::default() }
+        Streams { labels, conns: HashMap::new(), next_id: 1, out, drops: Drops::default(), early: None }
+    }
+
+    /// Each connection's opener from the lookup its SYN began, not one begun as the stream reads it.
+    pub fn with_early_pids(self, early: Arc<EarlyPids>) -> Self {
+        Streams { early: Some(early), ..self }
     }
 
     /// A port to watch from now on, and what listens there.
@@ -105,7 +113,7 @@ impl Streams {
             if s.rst || (!s.syn && s.payload.is_empty()) {
                 return; // a bare ACK or the end of a connection gone or never seen: nothing to record
             }
-            self.open(t, client, server);
+            self.open(t, client, server, s.syn);
         }
         let conn = self.conns.get_mut(&(client, server)).unwrap();
         let (id, out) = (conn.id, &self.out);
@@ -122,13 +130,16 @@ impl Streams {
         }
     }
 
-    fn open(&mut self, t: u64, client: SocketAddr, server: SocketAddr) {
+    fn open(&mut self, t: u64, client: SocketAddr, server: SocketAddr, syn: bool) {
         let id = self.next_id;
         self.next_id += 1;
         let label = self.labels.get(&server.port()).cloned().unwrap_or_default();
         let (c, srv) = (client.to_string(), server.to_string());
         let _ = self.out.send(record::open(id, t, &label, &srv, &c, &srv, ""));
-        peer::record_pid_of(id, client, server, self.out.clone());
+        match &self.early {
+            Some(early) => early.record_pid_of(id, client, server, syn, self.out.clone()),
+            None => peer::record_pid_of(id, client, server, self.out.clone()),
+        }
         self.conns.insert((client, server), Conn { id, dirs: [Direction::new(), Direction::new()] });
     }
 
