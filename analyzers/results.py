@@ -43,7 +43,9 @@ def job_entries(jobs, tasks, attempts, attr, window, again) -> list[dict]:
                     "makespan_s": (j.end_ns - j.start_ns) / 1e9, "graphs": int(j.graphs),
                     "graph_bytes": int(j.graph_bytes),
                     "requested": int(j.requested), "tasks": int((tasks.job == j.job).sum()),
-                    "dispatches": int((attempts.job == j.job).sum()), "end_key": j.end_key,
+                    "dispatches": int((attempts.job == j.job).sum()),
+                    # a key never told is null; read back from its table, a null string is NaN
+                    "end_key": None if pd.isna(j.end_key) else j.end_key,
                     "complete": bool(j.complete), "untold": int(j.untold),
                     "recomputed": recomputed_keys(again[again.job == j.job]),
                     "critical_path_s": parts["critical_path_s"],

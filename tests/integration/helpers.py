@@ -62,12 +62,17 @@ def write_flow(path: Path, code: str) -> Path:
 
 def run_flow(tmp: Path, code: str, *opts: str, expect: int = 0,
              python: str = sys.executable) -> tuple[RunDir, subprocess.CompletedProcess]:
-    """`daskprobe run OPTS -- python flow.py` with `code` as flow.py."""
+    """`daskprobe run OPTS -- python flow.py` with `code` as flow.py. A run expected to succeed must
+    have finalized whole: a stage that failed leaves the exit code alone (the capture is the user's),
+    and a test reading the tables that were made would pass without the ones that were not."""
     flow = write_flow(tmp / "flow.py", code)
     out = tmp / "run"
     p = daskprobe("run", "--out", str(out), *opts, "--", python, str(flow))
     assert p.returncode == expect, p.stderr[-4000:]
-    return RunDir(out), p
+    run = RunDir(out)
+    if expect == 0:
+        assert not run.meta().get("finalize_errors"), (run.meta()["finalize_errors"], p.stderr[-3000:])
+    return run, p
 
 
 # Inputs pinned half to each worker, so the final sum must fetch data from
