@@ -285,10 +285,13 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         early.record_pid_of(1, peer, local, true, tx.clone()); // waits for the SYN's lookup
         let named = rx.recv().unwrap();
+        // A socket closed before its lookup, as no such socket: closing ours would not do, for a
+        // parallel test's fork may hold it still
+        let gone = SocketAddr::new(peer.ip(), peer.port() ^ 1);
+        early.syn(gone, local);
+        early.record_pid_of(2, gone, local, true, tx.clone());
+        early.record_pid_of(3, gone, local, false, tx); // joined midway: looked up at once, too late
         drop((ours, accepted));
-        early.syn(peer, local); // the socket is gone: a lookup now finds nobody
-        early.record_pid_of(2, peer, local, true, tx.clone());
-        early.record_pid_of(3, peer, local, false, tx); // joined midway: looked up at once, too late
         assert_eq!(named, record::peer(1, std::process::id() as i32));
         let mut late = vec![rx.recv().unwrap(), rx.recv().unwrap()];
         late.sort();
