@@ -87,8 +87,7 @@ def _done(g: pd.DataFrame, t: pd.DataFrame) -> pd.DataFrame:
     last = hit.loc[hit.groupby("graph_id").told_ns.idxmax()].set_index("graph_id")
     done = last.told_ns.reindex(g.graph_id).to_numpy("float64")
     g["done_ns"] = np.where(np.isnan(done), g.t_last_ns.to_numpy("float64"), done).astype("int64")
-    key = last.key.reindex(g.graph_id)
-    g["done_key"] = key.astype(object).where(key.notna(), None).to_numpy()  # none told: null, not NaN
+    g["done_key"] = last.key.reindex(g.graph_id).to_numpy()  # none told: null (summary.json's job entries)
     g["done_told"] = last.told_id.reindex(g.graph_id).astype("Int64").to_numpy()
     return g
 

@@ -176,13 +176,18 @@ fn pid_of(peer: &SocketAddr, ours: &SocketAddr) -> Option<i32> {
     owner_of(socket_inode(peer, ours)?)
 }
 
-/// The connection's peer record, sent from a thread of its own: the lookup reads every
-/// process's fds, and the forwarding or packet loop must not wait for it. Without a
-/// thread for it the pid stays unknown (-1), as when it is not found.
-pub fn record_pid_of(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
+/// The connection's peer record, its pid from `lookup` (-1: not found), sent from a thread of its own:
+/// the lookup reads every process's fds, and the forwarding or packet loop must not wait for it.
+/// Without a thread for it the pid stays unknown, as when it is not found.
+fn send_from_thread(conn: u32, tx: Sender<Vec<u8>>, lookup: impl FnOnce() -> i32 + Send + 'static) {
     let _ = thread::Builder::new().name(format!("c{conn}-peer-pid")).spawn(move || {
-        let _ = tx.send(record::peer(conn, pid_of(&peer, &ours).unwrap_or(-1)));
+        let _ = tx.send(record::peer(conn, lookup()));
     });
+}
+
+/// The connection's peer record, looked up now.
+pub fn record_pid_of(conn: u32, peer: SocketAddr, ours: SocketAddr, tx: Sender<Vec<u8>>) {
+    send_from_thread(conn, tx, move || pid_of(&peer, &ours).unwrap_or(-1));
 }
 
 /// How long a connection's record waits for its SYN's lookup to begin (the SYN's reader is behind)
@@ -221,15 +226,14 @@ impl EarlyPids {
         self.told.notify_all();
     }
 
-    /// The connection's peer record, sent from a thread of its own once its SYN's lookup ended; a
-    /// connection joined midway (no SYN seen) or whose SYN went unread is looked up now.
+    /// The connection's peer record, once its SYN's lookup ended; a connection joined midway (its first
+    /// SYN not seen) or whose SYN went unread is looked up now.
     pub fn record_pid_of(self: &Arc<Self>, conn: u32, peer: SocketAddr, ours: SocketAddr, syn: bool,
                          tx: Sender<Vec<u8>>) {
         let me = self.clone();
-        let _ = thread::Builder::new().name(format!("c{conn}-peer-pid")).spawn(move || {
+        send_from_thread(conn, tx, move || {
             let early = if syn { me.take(&(peer, ours)) } else { None };
-            let pid = early.unwrap_or_else(|| pid_of(&peer, &ours).unwrap_or(-1));
-            let _ = tx.send(record::peer(conn, pid));
+            early.unwrap_or_else(|| pid_of(&peer, &ours).unwrap_or(-1))
         });
     }
 

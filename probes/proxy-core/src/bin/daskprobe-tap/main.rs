@@ -103,9 +103,11 @@ fn main() {
             let (syns, early) = (Arc::new(syns), Arc::new(EarlyPids::default()));
             streams = streams.with_early_pids(early.clone());
             let reader = syns.clone();
-            thread::spawn(move || {
-                while let Ok((peer, ours)) = reader.next() {
-                    early.syn(peer, ours);
+            thread::spawn(move || loop {
+                match reader.next() {
+                    Ok((peer, ours)) => early.syn(peer, ours),
+                    Err(e) => break log(format_args!("SYNs no longer read ({e}): openers are looked up a \
+                                                      second after their streams are read")),
                 }
             });
             Some(syns)

@@ -113,7 +113,7 @@ impl Streams {
             if s.rst || (!s.syn && s.payload.is_empty()) {
                 return; // a bare ACK or the end of a connection gone or never seen: nothing to record
             }
-            self.open(t, client, server, s.syn);
+            self.open(t, client, server, s.syn && !s.ack); // its first SYN: the one looked up early
         }
         let conn = self.conns.get_mut(&(client, server)).unwrap();
         let (id, out) = (conn.id, &self.out);
@@ -130,6 +130,7 @@ impl Streams {
         }
     }
 
+    /// `syn`: from the connection's first SYN (else joined midway, or from its SYN-ACK).
     fn open(&mut self, t: u64, client: SocketAddr, server: SocketAddr, syn: bool) {
         let id = self.next_id;
         self.next_id += 1;
