@@ -22,9 +22,10 @@ TIMED = {"heartbeat_worker"}
 # Told the client once per key, and again for some when a replica was added (the final sum fetched them):
 # how many, the race of that fetch with the client's release decides. Compared by the keys told.
 REPEATED = {"key-in-memory"}
-# The scheduler asks a worker to drop a replica only when the final sum's fetch left the key on two workers
-# and that worker had not released it first: the same race (seen on tls beside two busy loops).
-REPLICAS = {"remove-replicas"}
+# A worker drops a key when told free-keys, or remove-replicas when the final sum's fetch left the key on two
+# workers and the scheduler trimmed the copy before the client's release came (the same race; seen on tls and
+# ws). Which of the two tells it, that race decides; how many keys are dropped, it does not. Compared by keys.
+DROPS = {"free-keys", "remove-replicas"}
 # Sent while the cluster stops (the scheduler's goodbye to a worker that is closing its end meanwhile): it
 # reaches the worker's comm or not, a race of the shutdown (seen either way on both).
 TEARDOWN = {"remove-worker"}
@@ -61,7 +62,13 @@ def other(request):
 def _counts(run) -> pd.Series:
     m = run.table("messages")
     timed_replies = m.reply_to.isin(m.msg_id[m.op.isin(TIMED)])
-    return m[~m.op.isin(TIMED | REPEATED | REPLICAS | TEARDOWN | PER_CONNECTION) & ~timed_replies].groupby(["src_role", "dst_role", "op"]).size()
+    kept = m[~m.op.isin(TIMED | REPEATED | DROPS | TEARDOWN | PER_CONNECTION) & ~timed_replies]
+    return kept.groupby(["src_role", "dst_role", "op"]).size()
+
+
+def _dropped(run) -> pd.Series:
+    m = run.table("messages")
+    return m[m.op.isin(DROPS)].groupby(["src_role", "dst_role"]).n_keys.sum()
 
 
 def test_run_is_on_its_protocol_with_the_comm_tap(other):
@@ -81,13 +88,15 @@ def test_run_is_on_its_protocol_with_the_comm_tap(other):
 def test_messages_match_tcp(tcp, other):
     """Every op the workload causes, counted per sender and receiver role, is the same on both: exactly, since
     both see every message of the run once (the proxy at the listener's door, the comm tap at the
-    listener's comm). The tolerance is nil but for five ops whose count the run's timing decides: the
-    timed heartbeats and their replies (a short run may have none), key-in-memory told again (each key told on
-    both), remove-replicas (the same race), remove-worker at the end (at most one per worker), and the handshakes of connections opened
-    (between the same roles on both)."""
+    listener's comm). The tolerance is nil but for ops whose count the run's timing decides: the timed
+    heartbeats and their replies (a short run may have none), key-in-memory told again (each key told on both),
+    free-keys and remove-replicas (the keys dropped counted instead), remove-worker at the end (at most one per
+    worker), and the handshakes of connections opened (between the same roles on both)."""
     tls, _ = other
     a, b = _counts(tcp), _counts(tls)
     pd.testing.assert_series_equal(a, b, check_names=False)
+    pd.testing.assert_series_equal(_dropped(tcp), _dropped(tls), check_names=False)
+    assert _dropped(tcp).loc[("scheduler", "worker")] >= N + 1
     told, shook = [], []
     for run in (tcp, tls):
         m = run.table("messages")
