@@ -86,7 +86,9 @@ static inline void add_small(u32 kind, u32 tgid, u32 tid, u64 ns) {
     struct agg zero = {};
     struct agg *a = small.lookup_or_try_init(&key, &zero);
     if (a) { __sync_fetch_and_add(&a->ns, ns); __sync_fetch_and_add(&a->n, 1); }
-    tgid_of.update(&tid, &tgid);
+    // written only when new (or the id reused): an update allocates an entry to replace the old one
+    u32 *known = tgid_of.lookup(&tid);
+    if (!known || *known != tgid) tgid_of.update(&tid, &tgid);
 }
 
 #ifdef WITH_CPU

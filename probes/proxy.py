@@ -41,10 +41,11 @@ def start_proxy(capture: Path, routes: list[Route], log: Path, delay_us: int = 0
     return _started(cmd, log)
 
 
-def start_tap(capture: Path, ports: dict[int, str], log: Path) -> subprocess.Popen:
+def start_tap(capture: Path, ports: dict[int, str], log: Path, loopback: bool = False) -> subprocess.Popen:
     """Start the packet tap on the listening ports (port -> the label of what listens there);
-    returns once it captures. It needs root or CAP_NET_RAW. stop_proxy stops it too."""
-    cmd = [proxy_binary("daskprobe-tap"), "--capture", str(capture)]
+    returns once it captures. It needs root or CAP_NET_RAW. stop_proxy stops it too. loopback: every
+    member runs on this host, so their packets pass loopback alone (which costs each packet less)."""
+    cmd = [proxy_binary("daskprobe-tap"), "--capture", str(capture), *(["--loopback"] if loopback else [])]
     for port, label in ports.items():
         cmd += ["--port", f"{port}={label}"]
     return _started(cmd, log, nice=HELPER_NICE)  # not on the data path, unlike the proxy; 64 MiB of ring

@@ -289,7 +289,7 @@ class Cluster:
                                         self.allow_uids)
         elif self.spec.tap:
             ports = {m.port: m.name for m in self.members}
-            self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"))
+            self.recorder = start_tap(self.run.tap_capture, ports, self.run.log("tap"), loopback=True)
         self._start_scheduler()
         if self.spec.workers_per_process > 1:
             for group in self._groups():

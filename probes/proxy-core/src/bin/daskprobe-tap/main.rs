@@ -1,10 +1,10 @@
 //! daskprobe-tap: records Dask message framing from packets, with no proxy in the way: for
 //! connections that were open before recording started, or that do not pass through a proxy.
 //!
-//! usage: daskprobe-tap --capture FILE --port PORT=LABEL [--port ...]
+//! usage: daskprobe-tap --capture FILE [--loopback] --port PORT=LABEL [--port ...]
 //!
-//! Captures the TCP segments to and from the listed ports (every interface; on loopback each
-//! packet once) through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
+//! Captures the TCP segments to and from the listed ports (every interface, or with --loopback
+//! loopback's alone, where a cluster all on this host sends them; on loopback each packet once) through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
 //! stream back together, parses it with the proxy's framing parser and writes the proxy's
 //! capture records: a connection's open record names the listening side as both listener and
 //! upstream. Prints "ready" once capturing. A "PORT=LABEL" line on stdin adds a port to watch (a
@@ -42,10 +42,20 @@ fn port_label(v: &str) -> Result<(u16, String), String> {
     Ok((port.parse().map_err(|e| format!("port {v}: {e}"))?, label.to_string()))
 }
 
-fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
-    let (mut capture, mut ports) = (None, HashMap::new());
+struct Args {
+    capture: String,
+    ports: HashMap<u16, String>,
+    on: packets::Interfaces,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let (mut capture, mut ports, mut on) = (None, HashMap::new(), packets::Interfaces::All);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--loopback" {
+            on = packets::Interfaces::Loopback;
+            continue;
+        }
         let v = args.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--capture" => capture = Some(v),
@@ -59,15 +69,15 @@ fn parse_args() -> Result<(String, HashMap<u16, String>), String> {
     if ports.is_empty() {
         return Err("no --port to watch".into());
     }
-    Ok((capture.ok_or("--capture FILE is required")?, ports))
+    Ok(Args { capture: capture.ok_or("--capture FILE is required")?, ports, on })
 }
 
 fn main() {
-    let (path, mut ports) = parse_args().unwrap_or_else(|e| {
+    let Args { capture: path, mut ports, on } = parse_args().unwrap_or_else(|e| {
         log(format_args!("{e}"));
         std::process::exit(2)
     });
-    let mut tap = packets::Tap::open(&ports.keys().copied().collect::<Vec<_>>()).unwrap_or_else(|e| {
+    let mut tap = packets::Tap::open(&ports.keys().copied().collect::<Vec<_>>(), on).unwrap_or_else(|e| {
         log(format_args!("cannot capture packets: {e}"));
         std::process::exit(1)
     });
@@ -98,7 +108,7 @@ fn main() {
     }
     unsafe { libc::signal(libc::SIGTERM, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let mut streams = streams::Streams::new(ports.clone(), tx);
-    let syns = match packets::Syns::open(&ports.keys().copied().collect::<Vec<_>>()) {
+    let syns = match packets::Syns::open(&ports.keys().copied().collect::<Vec<_>>(), on) {
         Ok(syns) => {
             let (syns, early) = (Arc::new(syns), Arc::new(EarlyPids::default()));
             streams = streams.with_early_pids(early.clone());

@@ -162,14 +162,44 @@ fn step(what: &str) -> impl Fn(io::Error) -> io::Error + '_ {
     }
 }
 
+/// Which interfaces' packets the tap is handed.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Interfaces {
+    All,
+    /// Loopback's alone, each packet once, on its way in: enough when every process of the cluster
+    /// runs on this host (their packets all pass loopback, whatever address they use). The kernel then
+    /// neither clones each packet on its way out to run the filters on it, nor shows the tap another
+    /// interface's: on a small message's round trip over loopback, 1.6 of the 1.6 µs that the two
+    /// sockets cost a port not watched (docs/measurements.md, 2026-11-29).
+    Loopback,
+}
+
+/// SOL_PACKET's option (Linux 4.20) that hands a socket no outgoing packet
+const PACKET_IGNORE_OUTGOING: i32 = 23;
+
 /// A packet socket keeping what `keep` keeps of the watched ports' segments, and loopback's ifindex.
-fn packet_socket(ports: &[u16], keep: Keep) -> io::Result<(i32, i32)> {
-    let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-    let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, proto) })
+/// It is opened for no protocol, so no packet reaches it before the filter is in place; `bind` then
+/// starts the packets coming.
+fn packet_socket(ports: &[u16], keep: Keep, on: Interfaces) -> io::Result<(i32, i32)> {
+    let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
         .map_err(step("cannot open a packet socket"))?;
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
     attach_filter(fd, ports, lo, keep)?;
+    if on == Interfaces::Loopback {
+        // older kernels refuse it: the filter drops loopback's outgoing packets itself then
+        let _ = setsockopt(fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
+    }
     Ok((fd, lo))
+}
+
+/// Packets of every protocol from now on, of loopback alone or of every interface.
+fn bind(fd: i32, lo: i32, on: Interfaces) -> io::Result<()> {
+    let mut at: libc::sockaddr_ll = unsafe { zeroed() };
+    at.sll_family = libc::AF_PACKET as u16;
+    at.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    at.sll_ifindex = if on == Interfaces::Loopback { lo } else { 0 };
+    let r = unsafe { libc::bind(fd, &at as *const _ as *const libc::sockaddr, size_of::<libc::sockaddr_ll>() as u32) };
+    check(r).map(drop).map_err(step("cannot bind the packet socket"))
 }
 
 /// The SYNs opening connections to the watched ports, each read as it comes (a system call each:
@@ -180,8 +210,9 @@ pub struct Syns {
 }
 
 impl Syns {
-    pub fn open(ports: &[u16]) -> io::Result<Syns> {
-        let (fd, lo) = packet_socket(ports, Keep::Syns)?;
+    pub fn open(ports: &[u16], on: Interfaces) -> io::Result<Syns> {
+        let (fd, lo) = packet_socket(ports, Keep::Syns, on)?;
+        bind(fd, lo, on)?;
         Ok(Syns { fd, lo })
     }
 
@@ -210,8 +241,8 @@ impl Syns {
 }
 
 impl Tap {
-    pub fn open(ports: &[u16]) -> io::Result<Tap> {
-        let (fd, lo) = packet_socket(ports, Keep::Streams)?;
+    pub fn open(ports: &[u16], on: Interfaces) -> io::Result<Tap> {
+        let (fd, lo) = packet_socket(ports, Keep::Streams, on)?;
         setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V3 as i32))
             .map_err(step("cannot use TPACKET_V3"))?;
         let req = libc::tpacket_req3 {
@@ -226,6 +257,7 @@ impl Tap {
         if ring == libc::MAP_FAILED {
             return Err(step("cannot map the packet ring")(io::Error::last_os_error()));
         }
+        bind(fd, lo, on)?;
         Ok(Tap { fd, wake: -1, ring: ring as *mut u8, block: 0, left: 0, at: 0, lo, clocks: Clocks::default(),
                  dropped: 0 })
     }
@@ -440,14 +472,22 @@ mod tests {
     }
 
     /// Over a real loopback connection, one side writing and the other only reading (so acking):
-    /// every byte reaches the tap, and no bare ACK does. Needs root (CAP_NET_RAW).
+    /// every byte reaches the tap once, and no bare ACK does, on every interface or loopback alone.
+    /// Needs root (CAP_NET_RAW).
     #[test]
     fn the_kernel_keeps_data_syn_and_fin_and_drops_bare_acks() {
+        for on in [Interfaces::All, Interfaces::Loopback] {
+            let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = server.local_addr().unwrap().port();
+            let Ok(mut tap) = Tap::open(&[port], on) else { return }; // not root: nothing to test
+            assert_eq!(one_connection(server, &mut tap), (500, 2, 2, 0));
+        }
+    }
+
+    /// Data, SYNs, FINs and bare ACKs the tap read of one connection, whose client writes 50 times.
+    fn one_connection(server: std::net::TcpListener, tap: &mut Tap) -> (usize, usize, usize, usize) {
         use std::io::{Read, Write};
-        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = server.local_addr().unwrap().port();
-        let Ok(mut tap) = Tap::open(&[port]) else { return }; // not root: nothing to test
-        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut client = std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
         client.set_nodelay(true).unwrap();
         let (mut conn, _) = server.accept().unwrap();
         let mut buf = [0u8; 100];
@@ -466,7 +506,7 @@ mod tests {
             fin += seg.fin as usize;
             bare += (seg.payload.is_empty() && !seg.syn && !seg.fin && !seg.rst) as usize;
         }
-        assert_eq!((data, syn, fin, bare), (500, 2, 2, 0));
+        (data, syn, fin, bare)
     }
 
     /// Each connection's SYN, and nothing else of it (its SYN-ACK, data, FIN). Needs root.
@@ -475,7 +515,7 @@ mod tests {
         use std::io::Write;
         let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = server.local_addr().unwrap().port();
-        let Ok(syns) = Syns::open(&[port]) else { return }; // not root: nothing to test
+        let Ok(syns) = Syns::open(&[port], Interfaces::Loopback) else { return }; // not root: nothing to test
         let limit = libc::timeval { tv_sec: 5, tv_usec: 0 }; // a SYN missed fails, not hangs
         setsockopt(syns.fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &limit).unwrap();
         for _ in 0..2 {
