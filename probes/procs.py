@@ -68,12 +68,20 @@ def lower(pid: int, nice: int) -> None:
             return
 
 
+def pin(cpus: frozenset[int] | None) -> None:
+    """In a child before it runs its program: these CPUs alone (None: any), for it and every thread and
+    process it starts."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, group: bool = True,
-          user: User | None = None, death: int = signal.SIGTERM, **kw) -> subprocess.Popen:
+          user: User | None = None, death: int = signal.SIGTERM, cpus: frozenset[int] | None = None,
+          **kw) -> subprocess.Popen:
     """Start a cluster process in its own session (so a terminal's Ctrl-C reaches
-    only the user's command), logging to `log`, dying by `death` if daskprobe dies, as `user` if given.
-    nice > 0 lowers its priority (for helpers that must not slow what they measure): its session's
-    group's too (lower) unless `group` is false."""
+    only the user's command), logging to `log`, dying by `death` if daskprobe dies, as `user` if given,
+    on `cpus` alone if given. nice > 0 lowers its priority (for helpers that must not slow what they
+    measure): its session's group's too (lower) unless `group` is false."""
     if user:
         kw |= user.popen()
         env = user.env(env if env is not None else dict(os.environ))
@@ -83,6 +91,7 @@ def spawn(cmd: list[str], log: Path, env: dict | None = None, nice: int = 0, gro
 
     def setup() -> None:
         our_child(death)
+        pin(cpus)
         if nice and group:
             lower(0, nice)
         elif nice:

@@ -39,6 +39,8 @@ CLUSTER = obj("cluster", "The cluster as asked for (run) or found (attach).", *(
     K("scheduler", str, "the scheduling policy (--scheduler: ws, random, ...)", "ws"),
     K("worker", str, "the worker mode (--worker: normal, zero)", "normal"),
     K("server_cmd", str | None, "the scheduler's own command (--server-cmd), if not Dask's"),
+    K("scheduler_cpu", int | None, "the CPU the scheduler had to itself, the others' CPUs apart (run "
+      "--scheduler-cpu); null: every process on any CPU"),
     K("worker_environ", dict[str, str] | None, "what each worker's environment held when it started, of what "
       "Dask's nanny sets first (distributed.nanny.pre-spawn-environ: OMP_NUM_THREADS, ...; daskprobe sets it "
       "in workers without a nanny); null if not known (attach)"),

@@ -105,6 +105,7 @@ class ClusterSpec:
     protocol: str = "tcp"  # one of PROTOCOLS; tls: encrypted with certificates made for the run
     comm_tap: bool = False  # record the messages inside Dask's comms (probes/comm_tap.py): what reads tls://
     workers_per_process: int = 1  # >1: that many workers share a process (tracer/variants/worker_host.py)
+    scheduler_cpu: int | None = None  # the scheduler alone on this CPU, the other processes on the others
 
     def __post_init__(self):
         if self.scheduler not in variants.SCHEDULERS or self.worker not in variants.WORKERS:
@@ -125,8 +126,24 @@ class ClusterSpec:
         if self.workers_per_process < 1 or (self.workers_per_process > 1 and self.nanny):
             raise ValueError("--workers-per-process must be 1 or more, and 1 with --nanny (a nanny restarts "
                              "one worker's process)")
+        if self.scheduler_cpu is not None and not self.other_cpus():
+            raise ValueError(f"--scheduler-cpu {self.scheduler_cpu}: the CPUs daskprobe may use are "
+                             f"{sorted(os.sched_getaffinity(0))}; the scheduler takes one of them and the rest need "
+                             "at least one other")
         self.config = {**self.config, **variants.SCHEDULERS[self.scheduler].config}
         self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
+
+    def cpus(self, role: str) -> frozenset[int] | None:
+        """Where a process of this role runs (None: anywhere): with --scheduler-cpu the scheduler alone on
+        its CPU, as on a cluster where it has a machine, so that hundreds of workers on this one cannot
+        take its CPU; the workers and the command on the others."""
+        if self.scheduler_cpu is None:
+            return None
+        return frozenset({self.scheduler_cpu}) if role == "scheduler" else self.other_cpus()
+
+    def other_cpus(self) -> frozenset[int]:
+        allowed = os.sched_getaffinity(0)
+        return frozenset(allowed - {self.scheduler_cpu}) if self.scheduler_cpu in allowed else frozenset()
 
     def memory_limit(self) -> int:
         """Bytes per worker (0: no limit): --memory-limit, else as LocalCluster, the machine's memory
@@ -319,7 +336,7 @@ class Cluster:
         lead.command = [self.spec.python, str(variants.worker_host()), f"{self.spec.protocol}://{self.scheduler.contact}",
                         str(path)]
         lead.proc = spawn(lead.command, self.run.log(lead.name), env=self.env, stdin=subprocess.PIPE, user=self.user,
-                          death=ORPHANED)
+                          death=ORPHANED, cpus=self.spec.cpus("worker"))
         lead.pid = lead.proc.pid
         for m in group[1:]:
             m.process_of, m.command = lead.name, lead.command
@@ -356,7 +373,8 @@ class Cluster:
                          "--no-dashboard", "--dashboard-address", f"{HOST}:0",
                          *_preloads([*self._own_preloads(),
                                      *variants.SCHEDULERS[self.spec.scheduler].preload_files()])]
-        s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user, death=ORPHANED)
+        s.proc = spawn(s.command, self.run.log(s.name), env=self.env, user=self.user, death=ORPHANED,
+                       cpus=self.spec.cpus("scheduler"))
         s.pid = s.proc.pid
 
     def _start_worker(self, w: Member) -> None:
@@ -378,7 +396,7 @@ class Cluster:
         else:
             w.command.append("--no-nanny")
         w.proc = spawn(w.command, self.run.log(w.name), env=env, stdin=subprocess.PIPE, user=self.user,
-                       death=ORPHANED)
+                       death=ORPHANED, cpus=self.spec.cpus("worker"))
         w.pid = w.proc.pid
 
     def _own_preloads(self) -> list[Path]:

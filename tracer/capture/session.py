@@ -21,7 +21,7 @@ from ...probes.base import LAST_READ_TIMEOUT, Probe, ended_early, is_root
 from . import dask_versions
 from .cluster import Cluster, ClusterSpec, StartError, ask_versions
 from ...probes.local_scheduler import CommandCaptures, descendants, pool_process, runs_as
-from ...probes.procs import our_child
+from ...probes.procs import our_child, pin
 from ...probes.rundir import RunDir
 from ...probes.users import User
 from .say import disk_of, record, say
@@ -191,7 +191,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     layout = {"workers": spec.workers, "threads": spec.threads, "nanny": spec.nanny,
               "workers_per_process": spec.workers_per_process, "memory_limit": spec.memory_limit(),
               "proxy_delay_us": spec.proxy_delay_us, "protocol": spec.protocol, "scheduler": spec.scheduler,
-              "worker": spec.worker, "server_cmd": spec.server_cmd, "python": spec.python,
+              "worker": spec.worker, "server_cmd": spec.server_cmd, "scheduler_cpu": spec.scheduler_cpu,
+              "python": spec.python,
               "user": user.name if user else None, "uid": user.uid if user else os.geteuid()}
     run.update_meta(partial=True, command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     clock_anchor=clock_anchor(), config=spec.config, probes=probe_names, skipped={},
@@ -200,6 +201,9 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
     try:  # from here on a signal, at whatever phase, unwinds through the same teardown
         wire = _recorder_said(spec)
         say(f"starting a scheduler, {spec.workers} worker(s){' and the probes' + wire if probes else ''} ...")
+        if spec.scheduler_cpu is not None:
+            say(f"the scheduler alone on CPU {spec.scheduler_cpu}; the workers and the command on CPU(s) "
+                f"{','.join(map(str, sorted(spec.cpus('worker'))))}")
         versions = {"daskprobe": _own_version(), "host": platform.platform()}
         run.update_meta(versions=versions)
         cluster_versions, client_python = ask_versions(spec.python, user, environ=True), _client_python(command)
@@ -243,7 +247,8 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         env = hook.channel.env(env, cluster.client_address())
         signals.check()
         started_ns = time.monotonic_ns()
-        client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env, preexec_fn=our_child,
+        client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env,
+                                                   preexec_fn=lambda: (our_child(), pin(spec.cpus("client"))),
                                                    pass_fds=hook.channel.pass_fds, **(user.popen() if user else {}))
         hook.channel.started()
         run.update_meta(command_started_ns=started_ns)

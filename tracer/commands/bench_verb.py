@@ -58,7 +58,8 @@ def main(args, command: list[str]) -> int:
     options.parse_config(args.config)
     points = plan(args.graphs, args.workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)]]
+    extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)],
+             *(["--scheduler-cpu", str(args.scheduler_cpu)] if args.scheduler_cpu is not None else [])]
     results = bench(points, out, args.probes, args.timeout, args.python, extra, args.workers_per_process)
     table = write_bench_report(results, out)
     if len(table):

@@ -86,6 +86,10 @@ def cluster(p: argparse.ArgumentParser, threads: int | None = None) -> None:
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="Dask config for every process (and the command), e.g. "
                         "distributed.scheduler.worker-saturation=inf; repeatable")
+    p.add_argument("--scheduler-cpu", type=bounded(int, 0, 4095), default=None, metavar="CPU",
+                   help="the scheduler alone on this CPU, the workers and the command on the others: its own core, "
+                        "as on a cluster where it has a machine (hundreds of workers on this one then cannot take "
+                        "its CPU; docs/scaling.md) (default: any process on any CPU)")
 
 
 def probes(p: argparse.ArgumentParser, default: str) -> None:

@@ -185,6 +185,6 @@ def _spec(args, probes: list[str]):
                            proxy="proxy" in probes, tap="tap" in probes, proxy_delay_us=round(args.delay_ms * 1000),
                            start_timeout=args.start_timeout, scheduler=args.scheduler, worker=args.worker,
                            memory=args.memory_limit, protocol=args.protocol, comm_tap="comm" in probes,
-                           workers_per_process=args.workers_per_process)
+                           workers_per_process=args.workers_per_process, scheduler_cpu=args.scheduler_cpu)
     except ValueError as e:
         raise SystemExit(f"daskprobe: {e}")
