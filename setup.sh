@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine, idempotent: the Python env in .venv/, the native
 # proxy and sampler (cargo, installed into .venv/bin), and what the eBPF probes
-# need (Debian's bcc, kernel headers, tracefs), and Chromium for the browser test.
+# need (Debian's bcc, kernel headers, tracefs), Chromium for the browser test, and as root distributed-ucxx
+# in .venv-ucx/ for the ucx:// tests.
 # DASKPROBE_VENV (default .venv) and DASKPROBE_DASK (newest or oldest: tracer/capture/dask_versions.py) let CI
 # make a second venv with the oldest Dask supported (.ci/oldest-dask).
 set -euo pipefail
@@ -73,5 +74,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -d /sys/kernel/tracing/events ] || mount -t tracefs tracefs /sys/kernel/tracing || true
 else
   echo "setup: not root or no apt-get: the eBPF probes (cpu, gil, offcpu, tcp) will be skipped" >&2
+fi
+# UCX on CPU (distributed-ucxx): a venv of its own, .venv-ucx, since it pins its own Dask. The ucx:// tests
+# run their clusters with it. Root only: a ucx:// run needs a network namespace of its own (docs/probes.md).
+ucxx=distributed-ucxx-cu12==0.52.0
+if [ "$(id -u)" = 0 ] && [ "$venv" = .venv ] && ! .venv-ucx/bin/python -c 'import distributed_ucxx' 2>/dev/null; then
+  step "installing $ucxx into .venv-ucx/ (pip): the ucx:// tests' cluster"
+  rm -rf .venv-ucx && "$py" -m venv .venv-ucx
+  .venv-ucx/bin/pip install --disable-pip-version-check -q "$ucxx"
 fi
 step "daskprobe set up in $(pwd)/$venv"

@@ -17,6 +17,8 @@ import pytest
 from daskprobe.experiments import comm_backends
 from daskprobe.probes import wire
 
+from helpers import NO_UCX, UCX_PYTHON
+
 # Deterministic graphs: every task is computed once, on any backend (keys named, no stealing).
 GRAPHS = ["merge-40", "tree-4"]
 TASKS = 41 + 15
@@ -29,7 +31,6 @@ STEADY = {"DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False"}
 # Follow where each task ran, which the scheduler decides anew each run: the data fetched from the other
 # worker (get_data, batched as requests overlap), its replicas told and released. Slack: 3 messages or 15%.
 PLACED = {"get_data", "add-keys", "release-worker-data", "free-keys"}
-UCX_PYTHON = os.environ.get("DASKPROBE_UCX_PYTHON")
 
 
 def _ops(cap) -> tuple[Counter, Counter]:
@@ -77,8 +78,7 @@ def test_inproc_messages_match_tcp(tmp_path):
     _same_messages(tcp, inproc)
 
 
-@pytest.mark.skipif(not UCX_PYTHON, reason="distributed-ucxx is not installed here: set DASKPROBE_UCX_PYTHON to a "
-                                           "Python that has it (it pins its own dask, so not daskprobe's venv)")
+@pytest.mark.skipif(not UCX_PYTHON, reason=NO_UCX)
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                     reason="UCX listens on every interface: its run needs root for a loopback-only network namespace")
 def test_ucx_messages_match_tcp(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from daskprobe.probes.proxy_capture import read_capture, read_status
 from daskprobe.probes.rundir import RunDir
 
-from helpers import PINNED_FLOW, daskprobe, run_flow, searchable_dir, write_flow
+from helpers import NO_UCX, PINNED_FLOW, UCX_PYTHON, daskprobe, run_flow, searchable_dir, write_flow
 
 N = 20
 # Sent on a timer (heartbeat_worker every 0.5-1 s and the scheduler's reply to each), not for the
@@ -35,8 +35,6 @@ PER_CONNECTION = {"handshake"}
 
 
 PROTOCOLS = ["tls", "ws", "ucx"]
-# distributed-ucxx pins its own dask: a Python of its own (experiments/comm_backends.py's too)
-UCX_PYTHON = os.environ.get("DASKPROBE_UCX_PYTHON")
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +50,7 @@ def other(request):
     python = sys.executable
     if request.param == "ucx":
         if not UCX_PYTHON or os.geteuid():
-            pytest.skip("ucx:// needs root and distributed-ucxx: set DASKPROBE_UCX_PYTHON to a Python that has it "
-                        "(it pins its own dask, so not daskprobe's venv)")
+            pytest.skip(f"ucx:// needs root and distributed-ucxx ({NO_UCX})")
         python = UCX_PYTHON
     return run_flow(searchable_dir(f"comm-tap-{request.param}"), PINNED_FLOW.format(n=N), "--workers", "2", "--probes",
                     "proxy", "--no-trace", "--protocol", request.param, "--python", python, python=python)

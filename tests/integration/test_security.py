@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from daskprobe.probes.sockets import LISTEN, split_address, tcp_sockets
-from helpers import write_flow
+from helpers import NO_UCX, UCX_PYTHON, write_flow
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 
@@ -126,13 +126,12 @@ def test_no_local_user_reaches_the_cluster_of_a_root_run(sudo, protocol):
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.skipif(not os.environ.get("DASKPROBE_UCX_PYTHON"),
-                    reason="distributed-ucxx is not installed here: set DASKPROBE_UCX_PYTHON to a Python that has it")
+@pytest.mark.skipif(not UCX_PYTHON, reason=NO_UCX)
 def test_a_ucx_cluster_and_its_command_are_in_a_network_of_their_own():
     """UCX's listener binds every interface and a UCX endpoint carries nothing the peer guard could check: the
     cluster and the command run in a network namespace of their own, with loopback alone. No listener of
     theirs is in ours, where every other user is."""
-    python = os.environ["DASKPROBE_UCX_PYTHON"]
+    python = UCX_PYTHON
     home = Path(tempfile.mkdtemp(prefix="daskprobe-sec-ucx-"))
     try:
         home.chmod(0o777)

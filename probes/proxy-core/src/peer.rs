@@ -120,6 +120,49 @@ fn holds(pid: i32, target: &str) -> bool {
     fds.flatten().any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target))
 }
 
+/// Every socket a scan of a process's fds met, by inode: (its holder then, the fd). A scan reads every fd
+/// of the process (a hosting process of 128 workers holds ~700, the scheduler of 1,024 workers ~3,000),
+/// so what it read is kept: the lookups of a burst of connections, waiting for one scan at a time (SCAN),
+/// then mostly find their sockets here. Scanning for each connection anew took the proxy 62 CPU-s of a
+/// 54 s run at 1,024 workers (docs/measurements.md, 2026-11-29).
+static SEEN: Mutex<Option<HashMap<u32, (i32, u32)>>> = Mutex::new(None);
+static SCAN: Mutex<()> = Mutex::new(());
+/// More sockets than any run holds at once: past it the cache starts again
+const SEEN_KEPT: usize = 1 << 20;
+
+/// Reads every fd of `pid` into SEEN; whether one was `inode`.
+fn scan(pid: i32, inode: u32) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    let mut found = false;
+    let mut read = Vec::new();
+    for fd in fds.flatten() {
+        let Some(n) = fd.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(link) = fs::read_link(fd.path()) else { continue };
+        let Some(socket) = link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        else { continue };
+        found |= socket == inode;
+        read.push((socket, n));
+    }
+    let mut seen = SEEN.lock().unwrap();
+    let seen = seen.get_or_insert_with(HashMap::new);
+    if seen.len() + read.len() > SEEN_KEPT {
+        seen.clear();
+    }
+    seen.extend(read.into_iter().map(|(socket, n)| (socket, (pid, n))));
+    found
+}
+
+/// The holder SEEN has for `inode`, if it still holds it at that fd and was not passed over.
+fn seen(inode: u32, passed: &[i32]) -> Option<i32> {
+    let (pid, fd) = *SEEN.lock().unwrap().as_ref()?.get(&inode)?;
+    let still = fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == socket_link(inode).as_str());
+    (still && !passed.contains(&pid)).then_some(pid)
+}
+
+fn socket_link(inode: u32) -> String {
+    format!("socket:[{inode}]")
+}
+
 /// The process's parent, from /proc/PID/stat (the field after the state, which follows the name).
 fn parent(pid: i32) -> Option<i32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -132,10 +175,10 @@ const LOOKUPS: usize = 3;
 
 /// The process that opened the socket (see opener); a holder gone before it was named is passed over.
 fn owner_of(inode: u32) -> Option<i32> {
-    let target = format!("socket:[{inode}]");
+    let target = socket_link(inode);
     let mut passed = Vec::new();
     for _ in 0..LOOKUPS {
-        let pid = holder(&target, &passed)?;
+        let pid = holder(inode, &passed)?;
         let Some(pid) = opener(pid, &target) else {
             passed.push(pid);
             continue;
@@ -159,15 +202,20 @@ fn opener(mut pid: i32, target: &str) -> Option<i32> {
     holds(pid, target).then_some(pid)
 }
 
-/// A process holding `target`, not one of `passed`: among the owners found before first.
-fn holder(target: &str, passed: &[i32]) -> Option<i32> {
+/// A process holding socket `inode`, not one of `passed`: where a scan saw it, else scanning the owners
+/// found before first, then every other process, the newest first.
+fn holder(inode: u32, passed: &[i32]) -> Option<i32> {
+    let _one_at_a_time = SCAN.lock().unwrap();
+    if let Some(pid) = seen(inode, passed) {
+        return Some(pid);
+    }
     let known = OWNERS.lock().unwrap().clone();
-    known.iter().copied().filter(|p| !passed.contains(p)).find(|&p| holds(p, target)).or_else(|| {
+    known.iter().copied().filter(|p| !passed.contains(p)).find(|&p| scan(p, inode)).or_else(|| {
         let mut pids: Vec<i32> = fs::read_dir("/proc").ok()?.flatten()
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
             .filter(|p| !known.contains(p) && !passed.contains(p)).collect();
         pids.sort_unstable_by(|a, b| b.cmp(a)); // the newest first, as a cluster's processes most often are
-        pids.into_iter().find(|&p| holds(p, target))
+        pids.into_iter().find(|&p| scan(p, inode))
     })
 }
 
@@ -300,6 +348,28 @@ mod tests {
         let mut late = vec![rx.recv().unwrap(), rx.recv().unwrap()];
         late.sort();
         assert_eq!(late, vec![record::peer(2, -1), record::peer(3, -1)]);
+    }
+
+    /// One scan finds the sockets of the lookups after it (a burst's), and a socket closed since, its fd
+    /// taken by a new one, is not named from what the scan saw: the new one is found by scanning again.
+    #[test]
+    fn a_scan_serves_the_sockets_it_read_and_not_those_gone_since() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connect = || {
+            let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            let inode = socket_inode(&accepted.peer_addr().unwrap(), &accepted.local_addr().unwrap()).unwrap();
+            (ours, accepted, inode)
+        };
+        let ((a, a_end, a_inode), (_b, _b_end, b_inode)) = (connect(), connect());
+        let me = std::process::id() as i32;
+        assert_eq!(owner_of(a_inode), Some(me));
+        // (a parallel test's fork may hold our fds too, and have been read instead: any holder will do)
+        assert!(seen(b_inode, &[]).is_some(), "b's socket was read with a's");
+        drop((a, a_end));
+        let (_c, _c_end, c_inode) = connect(); // the lowest free fds: a's
+        assert_ne!(seen(a_inode, &[]), Some(me), "a is gone from us");
+        assert_eq!(owner_of(c_inode), Some(me));
     }
 
     #[test]
