@@ -20,10 +20,11 @@ from daskprobe.probes.base import capture_lines
 from daskprobe.probes.rundir import RunDir
 
 DATA = Path(__file__).parent.parent / "data"
-# A Python with distributed-ucxx, which pins its own Dask: setup.sh makes .venv-ucx as root;
-# DASKPROBE_UCX_PYTHON names another. None: the ucx:// tests skip.
-_UCX_VENV = Path(__file__).parents[2] / ".venv-ucx" / "bin" / "python"
-UCX_PYTHON = os.environ.get("DASKPROBE_UCX_PYTHON") or (str(_UCX_VENV) if _UCX_VENV.exists() else None)
+# A Python with distributed-ucxx, which pins its own Dask: setup.sh makes .venv-ucx as root (INSTALLED once
+# whole); DASKPROBE_UCX_PYTHON names another. None: the ucx:// tests skip.
+_UCX_VENV = Path(__file__).parents[2] / ".venv-ucx"
+UCX_PYTHON = os.environ.get("DASKPROBE_UCX_PYTHON") or (
+    str(_UCX_VENV / "bin" / "python") if (_UCX_VENV / "INSTALLED").exists() else None)
 NO_UCX = "distributed-ucxx is not installed here: setup.sh installs it as root, or set DASKPROBE_UCX_PYTHON"
 
 TE = pb.TrackEvent

@@ -43,9 +43,13 @@ PINNED = """
 import json, os
 from distributed import Client
 
+def cpus(listed):  # "0,2-3" -> [0, 2, 3]
+    ends = [part.split("-") for part in listed.split(",")]
+    return [c for e in ends for c in range(int(e[0]), int(e[-1]) + 1)]
+
 def allowed(pid):
     # the kernel's word, for every thread the process has by now (its event loop's, its executor's, ...)
-    return sorted({open(f"/proc/{pid}/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0]
+    return sorted({tuple(cpus(open(f"/proc/{pid}/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0]))
                    for t in os.listdir(f"/proc/{pid}/task")})
 
 with Client() as client:
@@ -66,8 +70,8 @@ def test_the_scheduler_alone_on_its_cpu(tmp_path):
     run, p = run_flow(tmp_path, PINNED, "--workers", "3", "--workers-per-process", "2", "--worker", "zero",
                       "--scheduler-cpu", str(cpus[-1]), "--probes", "proc", "--no-trace")
     seen = json.loads(p.stdout.strip().splitlines()[-1])
-    others = f"{cpus[0]}-{cpus[-2]}" if len(cpus) > 2 else str(cpus[0])
-    assert seen["scheduler"] == [str(cpus[-1])]
+    others = cpus[:-1]
+    assert seen["scheduler"] == [[cpus[-1]]]
     assert seen["workers"] == [[others], [others]] and seen["client"] == [others]
     assert run.meta()["cluster"]["scheduler_cpu"] == cpus[-1]
 

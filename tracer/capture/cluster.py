@@ -126,12 +126,11 @@ class ClusterSpec:
         if self.workers_per_process < 1 or (self.workers_per_process > 1 and self.nanny):
             raise ValueError("--workers-per-process must be 1 or more, and 1 with --nanny (a nanny restarts "
                              "one worker's process)")
-        if self.scheduler_cpu is not None and not self.other_cpus():
-            raise ValueError(f"--scheduler-cpu {self.scheduler_cpu}: the CPUs daskprobe may use are "
-                             f"{sorted(os.sched_getaffinity(0))}; the scheduler takes one of them and the rest need "
-                             "at least one other")
+        if self.scheduler_cpu is not None:
+            check_scheduler_cpu(self.scheduler_cpu)
         self.config = {**self.config, **variants.SCHEDULERS[self.scheduler].config}
-        self.threads = self.threads or -(-(os.cpu_count() or 1) // self.workers)
+        cpus = len(self.cpus("worker") or ()) or os.cpu_count() or 1  # the workers' CPUs: the scheduler's apart
+        self.threads = self.threads or -(-cpus // self.workers)
 
     def cpus(self, role: str) -> frozenset[int] | None:
         """Where a process of this role runs (None: anywhere): with --scheduler-cpu the scheduler alone on
@@ -139,11 +138,8 @@ class ClusterSpec:
         take its CPU; the workers and the command on the others."""
         if self.scheduler_cpu is None:
             return None
-        return frozenset({self.scheduler_cpu}) if role == "scheduler" else self.other_cpus()
-
-    def other_cpus(self) -> frozenset[int]:
-        allowed = os.sched_getaffinity(0)
-        return frozenset(allowed - {self.scheduler_cpu}) if self.scheduler_cpu in allowed else frozenset()
+        others = frozenset(os.sched_getaffinity(0) - {self.scheduler_cpu})
+        return frozenset({self.scheduler_cpu}) if role == "scheduler" else others
 
     def memory_limit(self) -> int:
         """Bytes per worker (0: no limit): --memory-limit, else as LocalCluster, the machine's memory
@@ -152,6 +148,14 @@ class ClusterSpec:
         if self.memory is None and self.workers_per_process > 1:
             return 0  # a worker's memory is its process's, all its neighbours' too: a limit would pause them all
         return self.memory if self.memory is not None else machine_memory() // self.workers
+
+
+def check_scheduler_cpu(cpu: int) -> None:
+    """ValueError unless `cpu` is one daskprobe may use and at least one other is left for the rest."""
+    allowed = os.sched_getaffinity(0)
+    if cpu not in allowed or len(allowed) < 2:
+        raise ValueError(f"--scheduler-cpu {cpu}: the CPUs daskprobe may use are {sorted(allowed)}; the scheduler "
+                         "takes one of them and the rest need at least one other")
 
 
 def hosted_address(i: int) -> str:

@@ -247,8 +247,9 @@ def run(spec: ClusterSpec, command: list[str], run: RunDir, probe_names: list[st
         env = hook.channel.env(env, cluster.client_address())
         signals.check()
         started_ns = time.monotonic_ns()
+        cpus = spec.cpus("client")
         client = signals.client = subprocess.Popen(command, env=user.env(env) if user else env,
-                                                   preexec_fn=lambda: (our_child(), pin(spec.cpus("client"))),
+                                                   preexec_fn=lambda: (our_child(), pin(cpus)),
                                                    pass_fds=hook.channel.pass_fds, **(user.popen() if user else {}))
         hook.channel.started()
         run.update_meta(command_started_ns=started_ns)

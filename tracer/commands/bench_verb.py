@@ -56,6 +56,12 @@ def main(args, command: list[str]) -> int:
     _choices("--worker", args.worker, variants.WORKERS)
     options.parse_probes(args.probes)
     options.parse_config(args.config)
+    if args.scheduler_cpu is not None:
+        from ..capture.cluster import check_scheduler_cpu
+        try:
+            check_scheduler_cpu(args.scheduler_cpu)  # now, not as every point's failure
+        except ValueError as e:
+            raise SystemExit(f"daskprobe: {e}")
     points = plan(args.graphs, args.workers, args.scheduler, args.worker, args.server or ["dask"], args.repeat)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--threads", str(args.threads), *[a for c in args.config for a in ("--config", c)],

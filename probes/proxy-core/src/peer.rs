@@ -122,9 +122,9 @@ fn holds(pid: i32, target: &str) -> bool {
 
 /// Every socket a scan of a process's fds met, by inode: (its holder then, the fd). A scan reads every fd
 /// of the process (a hosting process of 128 workers holds ~700, the scheduler of 1,024 workers ~3,000),
-/// so what it read is kept: the lookups of a burst of connections, waiting for one scan at a time (SCAN),
-/// then mostly find their sockets here. Scanning for each connection anew took the proxy 62 CPU-s of a
-/// 54 s run at 1,024 workers (docs/measurements.md, 2026-11-29).
+/// so what it read is kept: the lookups of a burst of connections, waiting for one scan of the known
+/// owners at a time (SCAN), then mostly find their sockets here. Scanning for each connection anew took
+/// the proxy 62 CPU-s of a 54 s run at 1,024 workers (docs/measurements.md, 2026-11-29).
 static SEEN: Mutex<Option<HashMap<u32, (i32, u32)>>> = Mutex::new(None);
 static SCAN: Mutex<()> = Mutex::new(());
 /// More sockets than any run holds at once: past it the cache starts again
@@ -155,7 +155,8 @@ fn scan(pid: i32, inode: u32) -> bool {
 /// The holder SEEN has for `inode`, if it still holds it at that fd and was not passed over.
 fn seen(inode: u32, passed: &[i32]) -> Option<i32> {
     let (pid, fd) = *SEEN.lock().unwrap().as_ref()?.get(&inode)?;
-    let still = fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == socket_link(inode).as_str());
+    let link = socket_link(inode);
+    let still = fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == link.as_str());
     (still && !passed.contains(&pid)).then_some(pid)
 }
 
@@ -203,14 +204,16 @@ fn opener(mut pid: i32, target: &str) -> Option<i32> {
 }
 
 /// A process holding socket `inode`, not one of `passed`: where a scan saw it, else scanning the owners
-/// found before first, then every other process, the newest first.
+/// found before first, then every other process, the newest first. The walk of every process is made
+/// outside SCAN: a lookup whose holder is gone walks it up to LOOKUPS times, and the lookups at SYNs,
+/// made before a short connection closes, must not wait for that.
 fn holder(inode: u32, passed: &[i32]) -> Option<i32> {
-    let _one_at_a_time = SCAN.lock().unwrap();
-    if let Some(pid) = seen(inode, passed) {
-        return Some(pid);
-    }
     let known = OWNERS.lock().unwrap().clone();
-    known.iter().copied().filter(|p| !passed.contains(p)).find(|&p| scan(p, inode)).or_else(|| {
+    let found = {
+        let _one_at_a_time = SCAN.lock().unwrap();
+        seen(inode, passed).or_else(|| known.iter().copied().filter(|p| !passed.contains(p)).find(|&p| scan(p, inode)))
+    };
+    found.or_else(|| {
         let mut pids: Vec<i32> = fs::read_dir("/proc").ok()?.flatten()
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
             .filter(|p| !known.contains(p) && !passed.contains(p)).collect();
@@ -363,8 +366,8 @@ mod tests {
         };
         let ((a, a_end, a_inode), (_b, _b_end, b_inode)) = (connect(), connect());
         let me = std::process::id() as i32;
-        assert_eq!(owner_of(a_inode), Some(me));
-        // (a parallel test's fork may hold our fds too, and have been read instead: any holder will do)
+        assert!(scan(me, a_inode));
+        // (a parallel test's fork holds our fds too, and its scan may have been the last: either holder)
         assert!(seen(b_inode, &[]).is_some(), "b's socket was read with a's");
         drop((a, a_end));
         let (_c, _c_end, c_inode) = connect(); // the lowest free fds: a's

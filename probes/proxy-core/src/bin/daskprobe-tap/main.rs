@@ -4,7 +4,8 @@
 //! usage: daskprobe-tap --capture FILE [--loopback] --port PORT=LABEL [--port ...]
 //!
 //! Captures the TCP segments to and from the listed ports (every interface, or with --loopback
-//! loopback's alone, where a cluster all on this host sends them; on loopback each packet once) through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
+//! loopback's alone, where a cluster all on this host sends them; on loopback each packet once)
+//! through an AF_PACKET socket (root, or CAP_NET_RAW), puts each direction's
 //! stream back together, parses it with the proxy's framing parser and writes the proxy's
 //! capture records: a connection's open record names the listening side as both listener and
 //! upstream. Prints "ready" once capturing. A "PORT=LABEL" line on stdin adds a port to watch (a

@@ -184,7 +184,11 @@ fn packet_socket(ports: &[u16], keep: Keep, on: Interfaces) -> io::Result<(i32, 
     let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
         .map_err(step("cannot open a packet socket"))?;
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
-    attach_filter(fd, ports, lo, keep)?;
+    if lo == 0 && on == Interfaces::Loopback {
+        unsafe { libc::close(fd) };
+        return Err(io::Error::new(io::ErrorKind::NotFound, "no loopback interface (lo) to capture on"));
+    }
+    attach_filter(fd, ports, lo, keep).inspect_err(|_| unsafe { libc::close(fd); })?;
     if on == Interfaces::Loopback {
         // older kernels refuse it: the filter drops loopback's outgoing packets itself then
         let _ = setsockopt(fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
@@ -212,7 +216,7 @@ pub struct Syns {
 impl Syns {
     pub fn open(ports: &[u16], on: Interfaces) -> io::Result<Syns> {
         let (fd, lo) = packet_socket(ports, Keep::Syns, on)?;
-        bind(fd, lo, on)?;
+        bind(fd, lo, on).inspect_err(|_| unsafe { libc::close(fd); })?; // the tap goes on without it
         Ok(Syns { fd, lo })
     }
 
@@ -509,21 +513,24 @@ mod tests {
         (data, syn, fin, bare)
     }
 
-    /// Each connection's SYN, and nothing else of it (its SYN-ACK, data, FIN). Needs root.
+    /// Each connection's SYN, and nothing else of it (its SYN-ACK, data, FIN), on every interface or
+    /// loopback alone. Needs root.
     #[test]
     fn the_syns_socket_keeps_each_connection_s_first_syn_only() {
         use std::io::Write;
-        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = server.local_addr().unwrap().port();
-        let Ok(syns) = Syns::open(&[port], Interfaces::Loopback) else { return }; // not root: nothing to test
-        let limit = libc::timeval { tv_sec: 5, tv_usec: 0 }; // a SYN missed fails, not hangs
-        setsockopt(syns.fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &limit).unwrap();
-        for _ in 0..2 {
-            let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            client.write_all(b"data").unwrap();
-            drop(server.accept().unwrap());
-            let (src, dst) = syns.next().unwrap();
-            assert_eq!((src, dst), (client.local_addr().unwrap(), server.local_addr().unwrap()));
+        for on in [Interfaces::All, Interfaces::Loopback] {
+            let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = server.local_addr().unwrap().port();
+            let Ok(syns) = Syns::open(&[port], on) else { return }; // not root: nothing to test
+            let limit = libc::timeval { tv_sec: 5, tv_usec: 0 }; // a SYN missed fails, not hangs
+            setsockopt(syns.fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &limit).unwrap();
+            for _ in 0..2 {
+                let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                client.write_all(b"data").unwrap();
+                drop(server.accept().unwrap());
+                let (src, dst) = syns.next().unwrap();
+                assert_eq!((src, dst), (client.local_addr().unwrap(), server.local_addr().unwrap()));
+            }
         }
     }
 }
