@@ -115,11 +115,6 @@ pub fn opener_uid(peer: &SocketAddr, ours: &SocketAddr) -> Option<u32> {
 static OWNERS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 const OWNERS_KEPT: usize = 32;
 
-fn holds(pid: i32, target: &str) -> bool {
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
-    fds.flatten().any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target))
-}
-
 /// Every socket a scan of a process's fds met, by inode: (its holder then, the fd). A scan reads every fd
 /// of the process (a hosting process of 128 workers holds ~700, the scheduler of 1,024 workers ~3,000),
 /// so what it read is kept: the lookups of a burst of connections, waiting for one scan of the known
@@ -155,13 +150,9 @@ fn scan(pid: i32, inode: u32) -> bool {
 /// The holder SEEN has for `inode`, if it still holds it at that fd and was not passed over.
 fn seen(inode: u32, passed: &[i32]) -> Option<i32> {
     let (pid, fd) = *SEEN.lock().unwrap().as_ref()?.get(&inode)?;
-    let link = socket_link(inode);
+    let link = format!("socket:[{inode}]");
     let still = fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == link.as_str());
     (still && !passed.contains(&pid)).then_some(pid)
-}
-
-fn socket_link(inode: u32) -> String {
-    format!("socket:[{inode}]")
 }
 
 /// The process's parent, from /proc/PID/stat (the field after the state, which follows the name).
@@ -176,11 +167,10 @@ const LOOKUPS: usize = 3;
 
 /// The process that opened the socket (see opener); a holder gone before it was named is passed over.
 fn owner_of(inode: u32) -> Option<i32> {
-    let target = socket_link(inode);
     let mut passed = Vec::new();
     for _ in 0..LOOKUPS {
         let pid = holder(inode, &passed)?;
-        let Some(pid) = opener(pid, &target) else {
+        let Some(pid) = opener(pid, inode) else {
             passed.push(pid);
             continue;
         };
@@ -196,11 +186,11 @@ fn owner_of(inode: u32) -> Option<i32> {
 /// A process forked after the socket was opened holds it too (a worker's child, or any fork until
 /// it execs): the connection is its opener's, the oldest holder up the tree from `pid`. None when
 /// the one reached holds it no more: it let it go (exec'd or ended) before its parent was read.
-fn opener(mut pid: i32, target: &str) -> Option<i32> {
-    while let Some(up) = parent(pid).filter(|&up| up > 1 && holds(up, target)) {
+fn opener(mut pid: i32, inode: u32) -> Option<i32> {
+    while let Some(up) = parent(pid).filter(|&up| up > 1 && scan(up, inode)) {
         pid = up;
     }
-    holds(pid, target).then_some(pid)
+    scan(pid, inode).then_some(pid)
 }
 
 /// A process holding socket `inode`, not one of `passed`: where a scan saw it, else scanning the owners
@@ -385,7 +375,6 @@ mod tests {
         let _ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         let inode = socket_inode(&accepted.peer_addr().unwrap(), &accepted.local_addr().unwrap()).unwrap();
-        let target = format!("socket:[{inode}]");
         // SAFETY: the child only sleeps and exits (async-signal-safe), holding our fds the while
         let child = unsafe { libc::fork() };
         if child == 0 {
@@ -395,13 +384,13 @@ mod tests {
             }
         }
         let me = std::process::id() as i32;
-        let alive = opener(child, &target);
+        let alive = opener(child, inode);
         unsafe {
             libc::kill(child, libc::SIGKILL);
             libc::waitpid(child, std::ptr::null_mut(), 0);
         }
         assert_eq!(alive, Some(me), "while the child lives, the climb from it reaches us");
-        assert_eq!(opener(child, &target), None, "the child {child} is gone");
+        assert_eq!(opener(child, inode), None, "the child {child} is gone");
     }
 
     #[test]
